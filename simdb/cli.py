@@ -1,0 +1,303 @@
+"""The ``simdb`` command line: a thin layer over :class:`simdb.Index`.
+
+Library errors become one-line messages and a non-zero exit here, and nowhere
+else.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import json
+import sys
+
+import click
+import sqlalchemy as sa
+
+from . import __version__
+from .bits import format_fingerprint, parse_fingerprint
+from .blocks import layouts_for
+from .database import DEFAULT_SCHEMA
+from .errors import DatabaseUnavailable, SimdbError
+from .fingerprint import FingerprintSettings, fingerprint, tokens_for
+from .index import Index
+from .ingest import fingerprint_documents
+from .inputs import FORMATS, read_documents
+from .tokenize import TOKENIZERS, TokenizerSettings
+
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
+
+
+def database_options(command):
+    """--database-url, --schema and --data-dir, shared by every command that opens an index."""
+    command = click.option("--data-dir", envvar="SIMDB_DATA_DIR", type=click.Path(file_okay=False),
+                           help="Embedded PostgreSQL data directory, used when no URL is given "
+                                "[env SIMDB_DATA_DIR; default ~/.local/share/simdb/postgres].")(command)
+    command = click.option("--schema", envvar="SIMDB_SCHEMA", default=DEFAULT_SCHEMA, show_default=True,
+                           help="PostgreSQL schema holding the index [env SIMDB_SCHEMA].")(command)
+    command = click.option("--database-url", envvar="SIMDB_DATABASE_URL", metavar="URL",
+                           help="PostgreSQL server, e.g. postgresql://user@host/db [env SIMDB_DATABASE_URL]; "
+                                "without it, an embedded PostgreSQL is used.")(command)
+    return command
+
+
+def user_errors(function):
+    """Turn simdb's errors (and lost connections) into ClickException's one-line message and exit 1."""
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except SimdbError as exc:
+            raise click.ClickException(str(exc)) from None
+        except sa.exc.OperationalError as exc:
+            reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+            raise click.ClickException(str(DatabaseUnavailable(
+                f"lost the database connection: {reason}; nothing from the interrupted operation was kept"))) from None
+    return wrapper
+
+
+def open_index(database_url, schema, data_dir) -> Index:
+    return Index.open(database_url, schema=schema, data_dir=data_dir)
+
+
+def read_text_argument(text: str | None, file) -> str:
+    if (text is None) == (file is None):
+        raise click.UsageError("give either TEXT or --file")
+    if file is None:
+        return text
+    raw = file.read()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise click.ClickException(f"{file.name}: invalid UTF-8 at byte offset {exc.start}; "
+                                   "re-encode the file as UTF-8") from None
+
+
+@click.group(context_settings=CONTEXT_SETTINGS)
+@click.version_option(__version__, "--version", prog_name="simdb")
+def cli():
+    """simdb: a persistent near-duplicate index for text archives, in PostgreSQL.
+
+    Texts become 64-bit SimHash fingerprints; fingerprints within --max-distance
+    bits are near-duplicates. The index lives in a PostgreSQL schema (an embedded
+    server unless --database-url or SIMDB_DATABASE_URL names one).
+
+    \b
+    Example:
+        simdb init
+        simdb ingest archive-2024-05.jsonl --batch 2024-05
+        simdb query "text to look up"
+        simdb pairs > pairs.jsonl
+    """
+
+
+@cli.command()
+@click.argument("text", required=False)
+@click.option("--file", type=click.File("rb"), help="Read the text from a file ('-' for standard input).")
+@click.option("--tokenizer", type=click.Choice(TOKENIZERS), default="auto", show_default=True)
+@click.option("--tokens", "show_tokens", is_flag=True, help="Also print the tokens the fingerprint is made of.")
+@user_errors
+def fingerprint_command(text, file, tokenizer, show_tokens):
+    """Print the fingerprint of TEXT as 16 hex digits (default settings; no database needed).
+
+    \b
+    Example:
+        simdb fingerprint "The quick brown fox"
+        simdb fingerprint --file article.txt
+    """
+    content = read_text_argument(text, file)
+    settings = FingerprintSettings(tokenizer=TokenizerSettings(name=tokenizer))
+    if show_tokens:
+        click.echo(" ".join(tokens_for(content, settings)))
+    click.echo(format_fingerprint(fingerprint(content, settings)))
+
+
+cli.add_command(fingerprint_command, name="fingerprint")
+
+
+@cli.command()
+@database_options
+@click.option("--max-distance", type=click.IntRange(0, 16), default=3, show_default=True,
+              help="Largest Hamming distance that counts as a near-duplicate (k).")
+@click.option("--blocks", type=click.IntRange(1, 16), default=None,
+              help="Blocks the 64 bits are cut into (m); keys are made of m - k blocks. [default: k + 1]")
+@click.option("--tokenizer", type=click.Choice(TOKENIZERS), default="auto", show_default=True)
+@click.option("--jieba-hmm/--no-jieba-hmm", default=False, show_default=True,
+              help="Let jieba guess unknown Chinese words with its HMM.")
+@click.option("--shingle-size", type=click.IntRange(1, 16), default=3, show_default=True,
+              help="Characters per shingle for scripts written without spaces.")
+@click.option("--stopwords/--no-stopwords", default=True, show_default=True)
+@click.option("--weighting", type=click.Choice(["sublinear_tf", "tf", "binary"]), default="sublinear_tf",
+              show_default=True)
+@click.option("--expected-size", type=click.IntRange(1), default=1_000_000, show_default=True,
+              help="Archive size to print the expected candidates per lookup for.")
+@user_errors
+def init(database_url, schema, data_dir, max_distance, blocks, tokenizer, jieba_hmm, shingle_size, stopwords,
+         weighting, expected_size):
+    """Create an index; its settings are stored with it and checked on every open.
+
+    Running it again with the same settings leaves the index as it is; with
+    other settings it is an error.
+
+    \b
+    Example:
+        simdb init
+        simdb init --max-distance 3 --blocks 5 --expected-size 20000000
+    """
+    with Index.create(database_url, schema=schema, data_dir=data_dir, exist_ok=True, max_distance=max_distance,
+                      blocks=blocks, tokenizer=tokenizer, jieba_hmm=jieba_hmm, shingle_size=shingle_size,
+                      stopwords=stopwords, weighting=weighting) as index:
+        verb = "created" if index.created else "found existing"
+        click.echo(f"{verb} index in schema {schema!r} of {index.database.display_url}")
+        click.echo(f"layout: {index.layout.describe()}")
+        click.echo(f"expected candidates per lookup at {expected_size:,} documents (random fingerprints):")
+        for layout, candidates in layouts_for(max_distance, expected_size):
+            mark = "  <- this index" if layout == index.layout else ""
+            click.echo(f"  --blocks {layout.blocks}: {len(layout.keys):>3} keys, {candidates:>12,.2f}{mark}")
+
+
+@cli.command()
+@database_options
+@click.argument("paths", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--format", "input_format", type=click.Choice(FORMATS), default=None,
+              help="Input format [default: from the file name; .gz is read through gzip].")
+@click.option("--id-field", default="id", show_default=True, help="Field (column) holding the document id.")
+@click.option("--text-field", default="text", show_default=True, help="Field (column) holding the text.")
+@click.option("--batch", "batch_name", default=None, help="Name of the batch [default: batch-<UTC time>].")
+@user_errors
+def ingest(database_url, schema, data_dir, paths, input_format, id_field, text_field, batch_name):
+    """Add the documents in PATHS as one batch: all of them, or on any error none.
+
+    Each document is matched against the archive and the rest of its batch.
+    Fields other than the id and the text are kept as metadata.
+
+    \b
+    Example:
+        simdb ingest articles-2024-05.jsonl --batch 2024-05
+        simdb ingest reviews.csv --id-field review_id --text-field body
+    """
+    from tqdm import tqdm
+
+    documents = read_documents(paths, format=input_format, id_field=id_field, text_field=text_field)
+    with open_index(database_url, schema, data_dir) as index:
+        with tqdm(desc="fingerprinting", unit=" docs", disable=not sys.stderr.isatty(), file=sys.stderr) as bar:
+            fingerprinted = fingerprint_documents(documents, index.fingerprint_settings, bar.update)
+        summary = index.add_fingerprinted(fingerprinted, batch=batch_name, source=" ".join(paths))
+        click.echo(str(summary))
+
+
+@cli.command()
+@database_options
+@click.argument("text", required=False)
+@click.option("--file", type=click.File("rb"), help="Read the text from a file ('-' for standard input).")
+@click.option("--simhash", help="Look up a fingerprint (16 hex digits) instead of a text.")
+@click.option("--max-distance", type=click.IntRange(0), default=None,
+              help="Largest distance to report [default: the index's maximum].")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per match.")
+@user_errors
+def query(database_url, schema, data_dir, text, file, simhash, max_distance, as_json):
+    """Print the stored documents within --max-distance bits of TEXT, nearest first.
+
+    \b
+    Example:
+        simdb query "text to look up"
+        simdb query --file article.txt --max-distance 2 --json
+    """
+    with open_index(database_url, schema, data_dir) as index:
+        if simhash is not None:
+            if text is not None or file is not None:
+                raise click.UsageError("give TEXT, --file or --simhash, not several")
+            try:
+                matches = index.query_fingerprint(parse_fingerprint(simhash), max_distance)
+            except ValueError as exc:
+                raise click.BadParameter(str(exc), param_hint="--simhash") from None
+        else:
+            matches = index.query(read_text_argument(text, file), max_distance)
+    if as_json:
+        for match in matches:
+            click.echo(json.dumps(match.to_json(), ensure_ascii=False))
+    elif matches:
+        click.echo("distance  simhash           id")
+        for match in matches:
+            click.echo(f"{match.distance:>8}  {format_fingerprint(match.simhash)}  {match.external_id}")
+    else:
+        click.echo("no stored document is within the distance", err=True)
+
+
+@cli.command()
+@database_options
+@click.option("--batch", "batch_name", default=None, help="Only pairs with at least one document of this batch.")
+@click.option("--max-distance", type=click.IntRange(0), default=None,
+              help="Largest distance to report [default: the index's maximum].")
+@click.option("--format", "output_format", type=click.Choice(["jsonl", "csv"]), default="jsonl", show_default=True)
+@user_errors
+def pairs(database_url, schema, data_dir, batch_name, max_distance, output_format):
+    """Print every near-duplicate pair in the archive, earlier document first.
+
+    \b
+    Example:
+        simdb pairs > pairs.jsonl
+        simdb pairs --batch 2024-05 --format csv
+    """
+    with open_index(database_url, schema, data_dir) as index:
+        found = index.pairs(batch=batch_name, max_distance=max_distance)
+        if output_format == "csv":
+            writer = csv.writer(sys.stdout, lineterminator="\n")
+            writer.writerow(["a", "b", "distance"])
+            for pair in found:
+                writer.writerow([pair.a, pair.b, pair.distance])
+        else:
+            for pair in found:
+                click.echo(json.dumps(pair.to_json(), ensure_ascii=False))
+
+
+@cli.command()
+@database_options
+@click.option("--format", "output_format", type=click.Choice(["jsonl"]), default="jsonl", show_default=True)
+@user_errors
+def export(database_url, schema, data_dir, output_format):
+    """Print every document as {"id", "simhash", ...metadata}, in the order stored.
+
+    \b
+    Example:
+        simdb export > documents.jsonl
+    """
+    with open_index(database_url, schema, data_dir) as index:
+        for record in index.export():
+            click.echo(json.dumps(record, ensure_ascii=False, default=str))
+
+
+@cli.command()
+@database_options
+@click.option("--json", "as_json", is_flag=True, help="Print the statistics as one JSON object.")
+@user_errors
+def stats(database_url, schema, data_dir, as_json):
+    """Print the index's size, settings, batches and measured key buckets.
+
+    \b
+    Example:
+        simdb stats
+    """
+    with open_index(database_url, schema, data_dir) as index:
+        info = index.stats()
+    if as_json:
+        click.echo(json.dumps(info, default=str, indent=2))
+        return
+    click.echo(f"index:      schema {info['schema']!r} of {info['database']}")
+    click.echo(f"documents:  {info['documents']:,} ({info['duplicates']:,} near or exact duplicates), "
+               f"{info['table_bytes'] / 2**20:,.1f} MiB with indexes")
+    click.echo(f"layout:     {info['layout']}")
+    click.echo(f"candidates: {info['measured_candidates_per_lookup']:,} per lookup measured, "
+               f"{info['expected_candidates_per_lookup']:,} expected for random fingerprints; "
+               f"largest key bucket {info['largest_key_bucket']:,}")
+    settings = ", ".join(f"{k}={v}" for k, v in info["settings"].items())
+    click.echo(f"settings:   {settings}")
+    click.echo(f"batches:    {len(info['batches'])}")
+    for batch in info["batches"]:
+        click.echo(f"  {batch['name']}: {batch['documents']:,} documents, {batch['new']:,} new, "
+                   f"{batch['exact_duplicates']:,} exact, {batch['near_duplicates']:,} near ({batch['status']})")
+
+
+def main() -> None:
+    cli(prog_name="simdb")
+

@@ -1,0 +1,137 @@
+"""Connections: a PostgreSQL server by URL, or an embedded one.
+
+``database_url`` (or ``SIMDB_DATABASE_URL``) names a server. With neither,
+simdb starts an embedded PostgreSQL (the ``pgserver`` package ships real
+PostgreSQL binaries) in a data directory (``data_dir``, ``SIMDB_DATA_DIR``, or
+``~/.local/share/simdb/postgres``), and stops it when the last process using
+it exits.
+
+Every connection's ``search_path`` starts with the index's schema, so the
+index's tables are reachable unqualified and one database can hold several
+indexes side by side.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.engine import URL, make_url
+
+from .errors import DatabaseUnavailable, SimdbError
+
+DEFAULT_SCHEMA = "simdb"
+_SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+
+def check_schema_name(schema: str) -> str:
+    if not _SCHEMA_NAME.match(schema or ""):
+        raise SimdbError(f"invalid schema name {schema!r}: use lower-case letters, digits and underscores, "
+                         "starting with a letter or underscore (at most 63 characters)")
+    return schema
+
+
+def default_data_dir() -> Path:
+    if os.environ.get("SIMDB_DATA_DIR"):
+        return Path(os.environ["SIMDB_DATA_DIR"])
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return Path(base) / "simdb" / "postgres"
+
+
+def postgres_url(url: str | URL) -> URL:
+    """Parse a URL and point it at the psycopg 3 driver; anything but PostgreSQL is an error."""
+    try:
+        parsed = make_url(url)
+    except sa.exc.ArgumentError as exc:
+        raise SimdbError(f"cannot parse database URL {url!r}: expected postgresql://user@host:port/database") from exc
+    if parsed.drivername in ("postgres", "postgresql", "postgresql+psycopg", "postgresql+psycopg3"):
+        return parsed.set(drivername="postgresql+psycopg")
+    raise SimdbError(f"simdb stores its index in PostgreSQL; {parsed.drivername!r} URLs are not supported "
+                     "(give a postgresql:// URL, or none for the embedded database)")
+
+
+def redact(url: str | URL) -> str:
+    """A URL safe to print: the password, if any, is masked."""
+    try:
+        parsed = make_url(url)
+        if parsed.drivername.startswith("postgresql+"):
+            parsed = parsed.set(drivername="postgresql")
+        return parsed.render_as_string(hide_password=True)
+    except sa.exc.ArgumentError:
+        return "<unparseable URL>"
+
+
+def start_embedded(data_dir: str | Path | None = None):
+    """Start (or join) the embedded PostgreSQL in ``data_dir``; returns the server handle."""
+    path = Path(data_dir) if data_dir is not None else default_data_dir()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DatabaseUnavailable(f"cannot create the data directory {path}: {exc.strerror}; "
+                                  "choose another with --data-dir or SIMDB_DATA_DIR") from exc
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # platformdirs warns about XDG_RUNTIME_DIR on servers
+        import pgserver
+
+        try:
+            return pgserver.get_server(path, cleanup_mode="stop")
+        except Exception as exc:  # pgserver raises plain exceptions with the postgres log inside
+            raise DatabaseUnavailable(
+                f"could not start the embedded PostgreSQL in {path}: {exc}. "
+                "Check the directory is writable and not used by another PostgreSQL version, "
+                "or pass --database-url to use a server") from exc
+
+
+@dataclass
+class Database:
+    """An engine bound to one index schema, and the embedded server it may run on."""
+
+    engine: sa.Engine
+    schema: str
+    server: object | None = None
+
+    @classmethod
+    def connect(cls, database_url: str | URL | None = None, *, schema: str = DEFAULT_SCHEMA,
+                data_dir: str | Path | None = None) -> "Database":
+        check_schema_name(schema)
+        database_url = database_url or os.environ.get("SIMDB_DATABASE_URL") or None
+        server = None
+        if database_url is None:
+            server = start_embedded(data_dir)
+            database_url = server.get_uri()
+        url = postgres_url(database_url)
+        engine = sa.create_engine(url, pool_pre_ping=True,
+                                  connect_args={"connect_timeout": 10, "application_name": "simdb"})
+
+        @event.listens_for(engine, "connect", insert=True)
+        def _set_search_path(dbapi_connection, _record):
+            autocommit = dbapi_connection.autocommit
+            dbapi_connection.autocommit = True
+            dbapi_connection.execute(f"SET search_path TO {schema}, public")
+            dbapi_connection.autocommit = autocommit
+
+        try:
+            with engine.connect() as connection:
+                version = connection.execute(sa.text("SHOW server_version_num")).scalar_one()
+        except sa.exc.OperationalError as exc:
+            engine.dispose()
+            reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+            raise DatabaseUnavailable(
+                f"cannot connect to {redact(url)}: {reason}. Check that the server is running and the URL "
+                "is right, or unset SIMDB_DATABASE_URL and --database-url to use the embedded database") from exc
+        if int(version) < 140000:
+            engine.dispose()
+            raise DatabaseUnavailable(f"{redact(url)} runs PostgreSQL {int(version) // 10000}; simdb needs 14 or newer")
+        return cls(engine=engine, schema=schema, server=server)
+
+    @property
+    def display_url(self) -> str:
+        return redact(self.engine.url)
+
+    def close(self) -> None:
+        self.engine.dispose()

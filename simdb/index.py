@@ -1,0 +1,324 @@
+"""The index: open or create one, ingest batches, query, list pairs, export.
+
+>>> with Index.create(url) as index:                       # doctest: +SKIP
+...     index.add_many([{"id": "a", "text": "..."}], batch="first")
+...     index.query("some text")
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import sqlalchemy as sa
+
+from . import migrate
+from .bits import format_fingerprint, hamming, to_signed, to_signed_array, to_unsigned
+from .database import DEFAULT_SCHEMA, Database
+from .errors import IncompatibleIndex, IndexNotFound, InputError, SimdbError
+from .fingerprint import fingerprint
+from .ingest import BatchSummary, FingerprintedBatch, fingerprint_documents, ingest_batch
+from .inputs import Document, check_text
+from .matching import candidate_sql, collect, verified_pairs
+from .settings import IndexSettings
+
+
+@dataclass(frozen=True)
+class Match:
+    """A stored document within the query's distance."""
+
+    external_id: str
+    distance: int
+    simhash: int
+    metadata: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"id": self.external_id, "distance": self.distance, "simhash": format_fingerprint(self.simhash),
+                **({"metadata": self.metadata} if self.metadata else {})}
+
+
+@dataclass(frozen=True)
+class Pair:
+    """Two stored documents within the index's distance; ``a`` was stored first."""
+
+    a: str
+    b: str
+    distance: int
+
+    def to_json(self) -> dict:
+        return {"a": self.a, "b": self.b, "distance": self.distance}
+
+
+def _as_document(item: Document | Mapping, index: int) -> Document:
+    if isinstance(item, Document):
+        return item
+    where = f"document #{index + 1}"
+    if not isinstance(item, Mapping) or "id" not in item or "text" not in item:
+        raise InputError(f"{where} must be a Document or a mapping with 'id' and 'text'")
+    external_id = item["id"]
+    if isinstance(external_id, bool) or not isinstance(external_id, (str, int)) or not str(external_id).strip():
+        raise InputError(f"{where}: the id must be a non-empty string or an integer, not {external_id!r}")
+    text = check_text(item["text"], None, None)
+    metadata = dict(item.get("metadata") or {k: v for k, v in item.items() if k not in ("id", "text")})
+    return Document(str(external_id), text, metadata)
+
+
+class Index:
+    """A near-duplicate index stored in one PostgreSQL schema."""
+
+    def __init__(self, database: Database, settings: IndexSettings, *, created: bool = False) -> None:
+        self.database = database
+        self.created = created
+        self.settings = settings
+        self.layout = settings.layout
+
+    # -- opening -------------------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, database_url: str | None = None, *, schema: str = DEFAULT_SCHEMA,
+               data_dir: str | Path | None = None, exist_ok: bool = False, **settings) -> "Index":
+        """Create an index (``max_distance``, ``blocks``, ``tokenizer``, ... as in :meth:`IndexSettings.new`).
+
+        With ``exist_ok``, an existing index with the same settings is opened
+        instead; one with other settings is an :class:`IncompatibleIndex`.
+        """
+        try:
+            wanted = IndexSettings.new(**settings)
+        except ValueError as exc:
+            raise SimdbError(f"invalid index settings: {exc}") from None
+        database = Database.connect(database_url, schema=schema, data_dir=data_dir)
+        try:
+            with database.engine.begin() as connection:
+                migrate.lock(connection, schema, "migrate")
+                connection.exec_driver_sql(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+                exists = migrate.current_revision(connection, schema) is not None
+                if not exists:
+                    migrate.upgrade(connection, schema, layout=wanted.layout,
+                                    new_index_settings=wanted.to_rows())
+            if exists and not exist_ok:
+                raise SimdbError(f"an index already exists in schema {schema!r} of {database.display_url}; "
+                                 "use it as it is, or choose another --schema")
+            index = cls._open(database, wanted.summary() if exists else {})
+            index.created = not exists
+            return index
+        except BaseException:
+            database.close()
+            raise
+
+    @classmethod
+    def open(cls, database_url: str | None = None, *, schema: str = DEFAULT_SCHEMA,
+             data_dir: str | Path | None = None, **expected) -> "Index":
+        """Open an existing index; any ``expected`` setting (``max_distance=3``, ...) must match the stored one."""
+        database = Database.connect(database_url, schema=schema, data_dir=data_dir)
+        try:
+            return cls._open(database, expected)
+        except BaseException:
+            database.close()
+            raise
+
+    @classmethod
+    def _open(cls, database: Database, expected: dict) -> "Index":
+        schema = database.schema
+        with database.engine.begin() as connection:
+            revision = migrate.current_revision(connection, schema)
+            if revision is None:
+                raise IndexNotFound(f"no simdb index in schema {schema!r} of {database.display_url}; "
+                                    "create one with `simdb init`")
+            if revision not in migrate.known_revisions():
+                raise IncompatibleIndex(f"the index in schema {schema!r} is at schema revision {revision}, "
+                                        "written by a newer simdb; upgrade simdb to open it")
+            stored = IndexSettings.from_rows(dict(connection.execute(
+                sa.text("SELECT name, value FROM settings")).all()))
+            if revision != migrate.head_revision():
+                migrate.lock(connection, schema, "migrate")
+                migrate.upgrade(connection, schema, layout=stored.layout)
+            columns = {c["name"] for c in sa.inspect(connection).get_columns("documents", schema=schema)}
+            missing = set(stored.layout.key_columns) - columns
+            if missing:
+                raise IncompatibleIndex(f"the documents table lacks key columns {sorted(missing)} that its layout "
+                                        "needs; the schema was changed by hand")
+        stored.check_requested(expected)
+        return cls(database, stored)
+
+    def close(self) -> None:
+        self.database.close()
+
+    def __enter__(self) -> "Index":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    # -- fingerprints -----------------------------------------------------------------------------
+
+    @functools.cached_property
+    def fingerprint_settings(self):
+        """The fingerprint settings, once this process has proven it reproduces the index's canaries."""
+        self.settings.check_canaries()
+        return self.settings.fingerprints
+
+    def fingerprint(self, text: str) -> int:
+        check_text(text, None, None)
+        return fingerprint(text, self.fingerprint_settings)
+
+    # -- ingest --------------------------------------------------------------------------------
+
+    def add(self, external_id: str, text: str, metadata: dict | None = None, *,
+            batch: str | None = None) -> BatchSummary:
+        """Add one document (as a batch of one)."""
+        return self.add_many([Document(str(external_id), check_text(text, None, None), metadata or {})],
+                             batch=batch)
+
+    def add_many(self, documents: Iterable[Document | Mapping], *, batch: str | None = None,
+                 source: str = "api", progress: Callable[[int], None] | None = None) -> BatchSummary:
+        """Fingerprint, match and store a batch: all of it, or (on any error) none of it."""
+        docs = (_as_document(item, i) for i, item in enumerate(documents))
+        fingerprinted = fingerprint_documents(docs, self.fingerprint_settings, progress)
+        return self.add_fingerprinted(fingerprinted, batch=batch, source=source)
+
+    def add_fingerprinted(self, fingerprinted: FingerprintedBatch, *, batch: str | None = None,
+                          source: str = "api") -> BatchSummary:
+        """Store a batch whose fingerprints were computed already (by :func:`fingerprint_documents`)."""
+        name = batch or datetime.now(timezone.utc).strftime("batch-%Y%m%dT%H%M%S.%fZ")
+        if not name.strip():
+            raise SimdbError("the batch name is empty; give a name with --batch")
+        with self.database.engine.begin() as connection:
+            return ingest_batch(connection, self.database.schema, self.layout, fingerprinted, name, source)
+
+    # -- queries -------------------------------------------------------------------------------
+
+    def _max_distance(self, max_distance: int | None) -> int:
+        if max_distance is None:
+            return self.layout.max_distance
+        if not 0 <= max_distance <= self.layout.max_distance:
+            raise SimdbError(f"--max-distance must be between 0 and the index's maximum distance "
+                             f"{self.layout.max_distance}, not {max_distance}")
+        return max_distance
+
+    def query(self, text: str, max_distance: int | None = None) -> list[Match]:
+        """Stored documents within ``max_distance`` bits of ``text``'s fingerprint, nearest first."""
+        return self.query_fingerprint(self.fingerprint(text), max_distance)
+
+    def query_fingerprint(self, simhash: int, max_distance: int | None = None) -> list[Match]:
+        limit = self._max_distance(max_distance)
+        keys = self.layout.block_keys(simhash)
+        sql = "\nUNION ALL\n".join(f"SELECT id, simhash FROM documents WHERE {column} = :k{i}"
+                                   for i, column in enumerate(self.layout.key_columns))
+        params = {f"k{i}": value for i, value in enumerate(keys)}
+        with self.database.engine.connect() as connection:
+            verified = {row.id: hamming(simhash, to_unsigned(row.simhash))
+                        for row in connection.execute(sa.text(sql), params)
+                        if hamming(simhash, to_unsigned(row.simhash)) <= limit}
+            return self._matches(connection, [verified])[0]
+
+    def query_many(self, texts: Iterable[str], max_distance: int | None = None) -> list[list[Match]]:
+        """One result list per text, found with a single set-based join."""
+        return self.query_fingerprints([self.fingerprint(text) for text in texts], max_distance)
+
+    def query_fingerprints(self, simhashes: list[int], max_distance: int | None = None) -> list[list[Match]]:
+        limit = self._max_distance(max_distance)
+        if not simhashes:
+            return []
+        fps = np.array(simhashes, dtype=np.uint64)
+        keys = self.layout.block_keys_array(fps)
+        columns = ["id", "simhash", *self.layout.key_columns]
+        with self.database.engine.begin() as connection:
+            connection.exec_driver_sql(
+                "CREATE TEMPORARY TABLE probes (" + ", ".join(f"{c} int8 NOT NULL" for c in columns)
+                + ") ON COMMIT DROP")
+            cursor = connection.connection.dbapi_connection.cursor()
+            with cursor.copy(f"COPY probes ({', '.join(columns)}) FROM STDIN (FORMAT BINARY)") as copy:
+                copy.set_types(["int8"] * len(columns))
+                for i, (signed, key_row) in enumerate(zip(to_signed_array(fps).tolist(), keys.tolist())):
+                    copy.write_row((i, signed, *key_row))
+            connection.exec_driver_sql("ANALYZE probes")
+            pairs = collect(verified_pairs(connection, candidate_sql(self.layout, "probes", "documents"), limit))
+            per_probe: list[dict[int, int]] = [{} for _ in simhashes]
+            for probe, document, distance in pairs.tolist():
+                per_probe[probe][document] = distance
+            return self._matches(connection, per_probe)
+
+    def _matches(self, connection: sa.Connection, found: list[dict[int, int]]) -> list[list[Match]]:
+        ids = sorted({document for distances in found for document in distances})
+        rows = {}
+        if ids:
+            rows = {row.id: row for row in connection.execute(sa.text(
+                "SELECT id, external_id, simhash, metadata FROM documents WHERE id = ANY(:ids)"), {"ids": ids})}
+        return [sorted((Match(rows[d].external_id, distance, to_unsigned(rows[d].simhash), rows[d].metadata)
+                        for d, distance in distances.items()), key=lambda m: (m.distance, m.external_id))
+                for distances in found]
+
+    def pairs(self, batch: str | None = None, max_distance: int | None = None) -> Iterator[Pair]:
+        """Every stored pair within ``max_distance`` (or involving one batch), earlier document first."""
+        limit = self._max_distance(max_distance)
+        with self.database.engine.begin() as connection:
+            where, params = None, {}
+            if batch is not None:
+                batch_id = self._batch_id(connection, batch)
+                where, params = "p.batch_id = %(batch)s OR t.batch_id = %(batch)s", {"batch": batch_id}
+            sql = candidate_sql(self.layout, "documents", "documents", earlier_only=True, where=where)
+            found = collect(verified_pairs(connection, sql, limit, params))
+            found = found[np.lexsort((found[:, 0], found[:, 1]))]
+            names = self._external_ids(connection, np.unique(found[:, :2]).tolist())
+        for later, earlier, distance in found.tolist():
+            yield Pair(names[earlier], names[later], distance)
+
+    def _batch_id(self, connection: sa.Connection, name: str) -> int:
+        batch_id = connection.execute(sa.text("SELECT id FROM batches WHERE name = :name"), {"name": name}).scalar()
+        if batch_id is None:
+            raise SimdbError(f"no batch named {name!r}; `simdb stats` lists the batches")
+        return batch_id
+
+    @staticmethod
+    def _external_ids(connection: sa.Connection, ids: list[int]) -> dict[int, str]:
+        names: dict[int, str] = {}
+        for start in range(0, len(ids), 100_000):
+            chunk = ids[start:start + 100_000]
+            names.update(connection.execute(sa.text(
+                "SELECT id, external_id FROM documents WHERE id = ANY(:ids)"), {"ids": chunk}).all())
+        return names
+
+    def export(self) -> Iterator[dict]:
+        """``{"id", "simhash", ...metadata}`` for every document, in the order they were stored."""
+        with self.database.engine.connect() as connection:
+            result = connection.execution_options(yield_per=10_000).execute(sa.text(
+                "SELECT external_id, simhash, metadata FROM documents ORDER BY id"))
+            for row in result:
+                yield {"id": row.external_id, "simhash": format_fingerprint(to_unsigned(row.simhash)),
+                       **row.metadata}
+
+    def stats(self) -> dict:
+        """Counts, layout and the measured key buckets."""
+        with self.database.engine.connect() as connection:
+            counts = connection.execute(sa.text(
+                "SELECT count(*) AS documents, count(duplicate_of) AS duplicates, "
+                "count(*) FILTER (WHERE duplicate_distance = 0) AS distance_zero FROM documents")).one()
+            batches = connection.execute(sa.text(
+                "SELECT name, documents, new, exact_duplicates, near_duplicates, status, finished_at "
+                "FROM batches ORDER BY id")).all()
+            size = connection.execute(sa.text("SELECT pg_total_relation_size('documents')")).scalar_one()
+            buckets = []
+            for column in self.layout.key_columns:
+                buckets.append(connection.execute(sa.text(
+                    f"SELECT coalesce(sum(n * n)::float8 / nullif(sum(n), 0), 0), coalesce(max(n), 0) "
+                    f"FROM (SELECT count(*) AS n FROM documents GROUP BY {column}) b")).one())
+        documents = counts.documents
+        return {
+            "schema": self.database.schema,
+            "database": self.database.display_url,
+            "documents": documents,
+            "duplicates": counts.duplicates,
+            "batches": [dict(row._mapping) for row in batches],
+            "settings": self.settings.summary(),
+            "layout": self.layout.describe(),
+            "expected_candidates_per_lookup": round(self.layout.expected_candidates(documents), 2),
+            "measured_candidates_per_lookup": round(sum(mean for mean, _ in buckets), 2),
+            "largest_key_bucket": max((largest for _, largest in buckets), default=0),
+            "table_bytes": size,
+        }

@@ -1,0 +1,71 @@
+"""Schema migrations, run in code (no alembic.ini).
+
+The migration scripts live in the top-level ``migrations/`` folder of a source
+checkout and inside the package (``simdb/migrations``) in an installed wheel;
+:func:`migrations_path` finds whichever is there.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+
+from .blocks import BlockLayout
+
+
+def migrations_path() -> Path:
+    package = Path(__file__).resolve().parent
+    for candidate in (package / "migrations", package.parent / "migrations"):
+        if (candidate / "env.py").is_file():
+            return candidate
+    raise RuntimeError(f"simdb's migrations are missing (looked in {package / 'migrations'} and "
+                       f"{package.parent / 'migrations'}); reinstall simdb")
+
+
+def alembic_config(connection: sa.Connection, schema: str, *, layout: BlockLayout | None = None,
+                   new_index_settings: dict | None = None) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(migrations_path()))
+    config.attributes.update(connection=connection, schema=schema, layout=layout,
+                             new_index_settings=new_index_settings)
+    return config
+
+
+def script_directory() -> ScriptDirectory:
+    config = Config()
+    config.set_main_option("script_location", str(migrations_path()))
+    return ScriptDirectory.from_config(config)
+
+
+def head_revision() -> str:
+    return script_directory().get_current_head()
+
+
+def known_revisions() -> set[str]:
+    return {script.revision for script in script_directory().walk_revisions()}
+
+
+def current_revision(connection: sa.Connection, schema: str) -> str | None:
+    context = MigrationContext.configure(connection, opts={"version_table_schema": schema})
+    return context.get_current_revision()
+
+
+def lock(connection: sa.Connection, schema: str, purpose: str) -> None:
+    """Transaction-scoped advisory lock, so that two processes never migrate or match at once."""
+    connection.execute(sa.text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"),
+                       {"key": f"simdb {purpose} {schema}"})
+
+
+def upgrade(connection: sa.Connection, schema: str, *, layout: BlockLayout | None = None,
+            new_index_settings: dict | None = None, revision: str = "head") -> None:
+    command.upgrade(alembic_config(connection, schema, layout=layout, new_index_settings=new_index_settings),
+                    revision)
+
+
+def downgrade(connection: sa.Connection, schema: str, revision: str = "base") -> None:
+    command.downgrade(alembic_config(connection, schema), revision)

@@ -1,0 +1,83 @@
+"""The tables, as SQLAlchemy Core objects.
+
+This is the current shape of the schema that ``migrations/`` builds; a test
+runs alembic's ``check`` to prove the two agree. Tables are created without a
+schema name: every connection's ``search_path`` starts with the index's
+PostgreSQL schema (``simdb`` unless chosen otherwise), so one database can
+hold several indexes.
+
+``documents`` has one column per block key (``key_0`` .. ``key_{n-1}``), each
+with its own B-tree index that also carries ``simhash`` and ``id``, so a
+lookup is an index-only scan.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import JSONB
+
+from .blocks import BlockLayout
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+BATCH_STATUSES = ("running", "complete")
+
+
+@functools.cache
+def build_metadata(layout: BlockLayout) -> sa.MetaData:
+    metadata = sa.MetaData(naming_convention=NAMING_CONVENTION)
+    sa.Table(
+        "settings", metadata,
+        sa.Column("name", sa.Text, primary_key=True),
+        sa.Column("value", JSONB, nullable=False),
+        comment="What the index is: fingerprint recipe, block layout, canaries. Checked on every open.",
+    )
+    sa.Table(
+        "batches", metadata,
+        sa.Column("id", sa.Integer, sa.Identity(), primary_key=True),
+        sa.Column("name", sa.Text, nullable=False, unique=True),
+        sa.Column("source", sa.Text, nullable=False),
+        sa.Column("status", sa.Text, nullable=False),
+        sa.Column("started_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("finished_at", sa.DateTime(timezone=True)),
+        sa.Column("documents", sa.Integer, nullable=False, server_default="0"),
+        sa.Column("new", sa.Integer, nullable=False, server_default="0"),
+        sa.Column("exact_duplicates", sa.Integer, nullable=False, server_default="0"),
+        sa.Column("near_duplicates", sa.Integer, nullable=False, server_default="0"),
+        sa.Column("within_batch", sa.Integer, nullable=False, server_default="0"),
+        sa.CheckConstraint(sa.text("status IN ('running', 'complete')"), name="status"),
+        comment="One row per ingested batch, with its counts.",
+    )
+    key_columns = [sa.Column(name, sa.BigInteger, nullable=False) for name in layout.key_columns]
+    documents = sa.Table(
+        "documents", metadata,
+        sa.Column("id", sa.BigInteger, sa.Identity(), primary_key=True),
+        sa.Column("external_id", sa.Text, nullable=False, unique=True),
+        sa.Column("batch_id", sa.Integer, sa.ForeignKey("batches.id"), nullable=False, index=True),
+        sa.Column("simhash", sa.BigInteger, nullable=False),
+        *key_columns,
+        sa.Column("content_hash", sa.LargeBinary, nullable=False, index=True),
+        sa.Column("length", sa.Integer, nullable=False),
+        sa.Column("metadata", JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
+        sa.Column("duplicate_of", sa.BigInteger, sa.ForeignKey("documents.id"), index=True),
+        sa.Column("duplicate_distance", sa.SmallInteger),
+        comment="One row per document: fingerprint (signed BIGINT), block keys, and the earliest near-duplicate.",
+    )
+    for name in layout.key_columns:
+        sa.Index(f"ix_documents_{name}", documents.c[name], postgresql_include=["simhash", "id"])
+    return metadata
+
+
+def tables(layout: BlockLayout) -> tuple[sa.Table, sa.Table, sa.Table]:
+    """(settings, batches, documents) for an index with ``layout``."""
+    metadata = build_metadata(layout)
+    return metadata.tables["settings"], metadata.tables["batches"], metadata.tables["documents"]

@@ -1,0 +1,147 @@
+"""What an index is: the settings stored with it and checked on every open.
+
+An index's answers depend on its fingerprint recipe (normalization, tokenizer,
+weighting, hash and seed) and on its block layout. All of it is written to the
+``settings`` table when the index is created, read back on open, and compared
+with what the caller asked for; a difference is an :class:`IncompatibleIndex`
+error, never silently different results.
+
+The settings also carry *canaries*: the fingerprints of a few fixed texts as
+computed when the index was created. Before a process fingerprints anything
+for an index, it recomputes them; if a new jieba dictionary, Unicode database
+or simdb release would fingerprint differently, the index refuses to mix old
+and new fingerprints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import unicodedata
+from dataclasses import dataclass, field
+
+from .bits import format_fingerprint
+from .blocks import BlockLayout
+from .errors import IncompatibleIndex
+from .fingerprint import ALGORITHM, FingerprintSettings, fingerprint
+from .tokenize import TokenizerSettings
+
+CANARY_TEXTS = (
+    "The quick brown fox jumps over the lazy dog; near-duplicate detection since 1997.",
+    "人民日报：全国各地庆祝新年，经济持续稳定增长，人民生活水平不断提高。",
+    "Ｆｕｌｌ－ｗｉｄｔｈ ＴＥＸＴ, mixed 中文 and English, numbers 12345 and ÉÇÅ accents!",
+    "สวัสดีครับ ภาษาไทย カタカナとひらがな",
+)
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def compute_canaries(fingerprints: FingerprintSettings) -> dict[str, str]:
+    return {text: format_fingerprint(fingerprint(text, fingerprints)) for text in CANARY_TEXTS}
+
+
+@dataclass(frozen=True)
+class IndexSettings:
+    """The stored description of an index."""
+
+    layout: BlockLayout = field(default_factory=BlockLayout)
+    fingerprints: FingerprintSettings = field(default_factory=FingerprintSettings)
+    #: Informational: which software built the index (the canaries do the checking).
+    created_with: dict = field(default_factory=dict, compare=False)
+    canaries: dict = field(default_factory=dict, compare=False)
+
+    @classmethod
+    def new(cls, *, max_distance: int = 3, blocks: int | None = None, tokenizer: str = "auto",
+            jieba_hmm: bool = False, shingle_size: int = 3, stopwords: bool = True,
+            weighting: str = "sublinear_tf") -> "IndexSettings":
+        from . import __version__
+
+        layout = BlockLayout(max_distance=max_distance,
+                             blocks=blocks if blocks is not None else max_distance + 1)
+        fps = FingerprintSettings(
+            tokenizer=TokenizerSettings(name=tokenizer, jieba_hmm=jieba_hmm, shingle_size=shingle_size,
+                                        stopwords=stopwords),
+            weighting=weighting)
+        created_with = {"simdb": __version__, "jieba": _version("jieba"), "xxhash": _version("xxhash"),
+                        "unicode": unicodedata.unidata_version}
+        return cls(layout=layout, fingerprints=fps, created_with=created_with,
+                   canaries=compute_canaries(fps))
+
+    # -- storage: one row per name in the settings table -------------------------------------
+
+    def to_rows(self) -> dict[str, object]:
+        return {
+            "bits": self.layout.bits,
+            "max_distance": self.layout.max_distance,
+            "blocks": self.layout.blocks,
+            "block_ranges": [list(r) for r in self.layout.block_ranges],
+            "keys": [list(k) for k in self.layout.keys],
+            "algorithm": self.fingerprints.algorithm,
+            "tokenizer": dataclasses.asdict(self.fingerprints.tokenizer),
+            "weighting": self.fingerprints.weighting,
+            "hash": {"function": "xxh3_64", "seed": self.fingerprints.seed},
+            "created_with": self.created_with,
+            "canaries": self.canaries,
+        }
+
+    @classmethod
+    def from_rows(cls, rows: dict[str, object]) -> "IndexSettings":
+        try:
+            layout = BlockLayout(max_distance=rows["max_distance"], blocks=rows["blocks"], bits=rows["bits"])
+            stored_layout = ([tuple(r) for r in rows["block_ranges"]], [tuple(k) for k in rows["keys"]])
+            if stored_layout != (list(layout.block_ranges), list(layout.keys)):
+                raise IncompatibleIndex(
+                    "the stored block layout is not the one this simdb version derives from "
+                    f"{rows['blocks']} blocks at distance {rows['max_distance']}; upgrade simdb")
+            if rows["algorithm"] != ALGORITHM:
+                raise IncompatibleIndex(
+                    f"the index was built with fingerprint algorithm {rows['algorithm']!r}, "
+                    f"this simdb computes {ALGORITHM!r}: use the simdb version that built it "
+                    f"({rows.get('created_with', {}).get('simdb', 'unknown')}) or rebuild the index")
+            if rows["hash"].get("function") != "xxh3_64":
+                raise IncompatibleIndex(f"unknown feature hash {rows['hash']!r}: upgrade simdb")
+            fps = FingerprintSettings(tokenizer=TokenizerSettings(**rows["tokenizer"]),
+                                      weighting=rows["weighting"], seed=rows["hash"]["seed"],
+                                      algorithm=rows["algorithm"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise IncompatibleIndex(f"the stored settings cannot be read ({exc!r}); "
+                                    "the index was written by another simdb version or edited by hand") from exc
+        return cls(layout=layout, fingerprints=fps, created_with=rows.get("created_with", {}),
+                   canaries=rows.get("canaries", {}))
+
+    # -- checks ----------------------------------------------------------------------------
+
+    def check_requested(self, requested: dict[str, object]) -> None:
+        """Refuse to open when the caller asked for settings other than the stored ones."""
+        stored = self.summary()
+        differences = [f"{name}: asked {value!r}, stored {stored.get(name)!r}"
+                       for name, value in requested.items() if value is not None and stored.get(name) != value]
+        if differences:
+            raise IncompatibleIndex(
+                "the index was created with other settings (" + "; ".join(differences) + "). "
+                "Open it without those options, or create a new index in another --schema")
+
+    def check_canaries(self) -> None:
+        """Recompute the canary fingerprints; raise if this environment disagrees."""
+        now = compute_canaries(self.fingerprints)
+        changed = [text for text, fp in self.canaries.items() if now.get(text) != fp]
+        if changed:
+            built = self.created_with
+            raise IncompatibleIndex(
+                f"this environment fingerprints {len(changed)} reference text(s) differently from the one "
+                f"that built the index (built with simdb {built.get('simdb')}, jieba {built.get('jieba')}, "
+                f"Unicode {built.get('unicode')}; here jieba {_version('jieba')}, Unicode "
+                f"{unicodedata.unidata_version}). Install the versions that built it, or rebuild the index")
+
+    def summary(self) -> dict[str, object]:
+        """Flat, human-facing view of the settings that change answers."""
+        tok = self.fingerprints.tokenizer
+        return {"max_distance": self.layout.max_distance, "blocks": self.layout.blocks,
+                "tokenizer": tok.name, "jieba_hmm": tok.jieba_hmm, "shingle_size": tok.shingle_size,
+                "stopwords": tok.stopwords, "weighting": self.fingerprints.weighting,
+                "seed": self.fingerprints.seed, "algorithm": self.fingerprints.algorithm}
