@@ -34,7 +34,10 @@ class BlockLayout:
     def __post_init__(self) -> None:
         if self.bits != BITS:
             raise ValueError(f"only {BITS}-bit fingerprints are supported, not {self.bits}")
-        if not 0 <= self.max_distance < self.blocks:
+        if self.max_distance < 1:
+            raise ValueError(f"the maximum distance must be at least 1, not {self.max_distance} "
+                             "(exact duplicates are found by the content hash)")
+        if self.max_distance >= self.blocks:
             raise ValueError(
                 f"{self.blocks} blocks cannot guarantee a maximum distance of {self.max_distance}: "
                 f"use more blocks than the distance (at least {self.max_distance + 1})")

@@ -7,9 +7,11 @@ else.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import functools
 import json
 import sys
+import time
 
 import click
 import sqlalchemy as sa
@@ -117,7 +119,7 @@ cli.add_command(fingerprint_command, name="fingerprint")
 
 @cli.command()
 @database_options
-@click.option("--max-distance", type=click.IntRange(0, 16), default=3, show_default=True,
+@click.option("--max-distance", type=click.IntRange(1, 16), default=3, show_default=True,
               help="Largest Hamming distance that counts as a near-duplicate (k).")
 @click.option("--blocks", type=click.IntRange(1, 16), default=None,
               help="Blocks the 64 bits are cut into (m); keys are made of m - k blocks. [default: k + 1]")
@@ -178,12 +180,13 @@ def ingest(database_url, schema, data_dir, paths, input_format, id_field, text_f
     """
     from tqdm import tqdm
 
+    started = time.perf_counter()
     documents = read_documents(paths, format=input_format, id_field=id_field, text_field=text_field)
     with open_index(database_url, schema, data_dir) as index:
         with tqdm(desc="fingerprinting", unit=" docs", disable=not sys.stderr.isatty(), file=sys.stderr) as bar:
             fingerprinted = fingerprint_documents(documents, index.fingerprint_settings, bar.update)
         summary = index.add_fingerprinted(fingerprinted, batch=batch_name, source=" ".join(paths))
-        click.echo(str(summary))
+        click.echo(str(dataclasses.replace(summary, seconds=time.perf_counter() - started)))
 
 
 @cli.command()

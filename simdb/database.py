@@ -1,6 +1,7 @@
 """Connections: a PostgreSQL server by URL, or an embedded one.
 
-``database_url`` (or ``SIMDB_DATABASE_URL``) names a server. With neither,
+``database_url`` (or ``SIMDB_DATABASE_URL``) names a server; ``schema`` (or
+``SIMDB_SCHEMA``, default ``simdb``) the PostgreSQL schema of the index. With neither,
 simdb starts an embedded PostgreSQL (the ``pgserver`` package ships real
 PostgreSQL binaries) in a data directory (``data_dir``, ``SIMDB_DATA_DIR``, or
 ``~/.local/share/simdb/postgres``), and stops it when the last process using
@@ -61,6 +62,8 @@ def redact(url: str | URL) -> str:
         parsed = make_url(url)
         if parsed.drivername.startswith("postgresql+"):
             parsed = parsed.set(drivername="postgresql")
+        if parsed.password == "":
+            parsed = parsed.set(password=None)
         return parsed.render_as_string(hide_password=True)
     except sa.exc.ArgumentError:
         return "<unparseable URL>"
@@ -96,9 +99,9 @@ class Database:
     server: object | None = None
 
     @classmethod
-    def connect(cls, database_url: str | URL | None = None, *, schema: str = DEFAULT_SCHEMA,
+    def connect(cls, database_url: str | URL | None = None, *, schema: str | None = None,
                 data_dir: str | Path | None = None) -> "Database":
-        check_schema_name(schema)
+        schema = check_schema_name(schema or os.environ.get("SIMDB_SCHEMA") or DEFAULT_SCHEMA)
         database_url = database_url or os.environ.get("SIMDB_DATABASE_URL") or None
         server = None
         if database_url is None:

@@ -7,8 +7,8 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import json
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -20,7 +20,7 @@ import sqlalchemy as sa
 
 from . import migrate
 from .bits import format_fingerprint, hamming, to_signed, to_signed_array, to_unsigned
-from .database import DEFAULT_SCHEMA, Database
+from .database import Database
 from .errors import IncompatibleIndex, IndexNotFound, InputError, SimdbError
 from .fingerprint import fingerprint
 from .ingest import BatchSummary, FingerprintedBatch, fingerprint_documents, ingest_batch
@@ -81,7 +81,7 @@ class Index:
     # -- opening -------------------------------------------------------------------------------
 
     @classmethod
-    def create(cls, database_url: str | None = None, *, schema: str = DEFAULT_SCHEMA,
+    def create(cls, database_url: str | None = None, *, schema: str | None = None,
                data_dir: str | Path | None = None, exist_ok: bool = False, **settings) -> "Index":
         """Create an index (``max_distance``, ``blocks``, ``tokenizer``, ... as in :meth:`IndexSettings.new`).
 
@@ -93,6 +93,7 @@ class Index:
         except ValueError as exc:
             raise SimdbError(f"invalid index settings: {exc}") from None
         database = Database.connect(database_url, schema=schema, data_dir=data_dir)
+        schema = database.schema
         try:
             with database.engine.begin() as connection:
                 migrate.lock(connection, schema, "migrate")
@@ -112,7 +113,7 @@ class Index:
             raise
 
     @classmethod
-    def open(cls, database_url: str | None = None, *, schema: str = DEFAULT_SCHEMA,
+    def open(cls, database_url: str | None = None, *, schema: str | None = None,
              data_dir: str | Path | None = None, **expected) -> "Index":
         """Open an existing index; any ``expected`` setting (``max_distance=3``, ...) must match the stored one."""
         database = Database.connect(database_url, schema=schema, data_dir=data_dir)
@@ -178,9 +179,11 @@ class Index:
     def add_many(self, documents: Iterable[Document | Mapping], *, batch: str | None = None,
                  source: str = "api", progress: Callable[[int], None] | None = None) -> BatchSummary:
         """Fingerprint, match and store a batch: all of it, or (on any error) none of it."""
+        started = time.perf_counter()
         docs = (_as_document(item, i) for i, item in enumerate(documents))
         fingerprinted = fingerprint_documents(docs, self.fingerprint_settings, progress)
-        return self.add_fingerprinted(fingerprinted, batch=batch, source=source)
+        summary = self.add_fingerprinted(fingerprinted, batch=batch, source=source)
+        return dataclasses.replace(summary, seconds=time.perf_counter() - started)
 
     def add_fingerprinted(self, fingerprinted: FingerprintedBatch, *, batch: str | None = None,
                           source: str = "api") -> BatchSummary:

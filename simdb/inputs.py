@@ -120,7 +120,7 @@ def read_jsonl(path: str, id_field: str, text_field: str) -> Iterator[Document]:
         try:
             record = json.loads(content)
         except json.JSONDecodeError as exc:
-            raise InputError(f"malformed JSON: {exc.msg} at column {exc.colno}", path=path, line=line,
+            raise InputError(f"malformed JSON at column {exc.colno}: {exc.msg.removesuffix(' at')}", path=path, line=line,
                              hint="each line must be one JSON object") from None
         if not isinstance(record, dict):
             raise InputError(f"expected a JSON object, got {type(record).__name__}", path=path, line=line)

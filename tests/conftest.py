@@ -1,0 +1,109 @@
+"""Real PostgreSQL for every test; nothing is mocked.
+
+The database is ``SIMDB_TEST_DATABASE_URL`` when set; otherwise the local
+server at 127.0.0.1:5432 (database ``test``) if it answers; otherwise an
+embedded PostgreSQL (pgserver) in a temporary directory, removed afterwards.
+Each test gets its own schema, dropped when the test ends, so tests are
+isolated and leave nothing behind.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import tempfile
+import uuid
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+from click.testing import CliRunner
+
+from simdb import Index
+from simdb.cli import cli
+from simdb.database import postgres_url, redact, start_embedded
+
+LOCAL_SERVER = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+def _answers(url: str) -> bool:
+    try:
+        psycopg.connect(url, connect_timeout=2).close()
+        return True
+    except psycopg.OperationalError:
+        return False
+
+
+@functools.cache
+def _database() -> tuple[str, str, object]:
+    """(url, where it came from, embedded server or None), decided once per test session."""
+    if os.environ.get("SIMDB_TEST_DATABASE_URL"):
+        return os.environ["SIMDB_TEST_DATABASE_URL"], "SIMDB_TEST_DATABASE_URL", None
+    if _answers(LOCAL_SERVER):
+        return LOCAL_SERVER, "local server", None
+    directory = tempfile.mkdtemp(prefix="simdb-test-pg-")
+    server = start_embedded(os.path.join(directory, "data"))
+    return server.get_uri(), f"embedded PostgreSQL in {directory}", server
+
+
+def pytest_report_header(config):
+    url, origin, _ = _database()
+    with psycopg.connect(url) as connection:
+        version = connection.execute("SHOW server_version").fetchone()[0]
+    return f"simdb test database: {redact(url)} ({origin}), PostgreSQL {version}"
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _database.cache_info().currsize:
+        _, origin, server = _database()
+        if server is not None:
+            server.cleanup()
+            shutil.rmtree(str(server.pgdata.parent), ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def database_url() -> str:
+    return _database()[0]
+
+
+@pytest.fixture(scope="session")
+def admin_engine(database_url):
+    engine = sa.create_engine(postgres_url(database_url))
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def schema(admin_engine):
+    """A fresh schema name for one test; the schema (if created) is dropped afterwards."""
+    name = f"simdb_test_{uuid.uuid4().hex[:12]}"
+    yield name
+    with admin_engine.begin() as connection:
+        connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {name} CASCADE")
+
+
+@pytest.fixture
+def index(database_url, schema):
+    with Index.create(database_url, schema=schema) as created:
+        yield created
+
+
+@pytest.fixture
+def run(database_url, schema):
+    """Run the CLI against the test schema: ``run("ingest", path)`` -> click Result."""
+    runner = CliRunner()
+    env = {"SIMDB_DATABASE_URL": database_url, "SIMDB_SCHEMA": schema}
+
+    def invoke(*args, input=None):
+        return runner.invoke(cli, list(args), env=env, input=input, catch_exceptions=False)
+
+    return invoke
+
+
+def count_rows(engine: sa.Engine, schema: str) -> tuple[int, int]:
+    """(documents, batches) stored in an index schema."""
+    with engine.connect() as connection:
+        documents = connection.execute(sa.text(f"SELECT count(*) FROM {schema}.documents")).scalar_one()
+        batches = connection.execute(sa.text(f"SELECT count(*) FROM {schema}.batches")).scalar_one()
+    return documents, batches

@@ -1,0 +1,244 @@
+"""The command line, with exact output, and every kind of bad input."""
+
+import json
+import re
+
+import pytest
+from click.testing import CliRunner
+
+from simdb import __version__, fingerprint
+from simdb.cli import cli
+from simdb.database import redact
+from simdb.samples import corpus
+from tests.conftest import count_rows
+
+SECTION_A = ("Assert statements are a convenient way to insert debugging assertions into a program. "
+             "The simple form is equivalent to raising AssertionError when the expression is false.")
+
+
+def write_jsonl(path, records):
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+    return str(path)
+
+
+def expected_counts(records):
+    """(exact, near) duplicates of a batch computed by brute force, in input order."""
+    exact = near = 0
+    for i, record in enumerate(records):
+        earlier = records[:i]
+        if any(r["text"] == record["text"] for r in earlier):
+            exact += 1
+        elif any((fingerprint(r["text"]) ^ fingerprint(record["text"])).bit_count() <= 3 for r in earlier):
+            near += 1
+    return exact, near
+
+
+def timeless(text):
+    return re.sub(r" in \d+\.\d s", " in <t> s", text)
+
+
+def test_version_and_help():
+    runner = CliRunner()
+    assert runner.invoke(cli, ["--version"]).output == f"simdb, version {__version__}\n"
+    for command in cli.commands:
+        result = runner.invoke(cli, [command, "-h"])
+        assert result.exit_code == 0
+        assert "Example:" in result.output, f"`simdb {command} --help` has no example"
+
+
+def test_fingerprint_prints_16_hex_digits():
+    result = CliRunner().invoke(cli, ["fingerprint", SECTION_A])
+    assert result.output == f"{fingerprint(SECTION_A):016x}\n"
+    tokens = CliRunner().invoke(cli, ["fingerprint", "--tokens", "Hello, big World"])
+    assert tokens.output == f"hello big world\n{fingerprint('Hello, big World'):016x}\n"
+    assert CliRunner().invoke(cli, ["fingerprint"]).exit_code == 2
+
+
+def test_init_ingest_query_pairs_export(run, tmp_path, database_url, schema):
+    result = run("init")
+    assert result.exit_code == 0
+    assert result.output == (
+        f"created index in schema '{schema}' of {redact(database_url)}\n"
+        "layout: 4 blocks of 16 bits, 4 keys of 1 blocks (16 bits), max distance 3\n"
+        "expected candidates per lookup at 1,000,000 documents (random fingerprints):\n"
+        "  --blocks 4:   4 keys,        61.04  <- this index\n"
+        "  --blocks 5:  10 keys,         0.21\n"
+        "  --blocks 6:  20 keys,         0.01\n"
+        "  --blocks 7:  35 keys,         0.00\n")
+    assert run("init").output.startswith("found existing index")
+
+    records = list(corpus())[:40]
+    path = write_jsonl(tmp_path / "part1.jsonl", records)
+    result = run("ingest", path, "--batch", "first")
+    assert result.exit_code == 0, result.output
+    exact, near = expected_counts(records)
+    assert exact >= 1 and near >= 1
+    assert timeless(result.output) == (
+        f"batch 'first': 40 documents: {40 - exact - near} new, {exact} exact duplicates, {near} near-duplicates "
+        f"({exact + near} of the duplicates matched within the batch) in <t> s\n")
+
+    base = records[0]
+    fp = fingerprint(base["text"])
+    expected = sorted(((fingerprint(r["text"]) ^ fp).bit_count(), r["id"], fingerprint(r["text"])) for r in records
+                      if (fingerprint(r["text"]) ^ fp).bit_count() <= 3)
+    assert len(expected) >= 2
+    result = run("query", base["text"])
+    assert result.output == "distance  simhash           id\n" + "".join(
+        f"{distance:>8}  {value:016x}  {name}\n" for distance, name, value in expected)
+    result = run("query", "--simhash", f"{fingerprint(base['text']):016x}", "--json")
+    assert json.loads(result.output.splitlines()[0]) == {"id": base["id"], "distance": 0,
+                                         "simhash": f"{fingerprint(base['text']):016x}",
+                                         "metadata": {"source": base["source"]}}
+    assert run("query", "--simhash", "xyz").exit_code == 2
+
+    pairs = [json.loads(line) for line in run("pairs").output.splitlines()]
+    assert all(set(p) == {"a", "b", "distance"} for p in pairs)
+    fps = [(r["id"], fingerprint(r["text"])) for r in records]
+    assert pairs == [{"a": a, "b": b, "distance": (fa ^ fb).bit_count()}
+                     for j, (b, fb) in enumerate(fps) for a, fa in fps[:j] if (fa ^ fb).bit_count() <= 3]
+    csv_output = run("pairs", "--format", "csv").output.splitlines()
+    assert csv_output[0] == "a,b,distance" and len(csv_output) == len(pairs) + 1
+
+    exported = [json.loads(line) for line in run("export").output.splitlines()]
+    assert [e["id"] for e in exported] == [r["id"] for r in records]
+    assert exported[0] == {"id": base["id"], "simhash": f"{fingerprint(base['text']):016x}", "source": base["source"]}
+
+    stats = run("stats").output
+    assert f"documents:  40 ({exact + near} near or exact duplicates)" in stats
+    assert f"  first: 40 documents, {40 - exact - near} new, {exact} exact, {near} near (complete)" in stats
+
+
+def test_pairs_equal_brute_force_over_export(run, tmp_path):
+    """`simdb pairs` over an ingested corpus is exactly the set of exported pairs within k."""
+    records = list(corpus())
+    run("init")
+    assert run("ingest", write_jsonl(tmp_path / "a.jsonl", records[:200]), "--batch", "a").exit_code == 0
+    assert run("ingest", write_jsonl(tmp_path / "b.jsonl", records[200:]), "--batch", "b").exit_code == 0
+    exported = [json.loads(line) for line in run("export").output.splitlines()]
+    fingerprints = [(e["id"], int(e["simhash"], 16)) for e in exported]
+    expected = set()
+    for i, (a, fa) in enumerate(fingerprints):
+        for b, fb in fingerprints[i + 1:]:
+            if (fa ^ fb).bit_count() <= 3:
+                expected.add((a, b, (fa ^ fb).bit_count()))
+    found = {(p["a"], p["b"], p["distance"]) for p in map(json.loads, run("pairs").output.splitlines())}
+    assert found == expected
+    assert len(expected) > 50
+    batch_b = {(p["a"], p["b"], p["distance"]) for p in map(json.loads, run("pairs", "--batch", "b").output.splitlines())}
+    ids_b = {r["id"] for r in records[200:]}
+    assert batch_b == {p for p in expected if p[0] in ids_b or p[1] in ids_b}
+
+
+def test_csv_tsv_and_txt_inputs(run, tmp_path):
+    run("init")
+    (tmp_path / "a.csv").write_text('doc,body,lang\n1,"first, with a comma\nand a second line",en\n2,second,fr\n')
+    (tmp_path / "b.tsv").write_text("id\ttext\n3\tthird text\n")
+    (tmp_path / "c.txt").write_text("a whole file is one document\n")
+    result = run("ingest", str(tmp_path / "a.csv"), "--id-field", "doc", "--text-field", "body", "--batch", "csv")
+    assert result.exit_code == 0, result.output
+    assert run("ingest", str(tmp_path / "b.tsv"), str(tmp_path / "c.txt"), "--batch", "mixed").exit_code == 0
+    exported = [json.loads(line) for line in run("export").output.splitlines()]
+    assert [(e["id"], e.get("lang")) for e in exported] == [("1", "en"), ("2", "fr"), ("3", None),
+                                                           (str(tmp_path / "c.txt"), None)]
+    assert run("query", "first, with a comma\nand a second line").output.splitlines()[1].endswith("  1")
+
+
+BAD_INPUTS = [
+    ("bad.jsonl", b'{"id": 1, "text": "fine"}\n{"id": 2, "text": "caf\xe9"}\n',
+     "bad.jsonl:2: invalid UTF-8 (byte 0xe9 at offset 22 of the line) (re-encode the file as UTF-8)"),
+    ("bad.jsonl", b'{"id": 1, "text": "fine"}\n{"id": 2, "text": "a\\u0000b"}\n',
+     "bad.jsonl:2: the text contains a NUL character, which PostgreSQL cannot store (remove NUL bytes from the input)"),
+    ("bad.csv", b'id,text\n1,fine\n2,a\x00b\n',
+     "bad.csv:3: the line contains a NUL character, which PostgreSQL cannot store (remove NUL bytes from the input)"),
+    ("bad.jsonl", b'{"id": 1, "text": "fine"}\n\n{"id": 2, "text": "  \\n "}\n',
+     "bad.jsonl:3: the text is empty or only whitespace (drop the document or give it text)"),
+    ("bad.jsonl", b'{"id": 1, "text": "fine"}\n{"id": 2, "text": "x",}\n',
+     "bad.jsonl:2: malformed JSON at column 23: Expecting property name enclosed in double quotes "
+     "(each line must be one JSON object)"),
+    ("bad.jsonl", b'{"id": 1, "text": "fine"}\n[1, 2]\n', "bad.jsonl:2: expected a JSON object, got list"),
+    ("bad.jsonl", b'{"id": 1, "text": "fine"}\n{"key": 2, "text": "x"}\n',
+     "bad.jsonl:2: no id field 'id' (fields: 'key', 'text') (name the id field with --id-field)"),
+    ("bad.jsonl", b'{"id": 1, "body": "x"}\n',
+     "bad.jsonl:1: no text field 'text' (fields: 'id', 'body') (name the text field with --text-field)"),
+    ("bad.csv", b'id,body\n1,x\n', "bad.csv:1: no text field 'text' (fields: 'id', 'body') "
+                                   "(name the text field with --text-field)"),
+    ("bad.jsonl", b'{"id": "a", "text": "one"}\n{"id": "b", "text": "two"}\n{"id": "a", "text": "three"}\n',
+     "bad.jsonl:3: id 'a' appears twice in this batch (first at bad.jsonl:1) (ids must be unique; fix or drop one of them)"),
+    ("bad.jsonl", b'{"id": null, "text": "x"}\n',
+     "bad.jsonl:1: the id field 'id' must be a string or an integer, not null"),
+    ("bad.csv", b'id,text\n1,fine\n2,a,b\n',
+     "bad.csv:3: 3 fields where the header has 2 (quote fields that contain the delimiter)"),
+    ("bad.dat", b'x', "bad.dat: cannot tell the format from the file name (pass --format with one of jsonl, csv, tsv, txt)"),
+]
+
+
+@pytest.mark.parametrize("name, content, message", BAD_INPUTS, ids=[m.split(": ", 1)[1][:40] for _, _, m in BAD_INPUTS])
+def test_bad_input_is_refused_whole(run, tmp_path, monkeypatch, admin_engine, schema, name, content, message):
+    run("init")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "good.jsonl").write_text('{"id": "g", "text": "a good document"}\n')
+    (tmp_path / name).write_bytes(content)
+    result = run("ingest", "good.jsonl", name)
+    assert result.exit_code == 1
+    assert result.output == f"Error: {message}\n"
+    assert count_rows(admin_engine, schema) == (0, 0)
+
+
+def test_missing_file_is_reported_before_anything(run, tmp_path, admin_engine, schema):
+    run("init")
+    (tmp_path / "good.jsonl").write_text('{"id": "g", "text": "a good document"}\n')
+    result = run("ingest", str(tmp_path / "good.jsonl"), str(tmp_path / "missing.jsonl"))
+    assert result.exit_code == 1
+    assert result.output == f"Error: {tmp_path / 'missing.jsonl'}: no such file (check the path)\n"
+    assert count_rows(admin_engine, schema) == (0, 0)
+
+
+def test_ids_already_stored_reject_the_batch(run, tmp_path, admin_engine, schema):
+    run("init")
+    path = write_jsonl(tmp_path / "a.jsonl", [{"id": "x", "text": "first text"}])
+    assert run("ingest", path, "--batch", "one").exit_code == 0
+    again = write_jsonl(tmp_path / "b.jsonl", [{"id": "y", "text": "new"}, {"id": "x", "text": "again"}])
+    result = run("ingest", again, "--batch", "two")
+    assert result.exit_code == 1
+    assert result.output == (f"Error: {again}:2: id 'x' is already in the archive (batch 'one'); nothing from this "
+                             "batch was stored. Give new documents new ids, or remove the old one\n")
+    assert count_rows(admin_engine, schema) == (1, 1)
+    result = run("ingest", again, "--batch", "one")
+    assert result.output == "Error: a batch named 'one' already exists; choose another name with --batch\n"
+
+
+def test_other_settings_are_refused(run, database_url, schema):
+    run("init")
+    result = run("init", "--max-distance", "4", "--blocks", "5")
+    assert result.exit_code == 1
+    assert result.output == ("Error: the index was created with other settings (max_distance: asked 4, stored 3; "
+                             "blocks: asked 5, stored 4). Open it without those options, or create a new index "
+                             "in another --schema\n")
+
+
+def test_no_index_yet(run, schema, database_url):
+    result = run("stats")
+    assert result.exit_code == 1
+    assert result.output == (f"Error: no simdb index in schema '{schema}' of {redact(database_url)}; "
+                             "create one with `simdb init`\n")
+
+
+def test_unreachable_database_and_passwords_are_never_printed():
+    result = CliRunner().invoke(cli, ["stats", "--database-url", "postgresql://simdb:s3cret@127.0.0.1:1/archive"])
+    assert result.exit_code == 1
+    assert result.output.startswith("Error: cannot connect to postgresql://simdb:***@127.0.0.1:1/archive: ")
+    assert result.output.endswith("Check that the server is running and the URL is right, or unset "
+                                  "SIMDB_DATABASE_URL and --database-url to use the embedded database\n")
+    assert "s3cret" not in result.output
+
+
+def test_not_postgresql_is_refused():
+    result = CliRunner().invoke(cli, ["stats", "--database-url", "sqlite:///x.db"])
+    assert result.exit_code == 1
+    assert "'sqlite' URLs are not supported" in result.output
+
+
+def test_bad_schema_name():
+    result = CliRunner().invoke(cli, ["stats", "--schema", "Robert'); DROP"])
+    assert result.exit_code == 1
+    assert result.output.startswith("Error: invalid schema name")

@@ -1,0 +1,86 @@
+"""Text -> tokens -> fingerprint."""
+
+import subprocess
+import sys
+
+import pytest
+
+from simdb import InputError, fingerprint, hamming
+from simdb.fingerprint import FingerprintSettings, simhash, tokens_for, weighted_features
+from simdb.normalize import normalize
+from simdb.samples import sections
+from simdb.settings import CANARY_TEXTS
+from simdb.tokenize import TokenizerSettings, tokenize
+
+ARTICLE = ("Assert statements are a convenient way to insert debugging assertions into a program. "
+           "The simple form is equivalent to raising AssertionError when the expression is false, "
+           "and the extended form passes a second expression to the exception as its argument.")
+
+
+def test_normalize_folds_width_case_and_punctuation():
+    assert normalize("ＨＥＬＬＯ，　Ｗｏｒｌｄ！！ 123") == "hello world 123"
+    assert normalize("  a\t\nb  ") == "a b"
+    assert normalize("Straße") == "strasse"
+
+
+def test_chinese_goes_through_jieba_and_english_through_words():
+    tokens = tokenize(normalize("我们今天在北京大学学习自然语言处理, and we like it"))
+    assert "北京大学" in tokens and "自然语言" in tokens
+    assert "like" in tokens
+    assert "我们" not in tokens and "and" not in tokens  # stop words
+
+
+def test_scripts_without_spaces_become_shingles():
+    assert tokenize("สวัสดีครับ") == ["สวั", "วัส", "ัสด", "สดี", "ดีค", "ีคร", "ครั", "รับ"]
+
+
+def test_forced_tokenizers():
+    text = normalize("Hello big world")
+    assert tokenize(text, TokenizerSettings(name="words", stopwords=False)) == ["hello", "big", "world"]
+    assert tokenize(text, TokenizerSettings(name="shingles", shingle_size=4))[:2] == ["hell", "ello"]
+
+
+def test_same_text_same_fingerprint_across_processes():
+    here = [fingerprint(text) for text in CANARY_TEXTS]
+    code = "from simdb import fingerprint; from simdb.settings import CANARY_TEXTS; " \
+           "print(*[fingerprint(t) for t in CANARY_TEXTS])"
+    there = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert [int(v) for v in there.split()] == here
+
+
+def test_fingerprint_is_pinned():
+    # If this changes, the recipe changed: bump fingerprint.ALGORITHM, since
+    # every stored index would otherwise mix old and new fingerprints.
+    assert f"{fingerprint(ARTICLE):016x}" == "28c672a431f32108"
+
+
+def test_near_copies_are_close_and_other_texts_are_not():
+    base = fingerprint(ARTICLE)
+    assert hamming(base, fingerprint(ARTICLE.upper().replace(",", " ;"))) == 0
+    section = next(text for _, text in sections() if len(text) > 1400)
+    assert hamming(fingerprint(section), fingerprint(section.replace(" the ", " teh ", 2))) <= 3
+    other = fingerprint("PostgreSQL stores tables in heap files and uses B-tree indexes for equality lookups "
+                        "and range scans; the planner chooses between sequential and index scans by cost.")
+    assert hamming(base, other) > 10
+
+
+def test_weights_are_sublinear_term_frequency():
+    features, weights = weighted_features(["a", "b", "a", "a"], "sublinear_tf")
+    assert features == ["a", "b"]
+    assert weights.tolist() == pytest.approx([1 + 1.0986122886681098, 1.0])
+
+
+def test_simhash_of_one_feature_is_its_hash():
+    import xxhash
+    assert simhash(["x"], __import__("numpy").ones(1), 5) == xxhash.xxh3_64_intdigest(b"x", 5)
+
+
+def test_punctuation_only_text_still_has_a_fingerprint():
+    assert fingerprint("!!!") == fingerprint("！！！")
+    assert tokens_for("the of and", FingerprintSettings()) == ["the", "of", "and"]
+
+
+@pytest.mark.parametrize("text", ["", "   ", "\n\t\u3000"])
+def test_empty_text_is_an_error(text):
+    with pytest.raises(InputError, match="empty or only whitespace"):
+        fingerprint(text)

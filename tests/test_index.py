@@ -1,0 +1,213 @@
+"""The index against numpy brute force, on a real PostgreSQL."""
+
+import random
+
+import numpy as np
+import pytest
+import sqlalchemy as sa
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from simdb import BatchError, IncompatibleIndex, Index, IndexNotFound, InputError, fingerprint
+from simdb.bits import hamming_array, to_signed
+from simdb.fingerprint import content_hash
+from simdb.ingest import FingerprintedBatch
+from simdb.samples import sections
+from tests.conftest import count_rows
+
+
+def make_batch(fingerprints, prefix):
+    batch = FingerprintedBatch()
+    for i, fp in enumerate(fingerprints):
+        batch.append(f"{prefix}-{i}", fp, content_hash(f"{prefix}-{i}"), 10, {}, f"{prefix}-{i}")
+    return batch
+
+
+def flip(fingerprint, bits):
+    for bit in bits:
+        fingerprint ^= 1 << bit
+    return fingerprint
+
+
+class Archive:
+    """An index and the same fingerprints in a numpy array, for brute-force answers."""
+
+    def __init__(self, index):
+        self.index = index
+        self.ids: list[str] = []
+        self.fps = np.empty(0, dtype=np.uint64)
+
+    def add(self, fingerprints, prefix):
+        self.index.add_fingerprinted(make_batch(fingerprints, prefix), batch=prefix)
+        self.ids += [f"{prefix}-{i}" for i in range(len(fingerprints))]
+        self.fps = np.concatenate([self.fps, np.array(fingerprints, dtype=np.uint64)])
+
+    def brute_force(self, query, max_distance):
+        distances = hamming_array(self.fps, query)
+        return sorted((int(d), self.ids[i]) for i in np.flatnonzero(distances <= max_distance) for d in [distances[i]])
+
+    def brute_force_pairs(self, max_distance):
+        pairs = set()
+        for i in range(len(self.fps)):
+            distances = hamming_array(self.fps[i + 1:], int(self.fps[i]))
+            for j in np.flatnonzero(distances <= max_distance):
+                pairs.add((self.ids[i], self.ids[i + 1 + j], int(distances[j])))
+        return pairs
+
+
+@pytest.fixture(params=[4, 5], ids=["blocks4", "blocks5"])
+def archive(request, database_url, schema):
+    """2,000 random fingerprints, then clusters planted by each test."""
+    with Index.create(database_url, schema=schema, blocks=request.param) as index:
+        archive = Archive(index)
+        rng = random.Random(request.param)
+        archive.add([rng.getrandbits(64) for _ in range(2000)], "random")
+        yield archive
+
+
+uint64 = st.integers(0, 2**64 - 1)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(base=uint64, data=st.data())
+def test_index_returns_exactly_the_brute_force_answer(archive, base, data):
+    """Neighbours planted at every distance 0..k+2 around a base; the index must agree with brute force."""
+    k = archive.index.layout.max_distance
+    neighbours = [flip(base, data.draw(st.sets(st.integers(0, 63), min_size=d, max_size=d)))
+                  for d in range(k + 3) for _ in range(2)]
+    archive.add([base, *neighbours], f"cluster-{len(archive.ids)}")
+    for max_distance in (k, 1):
+        expected = archive.brute_force(base, max_distance)
+        found = sorted((m.distance, m.external_id) for m in archive.index.query_fingerprint(base, max_distance))
+        assert found == expected
+        batch_found = archive.index.query_fingerprints([base, neighbours[-1]], max_distance)
+        assert sorted((m.distance, m.external_id) for m in batch_found[0]) == expected
+        assert sorted((m.distance, m.external_id) for m in batch_found[1]) == \
+            archive.brute_force(neighbours[-1], max_distance)
+
+
+def test_pairs_equal_brute_force(archive):
+    rng = random.Random(11)
+    k = archive.index.layout.max_distance
+    for cluster in range(30):
+        base = rng.getrandbits(64)
+        archive.add([base] + [flip(base, rng.sample(range(64), d)) for d in range(k + 2)], f"c{cluster}")
+    expected = archive.brute_force_pairs(k)
+    found = {(p.a, p.b, p.distance) for p in archive.index.pairs()}
+    assert found == expected
+    assert len(found) > 30 * k
+    in_batch = {(p.a, p.b, p.distance) for p in archive.index.pairs(batch="c3")}
+    assert in_batch == {p for p in expected if p[0].startswith("c3-") or p[1].startswith("c3-")}
+
+
+SECTION = next(text for _, text in sections() if len(text) > 1400)
+
+
+def test_duplicate_of_points_at_the_earliest_match(index):
+    text = SECTION
+    first = index.add_many([{"id": "old", "text": text}], batch="one")
+    assert (first.new, first.exact_duplicates, first.near_duplicates) == (1, 0, 0)
+    second = index.add_many([{"id": "copy", "text": text}, {"id": "edit", "text": text.replace(" the ", " teh ", 2)},
+                             {"id": "other", "text": "Nothing like the rest at all, a different subject."}],
+                            batch="two")
+    assert (second.documents, second.new, second.exact_duplicates, second.near_duplicates) == (3, 1, 1, 1)
+    with index.database.engine.connect() as connection:
+        rows = dict(connection.execute(sa.text(
+            "SELECT d.external_id, o.external_id FROM documents d LEFT JOIN documents o ON o.id = d.duplicate_of")).all())
+    assert rows == {"old": None, "copy": "old", "edit": "old", "other": None}
+
+
+def test_matches_within_a_batch_are_found(index):
+    text = SECTION
+    summary = index.add_many([{"id": "1", "text": text}, {"id": "2", "text": text}], batch="b")
+    assert (summary.new, summary.exact_duplicates, summary.within_batch) == (1, 1, 1)
+    assert [(p.a, p.b, p.distance) for p in index.pairs()] == [("1", "2", 0)]
+
+
+def test_a_failing_batch_leaves_nothing(index, admin_engine):
+    index.add_many([{"id": "a", "text": "first document text"}], batch="one")
+    before = count_rows(admin_engine, index.database.schema)
+    with pytest.raises(BatchError, match="'a' is already in the archive"):
+        index.add_many([{"id": "b", "text": "second"}, {"id": "a", "text": "again"}], batch="two")
+    with pytest.raises(InputError, match="empty or only whitespace"):
+        index.add_many([{"id": "c", "text": "fine"}, {"id": "d", "text": "  "}], batch="three")
+    with pytest.raises(BatchError, match="already exists"):
+        index.add_many([{"id": "e", "text": "fine"}], batch="one")
+    assert count_rows(admin_engine, index.database.schema) == before
+
+
+def test_metadata_and_export(index):
+    index.add_many([{"id": 7, "text": "some text here", "source": "web", "tags": ["x", "y"]}], batch="m")
+    exported = list(index.export())
+    assert exported == [{"id": "7", "simhash": f"{fingerprint('some text here'):016x}", "source": "web",
+                         "tags": ["x", "y"]}]
+
+
+def test_reopening_gives_the_same_answers(database_url, schema):
+    texts = [f"document number {i} talks about topic {i % 7} in some detail, at length" for i in range(50)]
+    with Index.create(database_url, schema=schema, blocks=5) as index:
+        index.add_many([{"id": str(i), "text": t} for i, t in enumerate(texts)], batch="x")
+        before = [index.query(t) for t in texts[:10]]
+    with Index.open(database_url, schema=schema) as index:
+        assert index.layout.blocks == 5
+        assert [index.query(t) for t in texts[:10]] == before
+
+
+def test_open_refuses_other_settings(index, database_url):
+    schema = index.database.schema
+    with pytest.raises(IncompatibleIndex, match="max_distance: asked 4, stored 3"):
+        Index.open(database_url, schema=schema, max_distance=4)
+    with pytest.raises(IncompatibleIndex, match="tokenizer: asked 'words', stored 'auto'"):
+        Index.create(database_url, schema=schema, exist_ok=True, tokenizer="words")
+    with Index.create(database_url, schema=schema, exist_ok=True) as same:
+        assert not same.created
+
+
+def test_changed_fingerprints_are_detected(index, database_url, admin_engine):
+    schema = index.database.schema
+    with admin_engine.begin() as connection:
+        connection.execute(sa.text(
+            f"UPDATE {schema}.settings SET value = jsonb_set(value, ARRAY[(SELECT min(k) FROM jsonb_object_keys(value) k)],"
+            " '\"0000000000000000\"') WHERE name = 'canaries'"))
+    with Index.open(database_url, schema=schema) as reopened:
+        with pytest.raises(IncompatibleIndex, match="fingerprints 1 reference text"):
+            reopened.query("anything")
+        assert reopened.query_fingerprint(0) == []  # lookups by fingerprint need no recomputation
+
+
+def test_tampered_schema_and_missing_index_are_errors(index, database_url, admin_engine):
+    schema = index.database.schema
+    with admin_engine.begin() as connection:
+        connection.exec_driver_sql(f"ALTER TABLE {schema}.documents DROP COLUMN key_3")
+    with pytest.raises(IncompatibleIndex, match=r"lacks key columns \['key_3'\]"):
+        Index.open(database_url, schema=schema)
+    with pytest.raises(IndexNotFound, match="simdb init"):
+        Index.open(database_url, schema=schema + "_absent")
+    with admin_engine.begin() as connection:
+        connection.exec_driver_sql(f"UPDATE {schema}.alembic_version SET version_num = '9999'")
+    with pytest.raises(IncompatibleIndex, match="newer simdb"):
+        Index.open(database_url, schema=schema)
+
+
+def test_max_distance_above_the_index_is_refused(index):
+    with pytest.raises(Exception, match="between 0 and the index's maximum distance 3"):
+        index.query_fingerprint(0, 4)
+
+
+def test_stats(index):
+    index.add_many([{"id": str(i), "text": f"text {i} " * 20} for i in range(20)], batch="s")
+    stats = index.stats()
+    assert stats["documents"] == 20
+    assert stats["layout"] == "4 blocks of 16 bits, 4 keys of 1 blocks (16 bits), max distance 3"
+    assert stats["measured_candidates_per_lookup"] >= 4
+    assert [b["name"] for b in stats["batches"]] == ["s"]
+
+
+def test_signed_storage_of_high_fingerprints(index):
+    high = [2**64 - 1, 2**63, 2**63 - 1, 0]
+    index.add_fingerprinted(make_batch(high, "h"), batch="h")
+    with index.database.engine.connect() as connection:
+        stored = connection.execute(sa.text("SELECT simhash FROM documents ORDER BY id")).scalars().all()
+    assert stored == [to_signed(v) for v in high]
+    assert [e["simhash"] for e in index.export()] == [f"{v:016x}" for v in high]
+    assert [m.external_id for m in index.query_fingerprint(2**64 - 1, 0)] == ["h-0"]

@@ -1,0 +1,81 @@
+"""Migrations: empty database -> head -> base and back; the models match; wheels carry them."""
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from alembic import command
+
+from simdb import Index
+from simdb import migrate
+from simdb.database import Database
+from simdb.settings import IndexSettings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def tables_in(engine, schema):
+    return set(sa.inspect(engine).get_table_names(schema=schema))
+
+
+def test_upgrade_to_head_then_down_to_base_and_up_again(database_url, schema, admin_engine):
+    settings = IndexSettings.new(blocks=5)
+    database = Database.connect(database_url, schema=schema)
+    try:
+        with database.engine.begin() as connection:
+            connection.exec_driver_sql(f"CREATE SCHEMA {schema}")
+            assert migrate.current_revision(connection, schema) is None
+            migrate.upgrade(connection, schema, layout=settings.layout, new_index_settings=settings.to_rows())
+            assert migrate.current_revision(connection, schema) == migrate.head_revision()
+        assert tables_in(admin_engine, schema) == {"alembic_version", "settings", "batches", "documents"}
+        columns = {c["name"] for c in sa.inspect(admin_engine).get_columns("documents", schema=schema)}
+        assert {f"key_{i}" for i in range(10)} <= columns
+
+        with database.engine.begin() as connection:
+            # the schema the migrations built is exactly the one simdb/schema.py describes
+            command.check(migrate.alembic_config(connection, schema, layout=settings.layout))
+
+        with database.engine.begin() as connection:
+            migrate.downgrade(connection, schema, "base")
+            assert migrate.current_revision(connection, schema) is None
+        assert tables_in(admin_engine, schema) == {"alembic_version"}
+    finally:
+        database.close()
+    with Index.create(database_url, schema=schema) as index:  # and up again, through the public path
+        assert index.created and index.layout.blocks == 4
+
+
+def test_the_migration_refuses_to_run_without_settings(database_url, schema):
+    database = Database.connect(database_url, schema=schema)
+    try:
+        with database.engine.begin() as connection:
+            connection.exec_driver_sql(f"CREATE SCHEMA {schema}")
+            with pytest.raises(RuntimeError, match="simdb init"):
+                migrate.upgrade(connection, schema)
+    finally:
+        database.close()
+
+
+def test_an_installed_wheel_finds_and_runs_its_migrations(tmp_path, database_url, schema):
+    """alembic's script location inside an installed package: build the wheel, install it, create an index."""
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(tmp_path / "dist"), str(ROOT)], check=True)
+    wheel = next((tmp_path / "dist").glob("simdb-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "simdb/migrations/env.py" in names
+    assert "simdb/migrations/versions/0001_create_index.py" in names
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
+                   check=True)
+    code = ("import simdb, simdb.migrate as m; from simdb import Index; print(m.migrations_path()); "
+            f"Index.create({database_url!r}, schema={schema!r}).close(); print(simdb.__file__)")
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    migrations, package = out.stdout.split()
+    assert migrations == str(site / "simdb" / "migrations")
+    assert package.startswith(str(site))
