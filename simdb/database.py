@@ -63,7 +63,7 @@ def redact(url: str | URL) -> str:
         if parsed.drivername.startswith("postgresql+"):
             parsed = parsed.set(drivername="postgresql")
         if parsed.password == "":
-            parsed = parsed.set(password=None)
+            parsed = parsed._replace(password=None)  # URL.set() treats None as "unchanged"
         return parsed.render_as_string(hide_password=True)
     except sa.exc.ArgumentError:
         return "<unparseable URL>"

@@ -288,13 +288,18 @@ class Index:
         return names
 
     def export(self) -> Iterator[dict]:
-        """``{"id", "simhash", ...metadata}`` for every document, in the order they were stored."""
+        """``{"id", "simhash", ...metadata}`` for every document, in the order they were stored.
+
+        A metadata field named ``id`` or ``simhash`` is exported as ``metadata.id`` / ``metadata.simhash``.
+        """
         with self.database.engine.connect() as connection:
             result = connection.execution_options(yield_per=10_000).execute(sa.text(
                 "SELECT external_id, simhash, metadata FROM documents ORDER BY id"))
             for row in result:
-                yield {"id": row.external_id, "simhash": format_fingerprint(to_unsigned(row.simhash)),
-                       **row.metadata}
+                record = {"id": row.external_id, "simhash": format_fingerprint(to_unsigned(row.simhash))}
+                for key, value in row.metadata.items():
+                    record[f"metadata.{key}" if key in ("id", "simhash") else key] = value
+                yield record
 
     def stats(self) -> dict:
         """Counts, layout and the measured key buckets."""

@@ -107,13 +107,12 @@ def ingest_batch(connection: sa.Connection, schema: str, layout: BlockLayout, ba
     """Match and insert a fingerprinted batch inside the caller's transaction."""
     started = time.perf_counter()
     count = len(batch)
-    taken = connection.execute(sa.text("SELECT 1 FROM batches WHERE name = :name"), {"name": name}).first()
-    if taken:
-        raise BatchError(f"a batch named {name!r} already exists; choose another name with --batch")
     batch_id = connection.execute(sa.text(
         "INSERT INTO batches (name, source, status, started_at, documents) "
-        "VALUES (:name, :source, 'running', now(), :count) RETURNING id"),
-        {"name": name, "source": source, "count": count}).scalar_one()
+        "VALUES (:name, :source, 'running', now(), :count) ON CONFLICT (name) DO NOTHING RETURNING id"),
+        {"name": name, "source": source, "count": count}).scalar()
+    if batch_id is None:
+        raise BatchError(f"a batch named {name!r} already exists; choose another name with --batch")
     lock(connection, schema, "ingest")
 
     ids = np.array(connection.execute(sa.text(

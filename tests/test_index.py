@@ -143,6 +143,19 @@ def test_metadata_and_export(index):
                          "tags": ["x", "y"]}]
 
 
+def test_metadata_named_like_export_fields_is_kept(index):
+    index.add_many([{"id": "x", "text": "text", "metadata": {"id": "other-system-id", "simhash": "0"}}], batch="m")
+    (record,) = index.export()
+    assert record == {"id": "x", "simhash": f"{fingerprint('text'):016x}", "metadata.id": "other-system-id",
+                      "metadata.simhash": "0"}
+
+
+def test_an_empty_batch_is_recorded(index):
+    summary = index.add_many([], batch="nothing-today")
+    assert (summary.documents, summary.new) == (0, 0)
+    assert [b["name"] for b in index.stats()["batches"]] == ["nothing-today"]
+
+
 def test_reopening_gives_the_same_answers(database_url, schema):
     texts = [f"document number {i} talks about topic {i % 7} in some detail, at length" for i in range(50)]
     with Index.create(database_url, schema=schema, blocks=5) as index:
