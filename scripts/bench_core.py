@@ -3,20 +3,21 @@
 For N random 64-bit fingerprints (default 1M) with planted neighbours, it measures:
 
 * ingest: ``Index.add_fingerprinted`` (the real archive path: staging COPY, block-key
-  join, popcount verify, INSERT ... SELECT) beside a raw binary COPY of the same rows
-  into an identically indexed documents table, and beside the PyPI ``simhash``
-  package's in-memory ``SimhashIndex(k=3)``;
+  join, popcount verify, INSERT ... SELECT; no text tokenization) beside a raw binary
+  COPY of the same rows into an identically indexed documents table, and beside the
+  PyPI ``simhash`` package's in-memory ``SimhashIndex(k=3)``;
 * single query: p50/p99 of ``Index.query_fingerprint`` beside a plain SQL full scan
   (``WHERE bit_count((simhash # q)::bit(64)) <= 3``), numpy brute force
   (``np.bitwise_count`` over the uint64 array) and ``SimhashIndex.get_near_dups``;
-* batch query: ``Index.query_fingerprints`` of all queries at once, in queries/s;
+* batch query: one ``Index.query_fingerprints`` call for all queries, in queries/s;
 * recall: every planted neighbour must come back (checked against numpy brute force).
 
-It only prints (progress to stderr, the table to stdout) and asserts nothing about
-timings. It works in its own schemas (``simdb_bench``, ``simdb_bench_raw``), dropped
-at the start and at the end, so it leaves no state behind.
+Half the queries have one stored copy planted at every distance 0..k, the other half
+are random. The script only prints (progress on stderr, the table on stdout) and
+asserts nothing about timings. It works in its own schemas (``simdb_bench``,
+``simdb_bench_raw``), dropped at the start and at the end, so it leaves no state.
 
-Run::
+Run (about 3 minutes at 1M on 2 cores)::
 
     .venv/bin/python scripts/bench_core.py --markdown
 
@@ -28,6 +29,7 @@ embedded PostgreSQL (pgserver) in a temporary directory.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import shutil
 import sys
@@ -52,17 +54,39 @@ def log(message: str) -> None:
     print(f"[{time.perf_counter() - STARTED:6.1f} s] {message}", file=sys.stderr, flush=True)
 
 
+def timed_each(function, items) -> tuple[list, list[float]]:
+    results, seconds = [], []
+    for item in items:
+        start = time.perf_counter()
+        results.append(function(item))
+        seconds.append(time.perf_counter() - start)
+    return results, seconds
+
+
+def pct(seconds: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(seconds), q))
+
+
 # -- data ----------------------------------------------------------------------------------------
 
 @dataclass
 class Data:
-    fingerprints: np.ndarray   # uint64, in storage order
-    batch: FingerprintedBatch  # the same rows, ready for the database
-    queries: np.ndarray        # uint64; the first `planted` have neighbours planted at distances 0..k
+    fingerprints: np.ndarray    # uint64, in storage order
+    batch: FingerprintedBatch   # the same rows, ready for the database
+    queries: list[int]          # the first `planted` have a stored copy at every distance 0..k
     planted: int
-    truth: list[set[int]]      # per query: positions within distance k (numpy brute force)
-    numpy_seconds: list[float]  # per query: time of that brute force
-    duplicates: int            # stored rows with an earlier stored row within distance k (among planted rows)
+    truth: list[set[int]]       # per query: stored positions within k (numpy brute force)
+    numpy_seconds: list[float]  # per query: the time of that brute force
+    duplicates: int             # stored rows within k of an earlier stored row
+
+    def recall(self, found: list[set[str]], picks: list[int] | None = None, limit: int | None = None) -> str:
+        """Found / expected neighbours of the picked queries (stored positions below ``limit`` only)."""
+        picks = range(len(found)) if picks is None else picks
+        expected = hit = extra = 0
+        for ids, query in zip(found, picks):
+            truth = {self.batch.external_ids[p] for p in self.truth[query] if limit is None or p < limit}
+            expected, hit, extra = expected + len(truth), hit + len(truth & ids), extra + len(ids - truth)
+        return f"{100.0 * hit / max(expected, 1):.1f}% ({hit:,}/{expected:,}, {extra} extra)"
 
 
 def random_u64(rng: np.random.Generator, n: int) -> np.ndarray:
@@ -70,15 +94,11 @@ def random_u64(rng: np.random.Generator, n: int) -> np.ndarray:
 
 
 def make_data(documents: int, queries: int, k: int, seed: int) -> Data:
-    """Random fingerprints plus, for half the queries, one stored copy at every distance 0..k."""
     rng = np.random.default_rng(seed)
     planted = min(max(queries // 2, 1), documents // (k + 1))
     query_fps = random_u64(rng, queries)
-    near = []
-    for q in query_fps[:planted].tolist():
-        for distance in range(k + 1):
-            mask = sum(1 << int(b) for b in rng.choice(64, distance, replace=False))
-            near.append(q ^ mask)
+    near = [q ^ sum(1 << int(b) for b in rng.choice(64, distance, replace=False))
+            for q in query_fps[:planted].tolist() for distance in range(k + 1)]
     fps = np.concatenate([random_u64(rng, documents - len(near)), np.array(near, dtype=np.uint64)])
     fps = fps[rng.permutation(documents)]
 
@@ -95,25 +115,21 @@ def make_data(documents: int, queries: int, k: int, seed: int) -> Data:
         hits = np.flatnonzero(np.bitwise_count(fps ^ q) <= k)
         seconds.append(time.perf_counter() - start)
         truth.append(set(hits.tolist()))
-    return Data(fps, batch, query_fps, planted, truth, seconds, expected_duplicates(fps, truth, k))
+    return Data(fps, batch, query_fps.tolist(), planted, truth, seconds, expected_duplicates(fps, truth, k))
 
 
 def expected_duplicates(fps: np.ndarray, truth: list[set[int]], k: int) -> int:
-    """Rows within k of an earlier row, among the planted ones (random pairs within k are ~1e-3 likely at 1M)."""
+    """Rows within k of an earlier row, among the planted ones (a random pair within k is ~1e-3 likely at 1M)."""
     positions = np.array(sorted(set().union(*truth)), dtype=np.int64)
     near = np.bitwise_count(fps[positions][:, None] ^ fps[positions][None, :]) <= k
     return int(np.tril(near, -1).any(axis=1).sum())
 
 
-def recall(data: Data, found: list[set[str]], limit: int | None = None) -> tuple[int, int, int]:
-    """(planted neighbours expected, found, unexpected results) over the given queries."""
-    expected = hit = extra = 0
-    for i, ids in enumerate(found):
-        truth = {data.batch.external_ids[p] for p in data.truth[i] if limit is None or p < limit}
-        expected += len(truth)
-        hit += len(truth & ids)
-        extra += len(ids - truth)
-    return expected, hit, extra
+def slices(batch: FingerprintedBatch, size: int):
+    for start in range(0, len(batch), size):
+        part = slice(start, start + size)
+        yield start, FingerprintedBatch(batch.external_ids[part], batch.simhashes[part], batch.content_hashes[part],
+                                        batch.lengths[part], batch.metadata[part], batch.origins[part])
 
 
 # -- database ------------------------------------------------------------------------------------
@@ -143,7 +159,7 @@ def drop_schemas(admin: sa.Engine) -> None:
 
 
 def checkpoint(admin: sa.Engine) -> None:
-    """Flush dirty pages so one measurement does not pay for the previous one's writes."""
+    """Flush dirty pages so that one measurement does not pay for the previous one's writes."""
     try:
         with admin.connect() as c:
             c.exec_driver_sql("CHECKPOINT")
@@ -152,7 +168,7 @@ def checkpoint(admin: sa.Engine) -> None:
 
 
 def raw_copy(url: str, data: Data, blocks: int, k: int) -> float:
-    """Seconds to binary-COPY the rows into an identically indexed documents table (one transaction)."""
+    """Seconds to binary-COPY the rows into an identically indexed documents table, in one transaction."""
     with simdb.Index.create(url, schema=RAW_SCHEMA, blocks=blocks, max_distance=k) as raw:
         layout, batch = raw.layout, data.batch
         columns = ["external_id", "batch_id", "simhash", *layout.key_columns, "content_hash", "length", "metadata"]
@@ -162,39 +178,72 @@ def raw_copy(url: str, data: Data, blocks: int, k: int) -> float:
                 "INSERT INTO batches (name, source, status, started_at, documents) "
                 "VALUES ('raw', 'bench', 'complete', now(), :n) RETURNING id"), {"n": len(batch)}).scalar_one()
             start = time.perf_counter()
-            keys, signed = layout.block_keys_array(data.fingerprints).tolist(), to_signed_array(data.fingerprints).tolist()
+            keys = layout.block_keys_array(data.fingerprints).tolist()
+            signed = to_signed_array(data.fingerprints).tolist()
             cursor = connection.connection.dbapi_connection.cursor()
             with cursor.copy(f"COPY documents ({', '.join(columns)}) FROM STDIN (FORMAT BINARY)") as copy:
                 copy.set_types(types)
                 for i in range(len(batch)):
                     copy.write_row((batch.external_ids[i], batch_id, signed[i], *keys[i],
                                     batch.content_hashes[i], batch.lengths[i], batch.metadata[i]))
-        return time.perf_counter() - start
+        return time.perf_counter() - start  # including the commit
 
 
 def full_scan(admin: sa.Engine, queries: list[int], k: int) -> tuple[list[set[str]], list[float]]:
     sql = sa.text(f"SELECT external_id FROM {SCHEMA}.documents "
                   "WHERE bit_count((simhash # CAST(:q AS bigint))::bit(64)) <= :k")
-    found, seconds = [], []
     with admin.connect() as c:
         c.execute(sql, {"q": to_signed(queries[-1]), "k": k}).all()  # warm-up
-        for q in queries:
+        return timed_each(lambda q: set(c.execute(sql, {"q": to_signed(q), "k": k}).scalars()), queries)
+
+
+def measure_simdb(url: str, admin: sa.Engine, data: Data, args) -> dict:
+    """Everything measured in PostgreSQL; the schemas are gone when it returns."""
+    k, m = args.max_distance, {}
+    try:
+        drop_schemas(admin)
+        log("raw binary COPY into an indexed documents table")
+        checkpoint(admin)
+        m["raw"] = raw_copy(url, data, args.blocks, k)
+        drop_schemas(admin)
+
+        log("simdb ingest (add_fingerprinted)")
+        checkpoint(admin)
+        with simdb.Index.create(url, schema=SCHEMA, blocks=args.blocks, max_distance=k) as index:
+            m["layout"], m["duplicates"], start = index.layout.describe(), 0, time.perf_counter()
+            for first, part in slices(data.batch, args.batch_size or len(data.batch)):
+                summary = index.add_fingerprinted(part, batch=f"bench-{first}")
+                m["duplicates"] += summary.exact_duplicates + summary.near_duplicates
+                log(str(summary))
+            m["ingest"] = time.perf_counter() - start
+            with admin.connect() as c:
+                c.exec_driver_sql(f"VACUUM ANALYZE {SCHEMA}.documents")
+                m["version"] = c.exec_driver_sql("SHOW server_version").scalar_one()
+            checkpoint(admin)  # the ingest's dirty pages are flushed now, not during the timed queries
+
+            queries = data.queries
+            log(f"{len(queries):,} single queries")
+            timed_each(index.query_fingerprint, queries[-10:])  # warm-up: pool connection, caches
+            matches, m["single"] = timed_each(index.query_fingerprint, queries)
+            m["single_found"] = [{match.external_id for match in found} for found in matches]
+
+            log(f"batch query of {len(queries):,}")
+            index.query_fingerprints(queries[-10:])
             start = time.perf_counter()
-            found.append(set(c.execute(sql, {"q": to_signed(q), "k": k}).scalars()))
-            seconds.append(time.perf_counter() - start)
-    return found, seconds
+            matches = index.query_fingerprints(queries)
+            m["batch"] = time.perf_counter() - start
+            m["batch_found"] = [{match.external_id for match in found} for found in matches]
+
+            half = min(args.scan_queries, len(queries)) // 2  # planted and random queries alike
+            m["scan_picks"] = sorted({*range(half), *range(len(queries) - half, len(queries))})
+            log(f"SQL full scan with bit_count, {len(m['scan_picks'])} queries")
+            m["scan_found"], m["scan"] = full_scan(admin, [queries[i] for i in m["scan_picks"]], k)
+    finally:
+        drop_schemas(admin)
+    return m
 
 
-# -- measurements --------------------------------------------------------------------------------
-
-def timed_each(function, items) -> tuple[list, list[float]]:
-    results, seconds = [], []
-    for item in items:
-        start = time.perf_counter()
-        results.append(function(item))
-        seconds.append(time.perf_counter() - start)
-    return results, seconds
-
+# -- the in-memory peer --------------------------------------------------------------------------
 
 def rss_bytes() -> int:
     with open("/proc/self/statm") as f:
@@ -202,22 +251,16 @@ def rss_bytes() -> int:
 
 
 def simhash_peer(data: Data, limit: int, k: int) -> dict:
-    """Build the PyPI ``SimhashIndex`` from the first ``limit`` fingerprints and query it."""
+    """Build the PyPI ``SimhashIndex`` from the first ``limit`` fingerprints (``Simhash(int)`` + ``add``) and query it."""
     from simhash import Simhash, SimhashIndex
 
-    before = rss_bytes()
-    start = time.perf_counter()
+    before, start = rss_bytes(), time.perf_counter()
     index = SimhashIndex([], k=k)
     for position, value in enumerate(data.fingerprints[:limit].tolist()):
         index.add(data.batch.external_ids[position], Simhash(value))
-    build = time.perf_counter() - start
-    memory = rss_bytes() - before
-    found, seconds = timed_each(lambda q: set(index.get_near_dups(Simhash(q))), data.queries.tolist())
+    build, memory = time.perf_counter() - start, rss_bytes() - before
+    found, seconds = timed_each(lambda q: set(index.get_near_dups(Simhash(q))), data.queries)
     return {"documents": limit, "build": build, "memory": memory, "found": found, "seconds": seconds}
-
-
-def pct(seconds: list[float], q: float) -> float:
-    return float(np.percentile(np.asarray(seconds), q))
 
 
 # -- report --------------------------------------------------------------------------------------
@@ -234,22 +277,68 @@ def ratio(x: float) -> str:
     return f"{x:,.1f}x" if x >= 10 else f"{x:.2f}x"
 
 
+def table_rows(data: Data, m: dict, peer: dict, k: int) -> list[tuple[str, str, str, str]]:
+    n, nq, peer_n = len(data.batch), len(data.queries), peer["documents"]
+    p50, p99, scan = pct(m["single"], 50), pct(m["single"], 99), m["scan"]
+    peer_p50, numpy_p50 = pct(peer["seconds"], 50), pct(data.numpy_seconds, 50)
+    subset = "" if peer_n == n else f", built on {peer_n:,} of the {n:,}"
+    ingest = rate(n, m["ingest"], "rows")
+    batch = rate(nq, m["batch"], "queries")
+    return [
+        (f"ingest {n:,} rows (add_fingerprinted)", ingest,
+         f"raw binary COPY into the same indexed table: {rate(n, m['raw'], 'rows')}", ratio(m["raw"] / m["ingest"])),
+        ("ingest", ingest, f"PyPI simhash `SimhashIndex(k={k}).add`, in memory{subset}: "
+         f"{rate(peer_n, peer['build'], 'rows')}, +{peer['memory'] / 2**20:,.0f} MB RSS",
+         ratio(n / m["ingest"] / (peer_n / peer["build"]))),
+        ("single query p50", ms(p50), f"SQL full scan `bit_count((simhash # q)::bit(64)) <= {k}` p50 "
+         f"({len(scan)} queries): {ms(pct(scan, 50))}", ratio(pct(scan, 50) / p50)),
+        ("single query p99", ms(p99), f"SQL full scan p99: {ms(pct(scan, 99))}", ratio(pct(scan, 99) / p99)),
+        ("single query p50", ms(p50), f"numpy brute force (`np.bitwise_count`, {n:,} uint64) p50: {ms(numpy_p50)}",
+         ratio(numpy_p50 / p50)),
+        ("single query p50", ms(p50), f"PyPI simhash `get_near_dups` p50{subset}: {ms(peer_p50)}",
+         ratio(peer_p50 / p50)),
+        (f"batch query ({nq:,} in one call)", batch,
+         f"PyPI simhash, one by one: {rate(nq, sum(peer['seconds']), 'queries')}",
+         ratio(sum(peer["seconds"]) / m["batch"])),
+        ("batch query", batch, f"numpy brute force, one by one: {rate(nq, sum(data.numpy_seconds), 'queries')}",
+         ratio(sum(data.numpy_seconds) / m["batch"])),
+        ("recall of planted neighbours: single / batch query",
+         f"{data.recall(m['single_found'])} / {data.recall(m['batch_found'])}",
+         f"full scan: {data.recall(m['scan_found'], m['scan_picks'])}; "
+         f"PyPI simhash: {data.recall(peer['found'], limit=peer_n)}", ""),
+    ]
+
+
+def header_lines(data: Data, m: dict, args, embedded: bool) -> list[str]:
+    n, k = len(data.batch), args.max_distance
+    size = args.batch_size or n
+    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
+    return [
+        f"machine: {os.cpu_count()} cores, {memory:.0f} GiB; PostgreSQL {m['version']}"
+        f"{' (embedded)' if embedded else ''}; simdb {simdb.__version__} ({os.path.dirname(simdb.__file__)}); "
+        f"Python {sys.version.split()[0]}",
+        f"documents: {n:,} random 64-bit fingerprints in {-(-n // size)} batch(es) of up to {size:,}; "
+        f"{len(data.queries):,} queries, {data.planted:,} of them with {k + 1} planted neighbours "
+        f"(distances 0..{k}), the rest random",
+        f"layout: {m['layout']}",
+        f"ingest marked {m['duplicates']:,} near-duplicates (numpy expects {data.duplicates:,}); "
+        f"ratio: >1 means simdb is faster; total run {time.perf_counter() - STARTED:.0f} s",
+        "command: " + " ".join([".venv/bin/python", "scripts/bench_core.py", *sys.argv[1:]]),
+    ]
+
+
 def print_table(header: list[str], rows: list[tuple[str, str, str, str]], markdown: bool) -> None:
-    names = ("operation", "simdb", "peer", "ratio (simdb advantage)")
+    names = ("operation", "simdb", "peer", "ratio")
     if markdown:
-        for line in header:
-            print(f"- {line}")
-        print()
-        print("| " + " | ".join(names) + " |")
-        print("|---|---:|---|---:|")
+        print("\n".join(f"- {line}" for line in header) + "\n")
+        print("| " + " | ".join(names) + " |\n|---|---:|---|---:|")
         for row in rows:
             print("| " + " | ".join(row) + " |")
         return
-    for line in header:
-        print(line)
-    widths = [max(len(str(r[i])) for r in [names, *rows]) for i in range(4)]
+    print("\n".join(header) + "\n")
+    widths = [max(len(row[i]) for row in [names, *rows]) for i in range(4)]
     for row in [names, *rows]:
-        print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)))
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -260,60 +349,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--queries", type=int, default=1000, help="half with planted neighbours, half random")
     parser.add_argument("--blocks", type=int, default=4)
     parser.add_argument("--max-distance", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=0, help="ingest in batches of this size (default: one)")
     parser.add_argument("--scan-queries", type=int, default=10, help="queries for the SQL full scan")
-    parser.add_argument("--peer-documents", type=int, default=None,
+    parser.add_argument("--peer-documents", type=int, default=0,
                         help="build the PyPI simhash index from only this many fingerprints (default: all)")
     parser.add_argument("--seed", type=int, default=20240601)
     parser.add_argument("--markdown", action="store_true", help="print a GitHub markdown table")
     args = parser.parse_args(argv)
-    k, n = args.max_distance, args.documents
+    n, k = args.documents, args.max_distance
 
+    log(f"generating {n:,} fingerprints and {args.queries:,} queries (with numpy brute-force ground truth)")
+    data = make_data(n, args.queries, k, args.seed)
+    gc.freeze()  # the millions of row objects above would otherwise slow every GC pass in the timed loops
     url, server, directory = resolve_database(args.database_url)
     admin = sa.create_engine(postgres_url(url), isolation_level="AUTOCOMMIT")
-    index = None
     try:
-        drop_schemas(admin)
-        log(f"generating {n:,} fingerprints and {args.queries:,} queries (numpy brute-force ground truth)")
-        data = make_data(n, args.queries, k, args.seed)
-
-        log("raw binary COPY into an indexed documents table")
-        checkpoint(admin)
-        raw_seconds = raw_copy(url, data, args.blocks, k)
-        drop_schemas(admin)
-
-        log("simdb ingest (add_fingerprinted)")
-        checkpoint(admin)
-        index = simdb.Index.create(url, schema=SCHEMA, blocks=args.blocks, max_distance=k)
-        start = time.perf_counter()
-        summary = index.add_fingerprinted(data.batch, batch="bench")
-        ingest_seconds = time.perf_counter() - start
-        log(f"{summary}; VACUUM ANALYZE")
-        with admin.connect() as c:
-            c.exec_driver_sql(f"VACUUM ANALYZE {SCHEMA}.documents")
-            version = c.exec_driver_sql("SHOW server_version").scalar_one()
-
-        queries = data.queries.tolist()
-        log(f"{len(queries):,} single queries")
-        timed_each(index.query_fingerprint, queries[-10:])  # warm-up: pool connection, plan cache
-        matches, single = timed_each(index.query_fingerprint, queries)
-        single_found = [{m.external_id for m in ms_} for ms_ in matches]
-
-        log(f"batch query of {len(queries):,}")
-        index.query_fingerprints(queries[-10:])
-        start = time.perf_counter()
-        batch_matches = index.query_fingerprints(queries)
-        batch_seconds = time.perf_counter() - start
-        batch_found = [{m.external_id for m in ms_} for ms_ in batch_matches]
-
-        scan_count = min(args.scan_queries, len(queries))
-        scan_picks = sorted(set(range(scan_count // 2)) | set(range(len(queries) - (scan_count - scan_count // 2),
-                                                                         len(queries))))
-        log(f"SQL full scan with bit_count, {len(scan_picks)} queries")
-        scan_found, scan = full_scan(admin, [queries[i] for i in scan_picks], k)
+        m = measure_simdb(url, admin, data, args)
     finally:
-        if index is not None:
-            index.close()
-        drop_schemas(admin)
         admin.dispose()
         if server is not None:
             server.cleanup()
@@ -323,52 +375,7 @@ def main(argv: list[str] | None = None) -> None:
     log(f"PyPI simhash SimhashIndex(k={k}) over {peer_n:,} fingerprints")
     peer = simhash_peer(data, peer_n, k)
     log("done")
-
-    def recall_text(found, picks=None, limit=None) -> str:
-        sub = data if picks is None else Data(data.fingerprints, data.batch, data.queries[picks], 0,
-                                              [data.truth[i] for i in picks], [], 0)
-        expected, hit, extra = recall(sub, found, limit)
-        return f"{100.0 * hit / max(expected, 1):.1f}% ({hit:,}/{expected:,}, {extra} extra)"
-
-    p50, p99 = pct(single, 50), pct(single, 99)
-    numpy_p50, scan_p50, peer_p50 = pct(data.numpy_seconds, 50), pct(scan, 50), pct(peer["seconds"], 50)
-    peer_note = "" if peer_n == n else f" (built on {peer_n:,} of the {n:,})"
-    planted = data.planted
-    rows = [
-        (f"ingest {n:,} fingerprinted rows, one batch", rate(n, ingest_seconds, "rows"),
-         f"raw binary COPY into the same indexed table: {rate(n, raw_seconds, 'rows')}",
-         ratio(raw_seconds / ingest_seconds)),
-        ("ingest", rate(n, ingest_seconds, "rows"),
-         f"PyPI simhash SimhashIndex(k={k}).add, in memory{peer_note}: {rate(peer_n, peer['build'], 'rows')}, "
-         f"+{peer['memory'] / 2**20:,.0f} MB RSS", ratio(n / ingest_seconds / (peer_n / peer["build"]))),
-        ("single query p50", ms(p50), f"SQL full scan `bit_count(...) <= {k}` p50 ({len(scan)} queries): "
-         f"{ms(scan_p50)}", ratio(scan_p50 / p50)),
-        ("single query p99", ms(p99), f"SQL full scan p99: {ms(pct(scan, 99))}", ratio(pct(scan, 99) / p99)),
-        ("single query p50", ms(p50), f"numpy brute force (np.bitwise_count over {n:,} uint64) p50: "
-         f"{ms(numpy_p50)}", ratio(numpy_p50 / p50)),
-        ("single query p50", ms(p50), f"PyPI simhash get_near_dups p50{peer_note}: {ms(peer_p50)}",
-         ratio(peer_p50 / p50)),
-        (f"batch query ({len(queries):,} fingerprints, one call)", rate(len(queries), batch_seconds, "queries"),
-         f"PyPI simhash, one by one: {rate(len(queries), sum(peer['seconds']), 'queries')}",
-         ratio(sum(peer["seconds"]) / batch_seconds)),
-        ("batch query", rate(len(queries), batch_seconds, "queries"),
-         f"numpy brute force, one by one: {rate(len(queries), sum(data.numpy_seconds), 'queries')}",
-         ratio(sum(data.numpy_seconds) / batch_seconds)),
-        ("recall of planted neighbours, single / batch", f"{recall_text(single_found)} / {recall_text(batch_found)}",
-         f"full scan: {recall_text(scan_found, scan_picks)}; simhash: {recall_text(peer['found'], limit=peer_n)}",
-         ""),
-    ]
-    header = [
-        f"machine: {os.cpu_count()} cores, {os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') / 2**30:.0f} GiB"
-        f"; simdb {simdb.__version__} ({os.path.dirname(simdb.__file__)}); PostgreSQL {version}{' (embedded)' if server is not None else ''}; Python {sys.version.split()[0]}",
-        f"documents: {n:,} random 64-bit fingerprints; {len(queries):,} queries, {planted:,} of them with "
-        f"{k + 1} planted neighbours (distances 0..{k}), the rest random",
-        f"layout: {index.layout.describe()}",
-        f"ingest found {summary.near_duplicates + summary.exact_duplicates:,} duplicates "
-        f"(numpy expects {data.duplicates:,}); ratio column: >1 means simdb is faster; total run {time.perf_counter() - STARTED:.0f} s",
-        "command: " + " ".join([".venv/bin/python", "scripts/bench_core.py", *sys.argv[1:]]),
-    ]
-    print_table(header, rows, args.markdown)
+    print_table(header_lines(data, m, args, server is not None), table_rows(data, m, peer, k), args.markdown)
 
 
 if __name__ == "__main__":

@@ -211,14 +211,18 @@ class Index:
     def query_fingerprint(self, simhash: int, max_distance: int | None = None) -> list[Match]:
         limit = self._max_distance(max_distance)
         keys = self.layout.block_keys(simhash)
-        sql = "\nUNION ALL\n".join(f"SELECT id, simhash FROM documents WHERE {column} = :k{i}"
-                                   for i, column in enumerate(self.layout.key_columns))
-        params = {f"k{i}": value for i, value in enumerate(keys)}
-        with self.database.engine.connect() as connection:
-            verified = {row.id: hamming(simhash, to_unsigned(row.simhash))
-                        for row in connection.execute(sa.text(sql), params)
-                        if hamming(simhash, to_unsigned(row.simhash)) <= limit}
-            return self._matches(connection, [verified])[0]
+        union = "\nUNION ALL\n".join(f"SELECT id, simhash FROM documents WHERE {column} = CAST(:k{i} AS bigint)"
+                                     for i, column in enumerate(self.layout.key_columns))
+        sql = sa.text(f"SELECT DISTINCT d.id, d.external_id, d.simhash, d.metadata FROM ({union}) c "
+                      "JOIN documents d ON d.id = c.id "
+                      "WHERE bit_count((c.simhash # CAST(:q AS bigint))::bit(64)) <= :limit")
+        params = {f"k{i}": value for i, value in enumerate(keys)} | {"q": to_signed(simhash), "limit": limit}
+        # one statement, one round trip: no BEGIN/ROLLBACK around a read
+        with self.database.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+            rows = connection.execute(sql, params).all()
+        matches = (Match(row.external_id, hamming(simhash, to_unsigned(row.simhash)), to_unsigned(row.simhash),
+                         row.metadata) for row in rows)
+        return sorted((m for m in matches if m.distance <= limit), key=lambda m: (m.distance, m.external_id))
 
     def query_many(self, texts: Iterable[str], max_distance: int | None = None) -> list[list[Match]]:
         """One result list per text, found with a single set-based join."""
@@ -241,7 +245,7 @@ class Index:
                 for i, (signed, key_row) in enumerate(zip(to_signed_array(fps).tolist(), keys.tolist())):
                     copy.write_row((i, signed, *key_row))
             connection.exec_driver_sql("ANALYZE probes")
-            pairs = collect(verified_pairs(connection, candidate_sql(self.layout, "probes", "documents"), limit))
+            pairs = collect(verified_pairs(connection, candidate_sql(self.layout, "probes", "documents", limit), limit))
             per_probe: list[dict[int, int]] = [{} for _ in simhashes]
             for probe, document, distance in pairs.tolist():
                 per_probe[probe][document] = distance
@@ -265,7 +269,7 @@ class Index:
             if batch is not None:
                 batch_id = self._batch_id(connection, batch)
                 where, params = "p.batch_id = %(batch)s OR t.batch_id = %(batch)s", {"batch": batch_id}
-            sql = candidate_sql(self.layout, "documents", "documents", earlier_only=True, where=where)
+            sql = candidate_sql(self.layout, "documents", "documents", limit, earlier_only=True, where=where)
             found = collect(verified_pairs(connection, sql, limit, params))
             found = found[np.lexsort((found[:, 0], found[:, 1]))]
             names = self._external_ids(connection, np.unique(found[:, :2]).tolist())

@@ -30,7 +30,7 @@ from .blocks import BlockLayout
 from .errors import BatchError, InputError
 from .fingerprint import FingerprintSettings, content_hash, fingerprint
 from .inputs import Document
-from .matching import candidate_sql, collect, verified_pairs
+from .matching import candidate_sql, collect, copy_out_int64, verified_pairs
 from .migrate import lock
 
 
@@ -96,10 +96,24 @@ class BatchSummary:
                 f"({self.within_batch:,} of the duplicates matched within the batch) in {self.seconds:.1f} s")
 
 
-def _staging_columns(layout: BlockLayout) -> list[tuple[str, str]]:
-    return ([("id", "int8"), ("external_id", "text"), ("simhash", "int8")]
-            + [(name, "int8") for name in layout.key_columns]
-            + [("content_hash", "bytea"), ("length", "int4"), ("metadata", "jsonb")])
+#: Staged documents whose exact text is already stored or comes earlier in the batch. Two semi-joins
+#: glued by UNION: with ``OR`` between the two ``EXISTS`` PostgreSQL cannot turn them into hash
+#: joins and rescans the staging table once per row, which is quadratic in the batch size.
+EXACT_DUPLICATES_SQL = (
+    "SELECT s.id FROM staging s WHERE EXISTS (SELECT 1 FROM documents d WHERE d.content_hash = s.content_hash) "
+    "UNION "
+    "SELECT s.id FROM staging s WHERE EXISTS (SELECT 1 FROM staging e WHERE e.content_hash = s.content_hash "
+    "AND e.id < s.id)")
+
+
+def create_staging(connection: sa.Connection, layout: BlockLayout) -> list[tuple[str, str]]:
+    """The transaction's temporary staging table; returns its (column, type) list."""
+    columns = ([("id", "int8"), ("external_id", "text"), ("simhash", "int8")]
+               + [(name, "int8") for name in layout.key_columns]
+               + [("content_hash", "bytea"), ("length", "int4"), ("metadata", "jsonb")])
+    connection.exec_driver_sql(
+        "CREATE TEMPORARY TABLE staging (" + ", ".join(f"{n} {t} NOT NULL" for n, t in columns) + ") ON COMMIT DROP")
+    return columns
 
 
 def ingest_batch(connection: sa.Connection, schema: str, layout: BlockLayout, batch: FingerprintedBatch,
@@ -115,18 +129,15 @@ def ingest_batch(connection: sa.Connection, schema: str, layout: BlockLayout, ba
         raise BatchError(f"a batch named {name!r} already exists; choose another name with --batch")
     lock(connection, schema, "ingest")
 
-    ids = np.array(connection.execute(sa.text(
-        "SELECT nextval(pg_get_serial_sequence('documents', 'id')) FROM generate_series(1, :n)"),
-        {"n": count}).scalars().all(), dtype=np.int64)
-    ids.sort()
+    sequence = connection.execute(sa.text("SELECT pg_get_serial_sequence('documents', 'id')::regclass::oid")).scalar_one()
+    ids = collect(copy_out_int64(connection, f"SELECT nextval({int(sequence)}::oid::regclass) "
+                                             f"FROM generate_series(1, {int(count)})", 1), 1)[:, 0]
     simhashes = np.array(batch.simhashes, dtype=np.uint64)
     keys = layout.block_keys_array(simhashes)
     signed = to_signed_array(simhashes)
 
-    columns = _staging_columns(layout)
+    columns = create_staging(connection, layout)
     column_list = ", ".join(name for name, _ in columns)
-    connection.exec_driver_sql(
-        "CREATE TEMPORARY TABLE staging (" + ", ".join(f"{n} {t} NOT NULL" for n, t in columns) + ") ON COMMIT DROP")
     cursor = connection.connection.dbapi_connection.cursor()
     with cursor.copy(f"COPY staging ({column_list}) FROM STDIN (FORMAT BINARY)") as copy:
         copy.set_types([t for _, t in columns])
@@ -144,12 +155,11 @@ def ingest_batch(connection: sa.Connection, schema: str, layout: BlockLayout, ba
                          "nothing from this batch was stored. Give new documents new ids, or remove the old one")
     connection.exec_driver_sql("ANALYZE staging")
 
-    sql = (candidate_sql(layout, "staging", "documents") + "\nUNION ALL\n"
-           + candidate_sql(layout, "staging", "staging", earlier_only=True))
-    pairs = collect(verified_pairs(connection, sql, layout.max_distance))
-    exact = set(connection.execute(sa.text(
-        "SELECT s.id FROM staging s WHERE EXISTS (SELECT 1 FROM documents d WHERE d.content_hash = s.content_hash) "
-        "OR EXISTS (SELECT 1 FROM staging e WHERE e.content_hash = s.content_hash AND e.id < s.id)")).scalars())
+    k = layout.max_distance
+    sql = (candidate_sql(layout, "staging", "documents", k) + "\nUNION ALL\n"
+           + candidate_sql(layout, "staging", "staging", k, earlier_only=True))
+    pairs = collect(verified_pairs(connection, sql, k))
+    exact = set(connection.execute(sa.text(EXACT_DUPLICATES_SQL)).scalars())
 
     duplicates = _earliest_matches(pairs)
     if len(duplicates):

@@ -1,11 +1,15 @@
 """Block keys -> candidate pairs in SQL -> verified matches in Python.
 
 Candidates come from equality joins on each key column, one ``SELECT`` per
-key glued with ``UNION ALL``. A pair that agrees on several keys is emitted
-only by the first of them (``t.key_j <> p.key_j`` for every earlier ``j``), so
-no pair is produced twice and no ``DISTINCT`` is needed. The candidates stream
-out of PostgreSQL as a binary COPY, are parsed by numpy without a Python loop,
-and are verified by popcount.
+key glued with ``UNION ALL``; each join also applies the distance in SQL
+(``bit_count((p.simhash # t.simhash)::bit(64)) <= k``) so that only likely
+matches leave the server. The survivors stream out of PostgreSQL as a binary
+COPY, are parsed by numpy without a Python loop, verified again by popcount
+(the final check), and a pair that agreed on several keys is kept once.
+
+Keys are not excluded pairwise in SQL (``t.key_0 <> p.key_0`` ...): that would
+read columns the covering key indexes do not carry and cost the index-only
+scans, which matter far more than a few repeated pairs.
 """
 
 from __future__ import annotations
@@ -23,20 +27,18 @@ _HEADER = len(_COPY_SIGNATURE) + 8
 _TRAILER = b"\xff\xff"
 
 
-def candidate_sql(layout: BlockLayout, probe: str, target: str, *, earlier_only: bool = False,
+def candidate_sql(layout: BlockLayout, probe: str, target: str, max_distance: int, *, earlier_only: bool = False,
                   where: str | None = None) -> str:
-    """SQL for ``(probe id, target id, probe simhash, target simhash)`` rows sharing a key.
+    """SQL for ``(probe id, target id, probe simhash, target simhash)`` rows sharing a key, within ``max_distance``.
 
     ``probe`` and ``target`` are table names (they may be the same table).
     ``earlier_only`` keeps pairs whose target id is smaller than the probe id,
     for matching a set against itself; ``where`` filters further, with ``p``
     and ``t`` as the two sides.
     """
-    columns = layout.key_columns
     selects = []
-    for index, column in enumerate(columns):
-        conditions = [f"t.{column} = p.{column}"]
-        conditions += [f"t.{earlier} <> p.{earlier}" for earlier in columns[:index]]
+    for column in layout.key_columns:
+        conditions = [f"t.{column} = p.{column}", f"bit_count((p.simhash # t.simhash)::bit(64)) <= {int(max_distance)}"]
         if earlier_only:
             conditions.append("t.id < p.id")
         if where:
@@ -99,5 +101,6 @@ def verified_pairs(connection: sa.Connection, sql: str, max_distance: int,
 
 
 def collect(chunks: Iterator[np.ndarray], columns: int = 3) -> np.ndarray:
+    """All rows of a chunked result, each distinct row once, sorted."""
     parts = list(chunks)
-    return np.concatenate(parts) if parts else np.empty((0, columns), dtype=np.int64)
+    return np.unique(np.concatenate(parts), axis=0) if parts else np.empty((0, columns), dtype=np.int64)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from simdb import BatchError, IncompatibleIndex, Index, IndexNotFound, InputError, fingerprint
 from simdb.bits import hamming_array, to_signed
 from simdb.fingerprint import content_hash
-from simdb.ingest import FingerprintedBatch
+from simdb.ingest import EXACT_DUPLICATES_SQL, FingerprintedBatch, create_staging
 from simdb.samples import sections
 from tests.conftest import count_rows
 
@@ -224,3 +224,17 @@ def test_signed_storage_of_high_fingerprints(index):
     assert stored == [to_signed(v) for v in high]
     assert [e["simhash"] for e in index.export()] == [f"{v:016x}" for v in high]
     assert [m.external_id for m in index.query_fingerprint(2**64 - 1, 0)] == ["h-0"]
+
+
+def test_exact_duplicate_search_is_two_hash_semi_joins(index):
+    """Regression: with OR between the EXISTS clauses the plan rescanned staging once per row (quadratic)."""
+    with index.database.engine.begin() as connection:
+        columns = create_staging(connection, index.layout)
+        connection.exec_driver_sql(
+            f"INSERT INTO staging ({', '.join(n for n, _ in columns)}) SELECT i, i::text, i"
+            + ", i" * len(index.layout.key_columns) + ", int8send(mod(i, 900)), 1, '{}' FROM generate_series(1, 5000) i")
+        connection.exec_driver_sql("ANALYZE staging")
+        plan = "\n".join(connection.exec_driver_sql("EXPLAIN " + EXACT_DUPLICATES_SQL).scalars())
+        found = connection.exec_driver_sql(EXACT_DUPLICATES_SQL).scalars().all()
+    assert "SubPlan" not in plan and "Semi Join" in plan
+    assert len(found) == 5000 - 900
