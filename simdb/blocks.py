@@ -30,6 +30,10 @@ class BlockLayout:
     max_distance: int = 3
     blocks: int = 4
     bits: int = BITS
+    #: Key columns are ``key_<first_key>`` onwards. ``simdb relayout`` numbers the new
+    #: layout's columns after the old ones, so a process still holding the old layout
+    #: fails on a missing column instead of reading or writing the wrong keys.
+    first_key: int = 0
 
     def __post_init__(self) -> None:
         if self.bits != BITS:
@@ -50,8 +54,16 @@ class BlockLayout:
             raise ValueError(f"keys of {max(self.key_widths)} bits do not fit a BIGINT column: use more blocks")
 
     @classmethod
-    def default(cls, max_distance: int = 3) -> "BlockLayout":
-        return cls(max_distance=max_distance, blocks=max_distance + 1)
+    def for_size(cls, max_distance: int, documents: int, target: float = 64.0) -> "BlockLayout":
+        """The fewest blocks whose expected candidates per lookup at ``documents`` stay under ``target``.
+
+        Fewer blocks mean fewer key columns (less storage, faster ingest); the
+        target keeps a lookup to well under a millisecond of index reads.
+        """
+        for layout, candidates in layouts_for(max_distance, documents, choices=8):
+            if candidates <= target:
+                return layout
+        return layouts_for(max_distance, documents, choices=8)[-1][0]
 
     @cached_property
     def block_ranges(self) -> tuple[tuple[int, int], ...]:
@@ -75,7 +87,7 @@ class BlockLayout:
 
     @property
     def key_columns(self) -> list[str]:
-        return [f"key_{i}" for i in range(len(self.keys))]
+        return [f"key_{self.first_key + i}" for i in range(len(self.keys))]
 
     def block_keys(self, fingerprint: int) -> tuple[int, ...]:
         """The key values of one unsigned fingerprint."""

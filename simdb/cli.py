@@ -23,8 +23,9 @@ from .database import DEFAULT_SCHEMA
 from .errors import DatabaseUnavailable, SimdbError
 from .fingerprint import FingerprintSettings, fingerprint, tokens_for
 from .index import Index
-from .ingest import fingerprint_documents
-from .inputs import FORMATS, read_documents
+from .ingest import DEFAULT_CHUNK_SIZE, DEFAULT_MAX_CHARS, ON_ERROR, IngestOptions
+from .inputs import FORMATS, check_paths, read_documents, total_bytes
+from .progress import Progress
 from .tokenize import TOKENIZERS, TokenizerSettings
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
@@ -166,27 +167,46 @@ def init(database_url, schema, data_dir, max_distance, blocks, tokenizer, jieba_
 @click.option("--id-field", default="id", show_default=True, help="Field (column) holding the document id.")
 @click.option("--text-field", default="text", show_default=True, help="Field (column) holding the text.")
 @click.option("--batch", "batch_name", default=None, help="Name of the batch [default: batch-<UTC time>].")
+@click.option("--workers", type=click.IntRange(1), default=None,
+              help="Processes fingerprinting in parallel [default: all cores].")
+@click.option("--on-error", type=click.Choice(ON_ERROR), default="stop", show_default=True,
+              help="At a bad record: stop (nothing of the chunk is stored), or skip it into --rejects.")
+@click.option("--rejects", type=click.Path(dir_okay=False), default=None,
+              help="File for skipped records, one JSON object each [default: rejects-<batch>.jsonl].")
+@click.option("--max-chars", type=click.IntRange(1), default=DEFAULT_MAX_CHARS, show_default=True,
+              help="Longest text accepted; longer documents are rejected, never truncated.")
+@click.option("--chunk-size", type=click.IntRange(1), default=DEFAULT_CHUNK_SIZE, show_default=True,
+              help="Documents per transaction; a batch up to this size lands whole or not at all.")
+@click.option("--resume", is_flag=True, help="Continue an interrupted batch after its last stored chunk.")
 @user_errors
-def ingest(database_url, schema, data_dir, paths, input_format, id_field, text_field, batch_name):
-    """Add the documents in PATHS as one batch: all of them, or on any error none.
+def ingest(database_url, schema, data_dir, paths, input_format, id_field, text_field, batch_name, workers,
+           on_error, rejects, max_chars, chunk_size, resume):
+    """Add the documents in PATHS as one batch, matched against the archive and each other.
 
-    Each document is matched against the archive and the rest of its batch.
-    Fields other than the id and the text are kept as metadata.
+    Fields other than the id and the text are kept as metadata. Ids already
+    stored with the same text are skipped, so re-running an input stores each
+    document once. Inputs larger than --chunk-size are committed chunk by
+    chunk; if such an ingest is interrupted, run it again with --resume.
 
     \b
     Example:
         simdb ingest articles-2024-05.jsonl --batch 2024-05
-        simdb ingest reviews.csv --id-field review_id --text-field body
+        simdb ingest reviews.csv --id-field review_id --text-field body --on-error skip
+        simdb ingest huge.jsonl.gz --batch 2024-06 --resume
     """
-    from tqdm import tqdm
-
     started = time.perf_counter()
-    documents = read_documents(paths, format=input_format, id_field=id_field, text_field=text_field)
-    with open_index(database_url, schema, data_dir) as index:
-        with tqdm(desc="fingerprinting", unit=" docs", disable=not sys.stderr.isatty(), file=sys.stderr) as bar:
-            fingerprinted = fingerprint_documents(documents, index.fingerprint_settings, bar.update)
-        summary = index.add_fingerprinted(fingerprinted, batch=batch_name, source=" ".join(paths))
-        click.echo(str(dataclasses.replace(summary, seconds=time.perf_counter() - started)))
+    options = IngestOptions(batch=batch_name, source=" ".join(paths), on_error=on_error, rejects=rejects,
+                            max_chars=max_chars, chunk_size=chunk_size, workers=workers, resume=resume)
+    check_paths(paths)
+    progress = Progress(f"ingest {options.batch or ''}".strip(), total_bytes(paths))
+    try:
+        documents = read_documents(paths, format=input_format, id_field=id_field, text_field=text_field,
+                                   skip_errors=on_error == "skip", progress=progress.add_bytes)
+        with open_index(database_url, schema, data_dir) as index:
+            summary = index.ingest(documents, options, progress.add_documents)
+    finally:
+        progress.close()
+    click.echo(str(dataclasses.replace(summary, seconds=time.perf_counter() - started)))
 
 
 @cli.command()

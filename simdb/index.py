@@ -23,7 +23,7 @@ from .bits import format_fingerprint, hamming, to_signed, to_signed_array, to_un
 from .database import Database
 from .errors import IncompatibleIndex, IndexNotFound, InputError, SimdbError
 from .fingerprint import fingerprint
-from .ingest import BatchSummary, FingerprintedBatch, fingerprint_documents, ingest_batch
+from .ingest import BatchSummary, FingerprintedBatch, IngestOptions, ingest, ingest_chunk
 from .inputs import Document, check_text
 from .matching import candidate_sql, collect, verified_pairs
 from .settings import IndexSettings
@@ -177,22 +177,32 @@ class Index:
                              batch=batch)
 
     def add_many(self, documents: Iterable[Document | Mapping], *, batch: str | None = None,
-                 source: str = "api", progress: Callable[[int], None] | None = None) -> BatchSummary:
-        """Fingerprint, match and store a batch: all of it, or (on any error) none of it."""
-        started = time.perf_counter()
-        docs = (_as_document(item, i) for i, item in enumerate(documents))
-        fingerprinted = fingerprint_documents(docs, self.fingerprint_settings, progress)
-        summary = self.add_fingerprinted(fingerprinted, batch=batch, source=source)
-        return dataclasses.replace(summary, seconds=time.perf_counter() - started)
+                 source: str = "api", **options) -> BatchSummary:
+        """Fingerprint, match and store a batch (options as in :class:`IngestOptions`).
 
-    def add_fingerprinted(self, fingerprinted: FingerprintedBatch, *, batch: str | None = None,
-                          source: str = "api") -> BatchSummary:
-        """Store a batch whose fingerprints were computed already (by :func:`fingerprint_documents`)."""
-        name = batch or datetime.now(timezone.utc).strftime("batch-%Y%m%dT%H%M%S.%fZ")
-        if not name.strip():
-            raise SimdbError("the batch name is empty; give a name with --batch")
+        A batch of up to ``chunk_size`` documents is stored whole or, on any
+        error, not at all.
+        """
+        docs = (_as_document(item, i) for i, item in enumerate(documents))
+        return self.ingest(docs, IngestOptions(batch=batch, source=source, **options))
+
+    def ingest(self, items: Iterable[Document | InputError], options: IngestOptions,
+               progress: Callable[[int], None] | None = None) -> BatchSummary:
+        """Ingest documents (and, with ``on_error="skip"``, read errors to reject) as one batch."""
+        return ingest(self.database.engine, self.database.schema, self.layout, self.fingerprint_settings,
+                      items, options, progress)
+
+    def add_fingerprinted(self, fingerprinted: FingerprintedBatch, *, batch: str, source: str = "api") -> BatchSummary:
+        """Store already-fingerprinted documents as one batch in one transaction (benchmarks, tests)."""
+        started = time.perf_counter()
         with self.database.engine.begin() as connection:
-            return ingest_batch(connection, self.database.schema, self.layout, fingerprinted, name, source)
+            result = ingest_chunk(connection, self.database.schema, self.layout, fingerprinted, name=batch,
+                                  source=source, first=True, final=True, position=len(fingerprinted), rejected=0,
+                                  skip_errors=False)
+            row = connection.execute(sa.text("SELECT * FROM batches WHERE name = :name"), {"name": batch}).one()
+        return BatchSummary(name=batch, documents=result.stored, new=row.new, exact_duplicates=row.exact_duplicates,
+                            near_duplicates=row.near_duplicates, within_batch=row.within_batch,
+                            already_stored=row.already_stored, seconds=time.perf_counter() - started)
 
     # -- queries -------------------------------------------------------------------------------
 

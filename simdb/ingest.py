@@ -1,42 +1,82 @@
-"""A batch of documents -> rows in the archive, set-based and atomic.
+"""A batch of documents -> rows in the archive, set-based, in atomic chunks.
 
-1. Fingerprint every document (outside any transaction) and refuse the batch
-   at the first bad document or repeated id.
-2. In one transaction: record the batch, take the ingest lock, reserve
-   document ids in input order, binary-COPY the batch into a temporary
-   staging table, and find the candidates of every new document by joining
-   the staging table on each block key, against the archive and against the
-   earlier documents of the batch itself.
-3. Verify the candidates by popcount, point each document's ``duplicate_of``
-   at its earliest near-duplicate, and insert the whole batch with one
-   ``INSERT ... SELECT``.
+1. Documents are read lazily and fingerprinted on every core
+   (:mod:`simdb.parallel`), outside any transaction.
+2. Every ``chunk_size`` documents (and at the end) one transaction takes the
+   ingest lock, reserves document ids in input order, binary-COPYs the chunk
+   into a temporary staging table, sets aside ids that are already stored,
+   finds each document's candidates by joining the staging table on each block
+   key against the archive and against the earlier documents of the chunk,
+   verifies them by popcount, and inserts the chunk with one
+   ``INSERT ... SELECT`` that also points ``duplicate_of`` at the earliest
+   near-duplicate. The batch row records the counts and how many input
+   records the batch has consumed (``position``).
 
-Either all of it commits or none of it does. The ingest lock (a transaction
-advisory lock) serialises the match-and-insert step of concurrent ingests into
-one index, so two batches that arrive together still see each other.
+A batch that fits in one chunk lands whole or not at all. A larger one is
+committed chunk by chunk; if it is interrupted (even by SIGKILL) every chunk
+is either fully stored or not at all, the batch stays ``running``, and
+``resume`` continues after the last stored chunk. An id that is already
+stored with the same text is skipped (counted as ``already_stored``), so
+re-running an input stores each document once.
+
+The ingest lock (a transaction advisory lock) serialises the match-and-insert
+step of concurrent ingests into one index, so that two batches arriving
+together still see each other; fingerprinting, the slow part, stays parallel.
 """
 
 from __future__ import annotations
 
+import itertools
+import json
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
 
 import numpy as np
 import sqlalchemy as sa
 
 from .bits import to_signed_array
 from .blocks import BlockLayout
-from .errors import BatchError, InputError
-from .fingerprint import FingerprintSettings, content_hash, fingerprint
+from .errors import BatchError, IncompatibleIndex, InputError
+from .fingerprint import FingerprintSettings
 from .inputs import Document
 from .matching import candidate_sql, collect, copy_out_int64, verified_pairs
 from .migrate import lock
+from .parallel import Fingerprinted, fingerprint_stream
+
+DEFAULT_CHUNK_SIZE = 100_000
+DEFAULT_MAX_CHARS = 5_000_000
+ON_ERROR = ("stop", "skip")
+
+
+@dataclass(frozen=True)
+class IngestOptions:
+    batch: str | None = None
+    source: str = "api"
+    #: ``stop`` at the first bad record, or ``skip`` it (written to ``rejects``) and go on.
+    on_error: str = "stop"
+    rejects: str | Path | None = None
+    max_chars: int = DEFAULT_MAX_CHARS
+    chunk_size: int = DEFAULT_CHUNK_SIZE
+    workers: int | None = 1
+    resume: bool = False
+
+    def __post_init__(self) -> None:
+        if self.on_error not in ON_ERROR:
+            raise ValueError(f"on_error must be one of {', '.join(ON_ERROR)}, not {self.on_error!r}")
+        if self.chunk_size < 1 or self.max_chars < 1:
+            raise ValueError("chunk_size and max_chars must be positive")
+
+    @property
+    def batch_name(self) -> str:
+        return self.batch or datetime.now(timezone.utc).strftime("batch-%Y%m%dT%H%M%S.%fZ")
 
 
 @dataclass
 class FingerprintedBatch:
-    """A batch ready for the database: one entry per document, in input order."""
+    """A chunk ready for the database: one entry per document, in input order."""
 
     external_ids: list[str] = field(default_factory=list)
     simhashes: list[int] = field(default_factory=list)
@@ -58,28 +98,6 @@ class FingerprintedBatch:
         self.origins.append(origin)
 
 
-def fingerprint_documents(documents: Iterable[Document], settings: FingerprintSettings,
-                          progress: Callable[[int], None] | None = None) -> FingerprintedBatch:
-    """Fingerprint a batch; raise :class:`InputError` at the first bad document or repeated id."""
-    batch = FingerprintedBatch()
-    seen: dict[str, str] = {}
-    for document in documents:
-        if document.external_id in seen:
-            raise InputError(f"id {document.external_id!r} appears twice in this batch "
-                             f"(first at {seen[document.external_id]})", path=document.path, line=document.line,
-                             hint="ids must be unique; fix or drop one of them")
-        seen[document.external_id] = document.origin
-        try:
-            simhash = fingerprint(document.text, settings)
-        except InputError as exc:
-            raise InputError(exc.reason, path=document.path, line=document.line, hint=exc.hint) from None
-        batch.append(document.external_id, simhash, content_hash(document.text), len(document.text),
-                     document.metadata, document.origin)
-        if progress is not None:
-            progress(1)
-    return batch
-
-
 @dataclass(frozen=True)
 class BatchSummary:
     name: str
@@ -89,16 +107,26 @@ class BatchSummary:
     near_duplicates: int
     within_batch: int
     seconds: float
+    already_stored: int = 0
+    rejected: int = 0
+    rejects_path: str | None = None
 
     def __str__(self) -> str:
-        return (f"batch {self.name!r}: {self.documents:,} documents: {self.new:,} new, "
+        text = (f"batch {self.name!r}: {self.documents:,} documents: {self.new:,} new, "
                 f"{self.exact_duplicates:,} exact duplicates, {self.near_duplicates:,} near-duplicates "
-                f"({self.within_batch:,} of the duplicates matched within the batch) in {self.seconds:.1f} s")
+                f"({self.within_batch:,} of the duplicates matched within the batch)")
+        if self.already_stored:
+            text += f", {self.already_stored:,} already stored"
+        if self.rejected:
+            text += f", {self.rejected:,} rejected" + (f" (see {self.rejects_path})" if self.rejects_path else "")
+        return f"{text} in {self.seconds:.1f} s"
 
 
-#: Staged documents whose exact text is already stored or comes earlier in the batch. Two semi-joins
+# -- the database side: one chunk, one transaction --------------------------------------------------
+
+#: Staged documents whose exact text is already stored or comes earlier in the chunk. Two semi-joins
 #: glued by UNION: with ``OR`` between the two ``EXISTS`` PostgreSQL cannot turn them into hash
-#: joins and rescans the staging table once per row, which is quadratic in the batch size.
+#: joins and rescans the staging table once per row, which is quadratic in the chunk size.
 EXACT_DUPLICATES_SQL = (
     "SELECT s.id FROM staging s WHERE EXISTS (SELECT 1 FROM documents d WHERE d.content_hash = s.content_hash) "
     "UNION "
@@ -116,23 +144,50 @@ def create_staging(connection: sa.Connection, layout: BlockLayout) -> list[tuple
     return columns
 
 
-def ingest_batch(connection: sa.Connection, schema: str, layout: BlockLayout, batch: FingerprintedBatch,
-                 name: str, source: str) -> BatchSummary:
-    """Match and insert a fingerprinted batch inside the caller's transaction."""
-    started = time.perf_counter()
-    count = len(batch)
-    batch_id = connection.execute(sa.text(
-        "INSERT INTO batches (name, source, status, started_at, documents) "
-        "VALUES (:name, :source, 'running', now(), :count) ON CONFLICT (name) DO NOTHING RETURNING id"),
-        {"name": name, "source": source, "count": count}).scalar()
-    if batch_id is None:
-        raise BatchError(f"a batch named {name!r} already exists; choose another name with --batch")
-    lock(connection, schema, "ingest")
+def check_layout(connection: sa.Connection, layout: BlockLayout) -> None:
+    """Under the ingest lock: refuse to write keys of a layout the index no longer has."""
+    stored = dict(connection.execute(sa.text(
+        "SELECT name, value FROM settings WHERE name IN ('blocks', 'first_key')")).all())
+    if (stored.get("blocks"), stored.get("first_key", 0)) != (layout.blocks, layout.first_key):
+        raise IncompatibleIndex("the index was re-laid out (simdb relayout) while this process had it open; "
+                                "open it again (for an interrupted ingest: run it again with --resume)")
 
-    sequence = connection.execute(sa.text("SELECT pg_get_serial_sequence('documents', 'id')::regclass::oid")).scalar_one()
+
+def _open_batch(connection: sa.Connection, name: str, source: str, first: bool) -> int:
+    if first:
+        batch_id = connection.execute(sa.text(
+            "INSERT INTO batches (name, source, status, started_at) VALUES (:name, :source, 'running', now()) "
+            "ON CONFLICT (name) DO NOTHING RETURNING id"), {"name": name, "source": source}).scalar()
+        if batch_id is None:
+            raise BatchError(f"a batch named {name!r} already exists; choose another name with --batch "
+                             "(or --resume it if it was interrupted)")
+        return batch_id
+    batch_id = connection.execute(sa.text(
+        "SELECT id FROM batches WHERE name = :name AND status = 'running' FOR UPDATE"), {"name": name}).scalar()
+    if batch_id is None:
+        raise BatchError(f"batch {name!r} was removed or completed by another process during this ingest")
+    return batch_id
+
+
+@dataclass
+class ChunkResult:
+    rejected: list[InputError]
+    stored: int
+
+
+def ingest_chunk(connection: sa.Connection, schema: str, layout: BlockLayout, chunk: FingerprintedBatch, *,
+                 name: str, source: str, first: bool, final: bool, position: int, rejected: int,
+                 skip_errors: bool) -> ChunkResult:
+    """Match and insert one chunk inside the caller's transaction; update the batch's counts."""
+    lock(connection, schema, "ingest")
+    check_layout(connection, layout)
+    batch_id = _open_batch(connection, name, source, first)
+    count = len(chunk)
+    sequence = connection.execute(sa.text(
+        "SELECT pg_get_serial_sequence('documents', 'id')::regclass::oid")).scalar_one()
     ids = collect(copy_out_int64(connection, f"SELECT nextval({int(sequence)}::oid::regclass) "
                                              f"FROM generate_series(1, {int(count)})", 1), 1)[:, 0]
-    simhashes = np.array(batch.simhashes, dtype=np.uint64)
+    simhashes = np.array(chunk.simhashes, dtype=np.uint64)
     keys = layout.block_keys_array(simhashes)
     signed = to_signed_array(simhashes)
 
@@ -143,53 +198,81 @@ def ingest_batch(connection: sa.Connection, schema: str, layout: BlockLayout, ba
         copy.set_types([t for _, t in columns])
         id_list, signed_list, key_rows = ids.tolist(), signed.tolist(), keys.tolist()
         for i in range(count):
-            copy.write_row((id_list[i], batch.external_ids[i], signed_list[i], *key_rows[i],
-                            batch.content_hashes[i], batch.lengths[i], batch.metadata[i]))
+            copy.write_row((id_list[i], chunk.external_ids[i], signed_list[i], *key_rows[i],
+                            chunk.content_hashes[i], chunk.lengths[i], chunk.metadata[i]))
 
-    stored = connection.execute(sa.text(
-        "SELECT s.external_id, b.name FROM staging s JOIN documents d USING (external_id) "
-        "JOIN batches b ON b.id = d.batch_id ORDER BY s.id LIMIT 1")).first()
-    if stored:
-        origin = batch.origins[batch.external_ids.index(stored[0])]
-        raise BatchError(f"{origin}: id {stored[0]!r} is already in the archive (batch {stored[1]!r}); "
-                         "nothing from this batch was stored. Give new documents new ids, or remove the old one")
+    errors, unstored = _stored_ids(connection, chunk, ids, batch_id)
+    if errors and not skip_errors:
+        raise errors[0]
+    if unstored:
+        connection.execute(sa.text("DELETE FROM staging WHERE id = ANY(:ids)"), {"ids": unstored})
     connection.exec_driver_sql("ANALYZE staging")
 
     k = layout.max_distance
     sql = (candidate_sql(layout, "staging", "documents", k) + "\nUNION ALL\n"
            + candidate_sql(layout, "staging", "staging", k, earlier_only=True))
-    pairs = collect(verified_pairs(connection, sql, k))
-    exact = set(connection.execute(sa.text(EXACT_DUPLICATES_SQL)).scalars())
-
-    duplicates = _earliest_matches(pairs)
-    if len(duplicates):
-        connection.exec_driver_sql("CREATE TEMPORARY TABLE staging_duplicates "
-                                   "(id int8 NOT NULL, duplicate_of int8 NOT NULL, distance int2 NOT NULL) "
-                                   "ON COMMIT DROP")
-        with cursor.copy("COPY staging_duplicates FROM STDIN (FORMAT BINARY)") as copy:
-            copy.set_types(["int8", "int8", "int2"])
-            for row in duplicates.tolist():
-                copy.write_row(row)
-        join = "LEFT JOIN staging_duplicates m USING (id)"
-        dup_columns = "m.duplicate_of, m.distance"
-    else:
-        join, dup_columns = "", "NULL::int8, NULL::int2"
+    duplicates = _earliest_matches(collect(verified_pairs(connection, sql, k)))
+    exact = len(connection.execute(sa.text(EXACT_DUPLICATES_SQL)).all())
+    connection.exec_driver_sql("CREATE TEMPORARY TABLE staging_duplicates "
+                               "(id int8 NOT NULL, duplicate_of int8 NOT NULL, distance int2 NOT NULL) ON COMMIT DROP")
+    with cursor.copy("COPY staging_duplicates FROM STDIN (FORMAT BINARY)") as copy:
+        copy.set_types(["int8", "int8", "int2"])
+        for row in duplicates.tolist():
+            copy.write_row(row)
     connection.exec_driver_sql(
         f"INSERT INTO documents ({column_list}, batch_id, duplicate_of, duplicate_distance) "
-        f"SELECT {', '.join('s.' + n for n, _ in columns)}, {int(batch_id)}, {dup_columns} "
-        f"FROM staging s {join} ORDER BY s.id")
+        f"SELECT {', '.join('s.' + n for n, _ in columns)}, {int(batch_id)}, m.duplicate_of, m.distance "
+        f"FROM staging s LEFT JOIN staging_duplicates m USING (id) ORDER BY s.id")
+    within = connection.execute(sa.text(
+        "SELECT count(*) FROM staging_duplicates m JOIN documents o ON o.id = m.duplicate_of "
+        "WHERE o.batch_id = :batch"), {"batch": batch_id}).scalar_one()
 
-    exact_count = len(exact)
-    near_count = len(duplicates) - exact_count
-    within = int(np.count_nonzero(duplicates[:, 1] >= ids[0])) if len(duplicates) and count else 0
-    summary = BatchSummary(name=name, documents=count, new=count - len(duplicates), exact_duplicates=exact_count,
-                           near_duplicates=near_count, within_batch=within,
-                           seconds=time.perf_counter() - started)
+    stored = count - len(unstored)
+    already = len(unstored) - len(errors)
     connection.execute(sa.text(
-        "UPDATE batches SET status = 'complete', finished_at = clock_timestamp(), new = :new, "
-        "exact_duplicates = :exact, near_duplicates = :near, within_batch = :within WHERE id = :id"),
-        {"new": summary.new, "exact": exact_count, "near": near_count, "within": within, "id": batch_id})
-    return summary
+        "UPDATE batches SET documents = documents + :stored, new = new + :new, "
+        "exact_duplicates = exact_duplicates + :exact, near_duplicates = near_duplicates + :near, "
+        "within_batch = within_batch + :within, already_stored = already_stored + :already, "
+        "rejected = rejected + :rejected, position = :position, "
+        "status = CASE WHEN :final THEN 'complete' ELSE status END, "
+        "finished_at = CASE WHEN :final THEN clock_timestamp() END WHERE id = :id"),
+        {"stored": stored, "new": stored - len(duplicates), "exact": exact, "near": len(duplicates) - exact,
+         "within": within, "already": already, "rejected": rejected + len(errors), "position": position,
+         "final": final, "id": batch_id})
+    return ChunkResult(rejected=errors, stored=stored)
+
+
+def _stored_ids(connection: sa.Connection, chunk: FingerprintedBatch, ids: np.ndarray,
+                batch_id: int) -> tuple[list[InputError], list[int]]:
+    """Staged ids that are already stored: (errors for the conflicting ones, every staging id to leave out).
+
+    The same id with the same text in another batch is a re-run: skipped. In this
+    batch, or with another text, it is an error.
+    """
+    rows = connection.execute(sa.text(
+        "SELECT s.id, d.batch_id = :batch AS same_batch, d.content_hash = s.content_hash AS same_text, b.name "
+        "FROM staging s JOIN documents d USING (external_id) JOIN batches b ON b.id = d.batch_id ORDER BY s.id"),
+        {"batch": batch_id}).all()
+    errors, unstored = [], []
+    for row in rows:
+        i = int(np.searchsorted(ids, row.id))
+        unstored.append(row.id)
+        origin, external_id = chunk.origins[i], chunk.external_ids[i]
+        if row.same_batch:
+            errors.append(_error_at(origin, f"id {external_id!r} appears twice in this batch",
+                                    "ids must be unique; fix or drop one of them"))
+        elif not row.same_text:
+            errors.append(_error_at(origin, f"id {external_id!r} is already stored with a different text "
+                                            f"(batch {row.name!r})",
+                                    "give the new document a new id, or remove the old one with simdb remove"))
+    return errors, unstored
+
+
+def _error_at(origin: str, message: str, hint: str) -> InputError:
+    path, _, line = origin.rpartition(":")
+    if path and line.isdigit():
+        return InputError(message, path=path, line=int(line), hint=hint)
+    return InputError(f"{origin}: {message}", hint=hint)
 
 
 def _earliest_matches(pairs: np.ndarray) -> np.ndarray:
@@ -201,3 +284,125 @@ def _earliest_matches(pairs: np.ndarray) -> np.ndarray:
     first = np.ones(len(ordered), dtype=bool)
     first[1:] = ordered[1:, 0] != ordered[:-1, 0]
     return ordered[first]
+
+
+# -- the whole batch ---------------------------------------------------------------------------------
+
+class Rejects:
+    """The rejects file: one JSON object per rejected record, written after its chunk commits."""
+
+    def __init__(self, path: str | Path, append: bool) -> None:
+        self.path = str(path)
+        self._file = open(path, "a" if append else "w", encoding="utf-8")
+
+    def write(self, errors: Iterable[InputError]) -> None:
+        for error in errors:
+            self._file.write(json.dumps({"path": error.path, "line": error.line, "reason": error.reason,
+                                         "hint": error.hint}, ensure_ascii=False) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _size_checked(items: Iterable[Document | InputError], max_chars: int) -> Iterator[Document | InputError]:
+    for item in items:
+        if isinstance(item, Document) and len(item.text) > max_chars:
+            item = InputError(f"the text is {len(item.text):,} characters, over the limit of {max_chars:,}",
+                              path=item.path, line=item.line, hint="raise --max-chars or split the document")
+        yield item
+
+
+def _resume_position(engine: sa.Engine, name: str, resume: bool) -> tuple[int, int] | None:
+    """(records consumed, rejected so far) of an interrupted batch to resume, or None for a new batch."""
+    with engine.connect() as connection:
+        row = connection.execute(sa.text("SELECT status, position, rejected FROM batches WHERE name = :name"),
+                                 {"name": name}).first()
+    if row is None:
+        if resume:
+            raise BatchError(f"there is no batch {name!r} to resume; run without --resume to start it")
+        return None
+    if row.status == "complete":
+        raise BatchError(f"batch {name!r} is already complete; choose another name with --batch")
+    if not resume:
+        raise BatchError(f"batch {name!r} was interrupted after {row.position:,} input records; continue it "
+                         f"with --resume, or remove what it stored with `simdb remove --batch {name}`")
+    return row.position, row.rejected
+
+
+def ingest(engine: sa.Engine, schema: str, layout: BlockLayout, settings: FingerprintSettings,
+           items: Iterable[Document | InputError], options: IngestOptions,
+           progress: Callable[[int], None] | None = None) -> BatchSummary:
+    """Ingest a batch in atomic chunks; see the module docstring."""
+    started = time.perf_counter()
+    name = options.batch_name
+    resumed = _resume_position(engine, name, options.resume)
+    position, rejected = resumed if resumed else (0, 0)
+    skip_errors = options.on_error == "skip"
+    rejects = Rejects(options.rejects or f"rejects-{name}.jsonl", append=resumed is not None) if skip_errors else None
+    first = resumed is None
+    try:
+        stream = fingerprint_stream(_size_checked(itertools.islice(items, position, None), options.max_chars),
+                                    settings, workers=options.workers)
+        chunk, chunk_errors, seen = FingerprintedBatch(), [], {}
+        consumed = position
+
+        def commit(final: bool) -> None:
+            nonlocal chunk, chunk_errors, seen, first, rejected
+            with engine.begin() as connection:
+                result = ingest_chunk(connection, schema, layout, chunk, name=name, source=options.source,
+                                      first=first, final=final, position=consumed, rejected=len(chunk_errors),
+                                      skip_errors=skip_errors)
+            if rejects is not None:
+                rejects.write(chunk_errors + result.rejected)
+            rejected += len(chunk_errors) + len(result.rejected)
+            first = False
+            chunk, chunk_errors, seen = FingerprintedBatch(), [], {}
+
+        for item in stream:
+            consumed += 1
+            if isinstance(item, Fingerprinted):
+                document = item.document
+                if document.external_id in seen:
+                    item = InputError(f"id {document.external_id!r} appears twice in this batch "
+                                      f"(first at {seen[document.external_id]})", path=document.path,
+                                      line=document.line, hint="ids must be unique; fix or drop one of them")
+                else:
+                    seen[document.external_id] = document.origin
+                    chunk.append(document.external_id, item.simhash, item.content_hash, len(document.text),
+                                 document.metadata, document.origin)
+            if isinstance(item, InputError):
+                if not skip_errors:
+                    raise _stopped(item, name, first)
+                chunk_errors.append(item)
+            if progress is not None:
+                progress(1)
+            if len(chunk) >= options.chunk_size:
+                commit(final=False)
+        commit(final=True)
+    except (InputError, BatchError) as error:
+        raise _stopped(error, name, first) from None
+    finally:
+        if rejects is not None:
+            rejects.close()
+    with engine.connect() as connection:
+        row = connection.execute(sa.text("SELECT * FROM batches WHERE name = :name"), {"name": name}).one()
+    return BatchSummary(name=name, documents=row.documents, new=row.new, exact_duplicates=row.exact_duplicates,
+                        near_duplicates=row.near_duplicates, within_batch=row.within_batch,
+                        already_stored=row.already_stored, rejected=row.rejected,
+                        rejects_path=rejects.path if rejects and row.rejected else None,
+                        seconds=time.perf_counter() - started)
+
+
+def _stopped(error: InputError | BatchError, name: str, first: bool) -> InputError | BatchError:
+    """The error, saying what became of the batch when earlier chunks were already stored."""
+    if first or getattr(error, "_stopped", False):
+        return error
+    note = (f"; the earlier chunks of batch {name!r} are stored: fix the input and run the same command with "
+            f"--resume, or remove them with `simdb remove --batch {name}`")
+    if isinstance(error, InputError):
+        wrapped = InputError(error.reason, path=error.path, line=error.line, hint=(error.hint or "") + note)
+    else:
+        wrapped = BatchError(str(error) + note)
+    wrapped._stopped = True
+    return wrapped

@@ -13,7 +13,8 @@ from __future__ import annotations
 import csv
 import gzip
 import json
-from collections.abc import Iterable, Iterator
+import os
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -70,10 +71,6 @@ def check_text(text: object, path: str | None, line: int | None, what: str = "te
     return text
 
 
-def _open(path: str):
-    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
-
-
 def _decode(raw: bytes, path: str, line: int) -> str:
     try:
         return raw.decode("utf-8")
@@ -82,10 +79,17 @@ def _decode(raw: bytes, path: str, line: int) -> str:
                          path=path, line=line, hint="re-encode the file as UTF-8") from None
 
 
-def _lines(path: str) -> Iterator[tuple[int, str]]:
-    with _open(path) as stream:
+def _raw_lines(path: str, progress: Callable[[int], None] | None) -> Iterator[tuple[int, bytes]]:
+    """(line number, raw line) pairs; ``progress`` gets the bytes of the file on disk consumed so far."""
+    with open(path, "rb") as disk:
+        stream = gzip.GzipFile(fileobj=disk) if path.endswith(".gz") else disk
+        last = 0
         for number, raw in enumerate(stream, 1):
-            yield number, _decode(raw, path, number)
+            yield number, raw
+            if progress is not None:
+                position = disk.tell()
+                progress(position - last)
+                last = position
 
 
 def _external_id(value: object, id_field: str, path: str, line: int) -> str:
@@ -113,32 +117,55 @@ def _missing(field_name: str, role: str, available: Iterable[str], path: str, li
                       hint=f"name the {role} field with {flag}")
 
 
-def read_jsonl(path: str, id_field: str, text_field: str) -> Iterator[Document]:
-    for line, content in _lines(path):
-        if not content.strip():
-            continue
+def _jsonl_document(raw: bytes, path: str, line: int, id_field: str, text_field: str) -> Document | None:
+    content = _decode(raw, path, line)
+    if not content.strip():
+        return None
+    try:
+        record = json.loads(content)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"malformed JSON at column {exc.colno}: {exc.msg.removesuffix(' at')}", path=path,
+                         line=line, hint="each line must be one JSON object") from None
+    if not isinstance(record, dict):
+        raise InputError(f"expected a JSON object, got {type(record).__name__}", path=path, line=line)
+    if id_field not in record:
+        raise _missing(id_field, "id", record, path, line, "--id-field")
+    if text_field not in record:
+        raise _missing(text_field, "text", record, path, line, "--text-field")
+    return Document(_external_id(record[id_field], id_field, path, line), check_text(record[text_field], path, line),
+                    _metadata(record, id_field, text_field, path, line), path, line)
+
+
+def read_jsonl(path: str, id_field: str, text_field: str, skip_errors: bool = False,
+               progress: Callable[[int], None] | None = None) -> Iterator[Document | InputError]:
+    for line, raw in _raw_lines(path, progress):
         try:
-            record = json.loads(content)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"malformed JSON at column {exc.colno}: {exc.msg.removesuffix(' at')}", path=path, line=line,
-                             hint="each line must be one JSON object") from None
-        if not isinstance(record, dict):
-            raise InputError(f"expected a JSON object, got {type(record).__name__}", path=path, line=line)
-        if id_field not in record:
-            raise _missing(id_field, "id", record, path, line, "--id-field")
-        if text_field not in record:
-            raise _missing(text_field, "text", record, path, line, "--text-field")
-        yield Document(_external_id(record[id_field], id_field, path, line),
-                       check_text(record[text_field], path, line),
-                       _metadata(record, id_field, text_field, path, line), path, line)
+            document = _jsonl_document(raw, path, line, id_field, text_field)
+        except InputError as error:
+            if not skip_errors:
+                raise
+            yield error
+            continue
+        if document is not None:
+            yield document
 
 
-def read_delimited(path: str, id_field: str, text_field: str, delimiter: str) -> Iterator[Document]:
+def read_delimited(path: str, id_field: str, text_field: str, delimiter: str, skip_errors: bool = False,
+                   progress: Callable[[int], None] | None = None) -> Iterator[Document | InputError]:
+    bad_lines: list[InputError] = []  # lines the csv module must not see, reported in order
+
     def checked_lines() -> Iterator[str]:
-        for line, content in _lines(path):
-            if "\x00" in content:
-                raise InputError("the line contains a NUL character, which PostgreSQL cannot store",
-                                 path=path, line=line, hint="remove NUL bytes from the input")
+        for line, raw in _raw_lines(path, progress):
+            try:
+                content = _decode(raw, path, line)
+                if "\x00" in content:
+                    raise InputError("the line contains a NUL character, which PostgreSQL cannot store",
+                                     path=path, line=line, hint="remove NUL bytes from the input")
+            except InputError as error:
+                if not skip_errors or line == 1:
+                    raise
+                bad_lines.append(error)
+                content = "\n"
             yield content
 
     reader = csv.reader(checked_lines(), delimiter=delimiter)
@@ -155,23 +182,33 @@ def read_delimited(path: str, id_field: str, text_field: str, delimiter: str) ->
         for row in reader:
             line = start
             start = reader.line_num + 1
+            yield from bad_lines
+            bad_lines.clear()
             if not row:
                 continue
-            if len(row) != len(header):
-                raise InputError(f"{len(row)} fields where the header has {len(header)}", path=path, line=line,
-                                 hint="quote fields that contain the delimiter")
-            record = dict(zip(header, row))
-            yield Document(_external_id(record[id_field], id_field, path, line),
-                           check_text(record[text_field], path, line),
-                           _metadata(record, id_field, text_field, path, line), path, line)
+            try:
+                if len(row) != len(header):
+                    raise InputError(f"{len(row)} fields where the header has {len(header)}", path=path, line=line,
+                                     hint="quote fields that contain the delimiter")
+                record = dict(zip(header, row))
+                yield Document(_external_id(record[id_field], id_field, path, line),
+                               check_text(record[text_field], path, line),
+                               _metadata(record, id_field, text_field, path, line), path, line)
+            except InputError as error:
+                if not skip_errors:
+                    raise
+                yield error
     except csv.Error as exc:
         kind = "TSV" if delimiter == "\t" else "CSV"
         raise InputError(f"malformed {kind}: {exc}", path=path, line=reader.line_num) from None
+    yield from bad_lines
 
 
-def read_txt(path: str) -> Iterator[Document]:
-    with _open(path) as stream:
+def read_txt(path: str, progress: Callable[[int], None] | None = None) -> Iterator[Document]:
+    with (gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")) as stream:
         raw = stream.read()
+    if progress is not None:
+        progress(os.path.getsize(path))
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -186,17 +223,33 @@ def read_txt(path: str) -> Iterator[Document]:
 
 
 def read_documents(paths: Iterable[str], *, format: str | None = None, id_field: str = "id",
-                   text_field: str = "text") -> Iterator[Document]:
-    """Documents from ``paths`` in order; raises :class:`InputError` at the first bad one."""
+                   text_field: str = "text", skip_errors: bool = False,
+                   progress: Callable[[int], None] | None = None) -> Iterator[Document | InputError]:
+    """Documents from ``paths`` in order.
+
+    A bad record raises :class:`InputError`; with ``skip_errors`` it is yielded
+    instead (and reading goes on), except for problems that make the rest of a
+    file unreadable (a missing header field, a broken CSV quote). ``progress``
+    is called with the bytes of input consumed, for a progress bar.
+    """
     paths = list(paths)
     check_paths(paths)
     if format is not None and format not in FORMATS:
         raise InputError(f"unknown format {format!r}", hint=f"choose one of {', '.join(FORMATS)}")
-    for path in paths:
-        fmt = format or detect_format(path)
+    formats = [format or detect_format(path) for path in paths]
+    for path, fmt in zip(paths, formats):
         if fmt == "jsonl":
-            yield from read_jsonl(path, id_field, text_field)
+            yield from read_jsonl(path, id_field, text_field, skip_errors, progress)
         elif fmt == "txt":
-            yield from read_txt(path)
+            try:
+                yield from read_txt(path, progress)
+            except InputError as error:
+                if not skip_errors:
+                    raise
+                yield error
         else:
-            yield from read_delimited(path, id_field, text_field, "," if fmt == "csv" else "\t")
+            yield from read_delimited(path, id_field, text_field, "," if fmt == "csv" else "\t", skip_errors, progress)
+
+
+def total_bytes(paths: Iterable[str]) -> int:
+    return sum(os.path.getsize(path) for path in paths)

@@ -53,6 +53,9 @@ def build_metadata(layout: BlockLayout) -> sa.MetaData:
         sa.Column("exact_duplicates", sa.Integer, nullable=False, server_default="0"),
         sa.Column("near_duplicates", sa.Integer, nullable=False, server_default="0"),
         sa.Column("within_batch", sa.Integer, nullable=False, server_default="0"),
+        sa.Column("position", sa.BigInteger, nullable=False, server_default="0"),
+        sa.Column("rejected", sa.Integer, nullable=False, server_default="0"),
+        sa.Column("already_stored", sa.Integer, nullable=False, server_default="0"),
         sa.CheckConstraint(sa.text("status IN ('running', 'complete')"), name="status"),
         comment="One row per ingested batch, with its counts.",
     )

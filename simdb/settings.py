@@ -81,6 +81,7 @@ class IndexSettings:
             "blocks": self.layout.blocks,
             "block_ranges": [list(r) for r in self.layout.block_ranges],
             "keys": [list(k) for k in self.layout.keys],
+            "first_key": self.layout.first_key,
             "algorithm": self.fingerprints.algorithm,
             "tokenizer": dataclasses.asdict(self.fingerprints.tokenizer),
             "weighting": self.fingerprints.weighting,
@@ -92,7 +93,8 @@ class IndexSettings:
     @classmethod
     def from_rows(cls, rows: dict[str, object]) -> "IndexSettings":
         try:
-            layout = BlockLayout(max_distance=rows["max_distance"], blocks=rows["blocks"], bits=rows["bits"])
+            layout = BlockLayout(max_distance=rows["max_distance"], blocks=rows["blocks"], bits=rows["bits"],
+                                 first_key=rows.get("first_key", 0))
             stored_layout = ([tuple(r) for r in rows["block_ranges"]], [tuple(k) for k in rows["keys"]])
             if stored_layout != (list(layout.block_ranges), list(layout.keys)):
                 raise IncompatibleIndex(

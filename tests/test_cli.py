@@ -193,18 +193,23 @@ def test_missing_file_is_reported_before_anything(run, tmp_path, admin_engine, s
     assert count_rows(admin_engine, schema) == (0, 0)
 
 
-def test_ids_already_stored_reject_the_batch(run, tmp_path, admin_engine, schema):
+def test_ids_already_stored(run, tmp_path, admin_engine, schema):
+    """The same id with the same text is a re-run and is skipped; with another text it is an error."""
     run("init")
     path = write_jsonl(tmp_path / "a.jsonl", [{"id": "x", "text": "first text"}])
     assert run("ingest", path, "--batch", "one").exit_code == 0
-    again = write_jsonl(tmp_path / "b.jsonl", [{"id": "y", "text": "new"}, {"id": "x", "text": "again"}])
+    again = write_jsonl(tmp_path / "b.jsonl", [{"id": "y", "text": "new"}, {"id": "x", "text": "first text"}])
     result = run("ingest", again, "--batch", "two")
+    assert timeless(result.output) == ("batch 'two': 1 documents: 1 new, 0 exact duplicates, 0 near-duplicates "
+                                       "(0 of the duplicates matched within the batch), 1 already stored in <t> s\n")
+    changed = write_jsonl(tmp_path / "c.jsonl", [{"id": "z", "text": "new"}, {"id": "x", "text": "other text"}])
+    result = run("ingest", changed, "--batch", "three")
     assert result.exit_code == 1
-    assert result.output == (f"Error: {again}:2: id 'x' is already in the archive (batch 'one'); nothing from this "
-                             "batch was stored. Give new documents new ids, or remove the old one\n")
-    assert count_rows(admin_engine, schema) == (1, 1)
-    result = run("ingest", again, "--batch", "one")
-    assert result.output == "Error: a batch named 'one' already exists; choose another name with --batch\n"
+    assert result.output == (f"Error: {changed}:2: id 'x' is already stored with a different text (batch 'one') "
+                             "(give the new document a new id, or remove the old one with simdb remove)\n")
+    assert count_rows(admin_engine, schema) == (2, 2)
+    result = run("ingest", changed, "--batch", "one")
+    assert result.output == "Error: batch 'one' is already complete; choose another name with --batch\n"
 
 
 def test_other_settings_are_refused(run, database_url, schema):

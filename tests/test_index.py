@@ -127,11 +127,11 @@ def test_matches_within_a_batch_are_found(index):
 def test_a_failing_batch_leaves_nothing(index, admin_engine):
     index.add_many([{"id": "a", "text": "first document text"}], batch="one")
     before = count_rows(admin_engine, index.database.schema)
-    with pytest.raises(BatchError, match="'a' is already in the archive"):
+    with pytest.raises(InputError, match="'a' is already stored with a different text"):
         index.add_many([{"id": "b", "text": "second"}, {"id": "a", "text": "again"}], batch="two")
     with pytest.raises(InputError, match="empty or only whitespace"):
         index.add_many([{"id": "c", "text": "fine"}, {"id": "d", "text": "  "}], batch="three")
-    with pytest.raises(BatchError, match="already exists"):
+    with pytest.raises(BatchError, match="already complete"):
         index.add_many([{"id": "e", "text": "fine"}], batch="one")
     assert count_rows(admin_engine, index.database.schema) == before
 
