@@ -12,13 +12,14 @@ import functools
 import json
 import sys
 import time
+from datetime import timezone
 
 import click
 import sqlalchemy as sa
 
 from . import __version__
 from .bits import format_fingerprint, parse_fingerprint
-from .blocks import layouts_for
+from .blocks import BlockLayout, layouts_for
 from .database import DEFAULT_SCHEMA
 from .errors import DatabaseUnavailable, SimdbError
 from .fingerprint import FingerprintSettings, fingerprint, tokens_for
@@ -123,7 +124,8 @@ cli.add_command(fingerprint_command, name="fingerprint")
 @click.option("--max-distance", type=click.IntRange(1, 16), default=3, show_default=True,
               help="Largest Hamming distance that counts as a near-duplicate (k).")
 @click.option("--blocks", type=click.IntRange(1, 16), default=None,
-              help="Blocks the 64 bits are cut into (m); keys are made of m - k blocks. [default: k + 1]")
+              help="Blocks the 64 bits are cut into (m); keys are made of m - k blocks "
+                   "[default: the fewest that keep lookups small at --expected-size].")
 @click.option("--tokenizer", type=click.Choice(TOKENIZERS), default="auto", show_default=True)
 @click.option("--jieba-hmm/--no-jieba-hmm", default=False, show_default=True,
               help="Let jieba guess unknown Chinese words with its HMM.")
@@ -133,7 +135,7 @@ cli.add_command(fingerprint_command, name="fingerprint")
 @click.option("--weighting", type=click.Choice(["sublinear_tf", "tf", "binary"]), default="sublinear_tf",
               show_default=True)
 @click.option("--expected-size", type=click.IntRange(1), default=1_000_000, show_default=True,
-              help="Archive size to print the expected candidates per lookup for.")
+              help="Documents the archive is expected to grow to; chooses --blocks when it is not given.")
 @user_errors
 def init(database_url, schema, data_dir, max_distance, blocks, tokenizer, jieba_hmm, shingle_size, stopwords,
          weighting, expected_size):
@@ -145,8 +147,11 @@ def init(database_url, schema, data_dir, max_distance, blocks, tokenizer, jieba_
     \b
     Example:
         simdb init
-        simdb init --max-distance 3 --blocks 5 --expected-size 20000000
+        simdb init --expected-size 20000000
+        simdb init --max-distance 3 --blocks 5
     """
+    if blocks is None:
+        blocks = BlockLayout.for_size(max_distance, expected_size).blocks
     with Index.create(database_url, schema=schema, data_dir=data_dir, exist_ok=True, max_distance=max_distance,
                       blocks=blocks, tokenizer=tokenizer, jieba_hmm=jieba_hmm, shingle_size=shingle_size,
                       stopwords=stopwords, weighting=weighting) as index:
@@ -310,15 +315,71 @@ def stats(database_url, schema, data_dir, as_json):
     click.echo(f"documents:  {info['documents']:,} ({info['duplicates']:,} near or exact duplicates), "
                f"{info['table_bytes'] / 2**20:,.1f} MiB with indexes")
     click.echo(f"layout:     {info['layout']}")
+    largest = info["largest_key_buckets"][0]["documents"] if info["largest_key_buckets"] else 0
     click.echo(f"candidates: {info['measured_candidates_per_lookup']:,} per lookup measured, "
                f"{info['expected_candidates_per_lookup']:,} expected for random fingerprints; "
-               f"largest key bucket {info['largest_key_bucket']:,}")
+               f"largest key bucket {largest:,}")
     settings = ", ".join(f"{k}={v}" for k, v in info["settings"].items())
     click.echo(f"settings:   {settings}")
     click.echo(f"batches:    {len(info['batches'])}")
     for batch in info["batches"]:
+        extra = "".join(f", {batch[k]:,} {label}" for k, label in (("already_stored", "already stored"),
+                                                                     ("rejected", "rejected")) if batch[k])
+        status = batch["status"] if batch["status"] == "complete" else \
+            f"{batch['status']}: stopped after {batch['position']:,} input records; continue with --resume"
         click.echo(f"  {batch['name']}: {batch['documents']:,} documents, {batch['new']:,} new, "
-                   f"{batch['exact_duplicates']:,} exact, {batch['near_duplicates']:,} near ({batch['status']})")
+                   f"{batch['exact_duplicates']:,} exact, {batch['near_duplicates']:,} near{extra} ({status})")
+    if info["advice"]:
+        click.echo(f"warning: {info['advice']}", err=True)
+
+
+@cli.command(name="remove")
+@database_options
+@click.option("--id", "ids", multiple=True, help="Remove the document with this id (repeatable).")
+@click.option("--batch", "batch_name", default=None, help="Remove every document of this batch, and the batch.")
+@click.option("--before", type=click.DateTime(formats=["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"]),
+              default=None, help="Remove the documents ingested before this date (UTC).")
+@click.option("--dry-run", is_flag=True, help="Report what would be removed, and remove nothing.")
+@user_errors
+def remove_command(database_url, schema, data_dir, ids, batch_name, before, dry_run):
+    """Remove documents in one transaction; what pointed at them is re-pointed.
+
+    A document whose duplicate_of was removed points at its earliest remaining
+    near-duplicate instead, or becomes an original.
+
+    \b
+    Example:
+        simdb remove --id doc-17 --id doc-18
+        simdb remove --batch 2024-05
+        simdb remove --before 2020-01-01 --dry-run
+    """
+    if before is not None:
+        before = before.replace(tzinfo=timezone.utc)
+    with open_index(database_url, schema, data_dir) as index:
+        summary = index.remove(ids=list(ids) if ids else None, batch=batch_name, before=before, dry_run=dry_run)
+    click.echo(("would have " if dry_run else "") + str(summary))
+
+
+@cli.command()
+@database_options
+@click.option("--blocks", type=click.IntRange(2, 16), default=None,
+              help="The new number of blocks [default: what `simdb stats` advises for the archive's size].")
+@user_errors
+def relayout(database_url, schema, data_dir, blocks):
+    """Rebuild the block-key columns for another layout, while lookups and ingests go on.
+
+    \b
+    Example:
+        simdb relayout --blocks 5
+    """
+    with open_index(database_url, schema, data_dir) as index:
+        if blocks is None:
+            with index.database.engine.connect() as connection:
+                documents = connection.execute(sa.text("SELECT count(*) FROM documents")).scalar_one()
+            blocks = BlockLayout.for_size(index.layout.max_distance, documents).blocks
+        before = index.layout.describe()
+        index.relayout(blocks, progress=lambda message: click.echo(message, err=True))
+        click.echo(f"relaid out from {before} to {index.layout.describe()}")
 
 
 def main() -> None:

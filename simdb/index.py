@@ -19,6 +19,7 @@ import numpy as np
 import sqlalchemy as sa
 
 from . import migrate
+from .blocks import BlockLayout
 from .bits import format_fingerprint, hamming, to_signed, to_signed_array, to_unsigned
 from .database import Database
 from .errors import IncompatibleIndex, IndexNotFound, InputError, SimdbError
@@ -26,6 +27,8 @@ from .fingerprint import fingerprint
 from .ingest import BatchSummary, FingerprintedBatch, IngestOptions, ingest, ingest_chunk
 from .inputs import Document, check_text
 from .matching import candidate_sql, collect, verified_pairs
+from .relayout import relayout
+from .remove import RemovalSummary, remove
 from .settings import IndexSettings
 
 
@@ -67,6 +70,10 @@ def _as_document(item: Document | Mapping, index: int) -> Document:
     text = check_text(item["text"], None, None)
     metadata = dict(item.get("metadata") or {k: v for k, v in item.items() if k not in ("id", "text")})
     return Document(str(external_id), text, metadata)
+
+
+#: Mean candidates per lookup above which ``stats`` advises more blocks.
+OUTGROWN_CANDIDATES = 256
 
 
 class Index:
@@ -204,6 +211,28 @@ class Index:
                             near_duplicates=row.near_duplicates, within_batch=row.within_batch,
                             already_stored=row.already_stored, seconds=time.perf_counter() - started)
 
+    # -- removal and layout ------------------------------------------------------------------------
+
+    def remove(self, *, ids: list[str] | None = None, batch: str | None = None, before: datetime | None = None,
+               dry_run: bool = False) -> RemovalSummary:
+        """Remove documents by id, batch or ingest time; ``dry_run`` reports without removing."""
+        connection = self.database.engine.connect()
+        try:
+            with connection.begin() as transaction:
+                summary = remove(connection, self.database.schema, self.layout, external_ids=ids, batch=batch,
+                                 before=before)
+                if dry_run:
+                    transaction.rollback()
+            return summary
+        finally:
+            connection.close()
+
+    def relayout(self, blocks: int, progress: Callable[[str], None] | None = None) -> None:
+        """Rebuild the key columns for ``blocks`` blocks, online (see :mod:`simdb.relayout`)."""
+        self.settings = relayout(self.database.engine, self.database.schema, self.settings, blocks,
+                                 progress=progress)
+        self.layout = self.settings.layout
+
     # -- queries -------------------------------------------------------------------------------
 
     def _max_distance(self, max_distance: int | None) -> int:
@@ -316,21 +345,30 @@ class Index:
                 yield record
 
     def stats(self) -> dict:
-        """Counts, layout and the measured key buckets."""
+        """Counts, layout and the measured key buckets (with a layout advice when they have grown too big)."""
         with self.database.engine.connect() as connection:
             counts = connection.execute(sa.text(
-                "SELECT count(*) AS documents, count(duplicate_of) AS duplicates, "
-                "count(*) FILTER (WHERE duplicate_distance = 0) AS distance_zero FROM documents")).one()
+                "SELECT count(*) AS documents, count(duplicate_of) AS duplicates FROM documents")).one()
             batches = connection.execute(sa.text(
-                "SELECT name, documents, new, exact_duplicates, near_duplicates, status, finished_at "
-                "FROM batches ORDER BY id")).all()
+                "SELECT name, documents, new, exact_duplicates, near_duplicates, already_stored, rejected, status, "
+                "position, finished_at FROM batches ORDER BY id")).all()
             size = connection.execute(sa.text("SELECT pg_total_relation_size('documents')")).scalar_one()
-            buckets = []
+            means, largest = [], []
             for column in self.layout.key_columns:
-                buckets.append(connection.execute(sa.text(
-                    f"SELECT coalesce(sum(n * n)::float8 / nullif(sum(n), 0), 0), coalesce(max(n), 0) "
-                    f"FROM (SELECT count(*) AS n FROM documents GROUP BY {column}) b")).one())
+                means.append(connection.execute(sa.text(
+                    f"SELECT coalesce(sum(n * n)::float8 / nullif(sum(n), 0), 0) "
+                    f"FROM (SELECT count(*) AS n FROM documents GROUP BY {column}) b")).scalar_one())
+                largest += [(row.n, column, row.value) for row in connection.execute(sa.text(
+                    f"SELECT {column} AS value, count(*) AS n FROM documents GROUP BY {column} "
+                    "ORDER BY n DESC LIMIT 3"))]
         documents = counts.documents
+        measured = sum(means)
+        advice = None
+        if measured > OUTGROWN_CANDIDATES:
+            # real fingerprints are skewed, so at least one block more even where random ones would not need it
+            blocks = max(BlockLayout.for_size(self.layout.max_distance, documents).blocks, self.layout.blocks + 1)
+            advice = (f"lookups meet {measured:,.0f} candidates on average: the archive has outgrown its layout; "
+                      f"run `simdb relayout --blocks {blocks}`")
         return {
             "schema": self.database.schema,
             "database": self.database.display_url,
@@ -340,7 +378,9 @@ class Index:
             "settings": self.settings.summary(),
             "layout": self.layout.describe(),
             "expected_candidates_per_lookup": round(self.layout.expected_candidates(documents), 2),
-            "measured_candidates_per_lookup": round(sum(mean for mean, _ in buckets), 2),
-            "largest_key_bucket": max((largest for _, largest in buckets), default=0),
+            "measured_candidates_per_lookup": round(measured, 2),
+            "largest_key_buckets": [{"key": column, "value": value, "documents": n}
+                                    for n, column, value in sorted(largest, reverse=True)[:5]],
+            "advice": advice,
             "table_bytes": size,
         }

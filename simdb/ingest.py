@@ -42,7 +42,7 @@ from .blocks import BlockLayout
 from .errors import BatchError, IncompatibleIndex, InputError
 from .fingerprint import FingerprintSettings
 from .inputs import Document
-from .matching import candidate_sql, collect, copy_out_int64, verified_pairs
+from .matching import candidate_sql, collect, copy_out_int64, earliest_matches, verified_pairs
 from .migrate import lock
 from .parallel import Fingerprinted, fingerprint_stream
 
@@ -171,7 +171,7 @@ def _open_batch(connection: sa.Connection, name: str, source: str, first: bool) 
 
 @dataclass
 class ChunkResult:
-    rejected: list[InputError]
+    rejected: list[tuple[int, InputError]]  # (position in the chunk, error)
     stored: int
 
 
@@ -203,7 +203,7 @@ def ingest_chunk(connection: sa.Connection, schema: str, layout: BlockLayout, ch
 
     errors, unstored = _stored_ids(connection, chunk, ids, batch_id)
     if errors and not skip_errors:
-        raise errors[0]
+        raise errors[0][1]
     if unstored:
         connection.execute(sa.text("DELETE FROM staging WHERE id = ANY(:ids)"), {"ids": unstored})
     connection.exec_driver_sql("ANALYZE staging")
@@ -211,7 +211,7 @@ def ingest_chunk(connection: sa.Connection, schema: str, layout: BlockLayout, ch
     k = layout.max_distance
     sql = (candidate_sql(layout, "staging", "documents", k) + "\nUNION ALL\n"
            + candidate_sql(layout, "staging", "staging", k, earlier_only=True))
-    duplicates = _earliest_matches(collect(verified_pairs(connection, sql, k)))
+    duplicates = earliest_matches(collect(verified_pairs(connection, sql, k)))
     exact = len(connection.execute(sa.text(EXACT_DUPLICATES_SQL)).all())
     connection.exec_driver_sql("CREATE TEMPORARY TABLE staging_duplicates "
                                "(id int8 NOT NULL, duplicate_of int8 NOT NULL, distance int2 NOT NULL) ON COMMIT DROP")
@@ -243,7 +243,7 @@ def ingest_chunk(connection: sa.Connection, schema: str, layout: BlockLayout, ch
 
 
 def _stored_ids(connection: sa.Connection, chunk: FingerprintedBatch, ids: np.ndarray,
-                batch_id: int) -> tuple[list[InputError], list[int]]:
+                batch_id: int) -> tuple[list[tuple[int, InputError]], list[int]]:
     """Staged ids that are already stored: (errors for the conflicting ones, every staging id to leave out).
 
     The same id with the same text in another batch is a re-run: skipped. In this
@@ -259,12 +259,12 @@ def _stored_ids(connection: sa.Connection, chunk: FingerprintedBatch, ids: np.nd
         unstored.append(row.id)
         origin, external_id = chunk.origins[i], chunk.external_ids[i]
         if row.same_batch:
-            errors.append(_error_at(origin, f"id {external_id!r} appears twice in this batch",
-                                    "ids must be unique; fix or drop one of them"))
+            errors.append((i, _error_at(origin, f"id {external_id!r} appears twice in this batch (first in an earlier "
+                                            "chunk)", "ids must be unique; fix or drop one of them")))
         elif not row.same_text:
-            errors.append(_error_at(origin, f"id {external_id!r} is already stored with a different text "
-                                            f"(batch {row.name!r})",
-                                    "give the new document a new id, or remove the old one with simdb remove"))
+            errors.append((i, _error_at(origin, f"id {external_id!r} is already stored with a different text "
+                                                f"(batch {row.name!r})",
+                                        "give the new document a new id, or remove the old one with simdb remove")))
     return errors, unstored
 
 
@@ -273,17 +273,6 @@ def _error_at(origin: str, message: str, hint: str) -> InputError:
     if path and line.isdigit():
         return InputError(message, path=path, line=int(line), hint=hint)
     return InputError(f"{origin}: {message}", hint=hint)
-
-
-def _earliest_matches(pairs: np.ndarray) -> np.ndarray:
-    """``(probe, match, distance)`` rows -> one ``(probe, earliest match, its distance)`` per probe."""
-    if not len(pairs):
-        return np.empty((0, 3), dtype=np.int64)
-    order = np.lexsort((pairs[:, 1], pairs[:, 0]))
-    ordered = pairs[order]
-    first = np.ones(len(ordered), dtype=bool)
-    first[1:] = ordered[1:, 0] != ordered[:-1, 0]
-    return ordered[first]
 
 
 # -- the whole batch ---------------------------------------------------------------------------------
@@ -344,20 +333,21 @@ def ingest(engine: sa.Engine, schema: str, layout: BlockLayout, settings: Finger
     try:
         stream = fingerprint_stream(_size_checked(itertools.islice(items, position, None), options.max_chars),
                                     settings, workers=options.workers)
-        chunk, chunk_errors, seen = FingerprintedBatch(), [], {}
+        chunk, chunk_errors, seen, ordinals = FingerprintedBatch(), [], {}, []
         consumed = position
 
         def commit(final: bool) -> None:
-            nonlocal chunk, chunk_errors, seen, first, rejected
+            nonlocal chunk, chunk_errors, seen, ordinals, first, rejected
             with engine.begin() as connection:
                 result = ingest_chunk(connection, schema, layout, chunk, name=name, source=options.source,
                                       first=first, final=final, position=consumed, rejected=len(chunk_errors),
                                       skip_errors=skip_errors)
+            errors = chunk_errors + [(ordinals[i], error) for i, error in result.rejected]
             if rejects is not None:
-                rejects.write(chunk_errors + result.rejected)
-            rejected += len(chunk_errors) + len(result.rejected)
+                rejects.write(error for _, error in sorted(errors, key=lambda pair: pair[0]))
+            rejected += len(errors)
             first = False
-            chunk, chunk_errors, seen = FingerprintedBatch(), [], {}
+            chunk, chunk_errors, seen, ordinals = FingerprintedBatch(), [], {}, []
 
         for item in stream:
             consumed += 1
@@ -369,12 +359,13 @@ def ingest(engine: sa.Engine, schema: str, layout: BlockLayout, settings: Finger
                                       line=document.line, hint="ids must be unique; fix or drop one of them")
                 else:
                     seen[document.external_id] = document.origin
+                    ordinals.append(consumed)
                     chunk.append(document.external_id, item.simhash, item.content_hash, len(document.text),
                                  document.metadata, document.origin)
             if isinstance(item, InputError):
                 if not skip_errors:
                     raise _stopped(item, name, first)
-                chunk_errors.append(item)
+                chunk_errors.append((consumed, item))
             if progress is not None:
                 progress(1)
             if len(chunk) >= options.chunk_size:

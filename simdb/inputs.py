@@ -118,7 +118,7 @@ def _missing(field_name: str, role: str, available: Iterable[str], path: str, li
 
 
 def _jsonl_document(raw: bytes, path: str, line: int, id_field: str, text_field: str) -> Document | None:
-    content = _decode(raw, path, line)
+    content = _decode(raw, path, line).rstrip("\r\n")
     if not content.strip():
         return None
     try:

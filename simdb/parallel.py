@@ -82,7 +82,7 @@ def fingerprint_stream(items: Iterable[Document | InputError], settings: Fingerp
         raise ValueError(f"--workers must be at least 1, not {workers}")
     items = iter(items)
     # Starting workers costs a second or two (each loads jieba): not worth it for a small input.
-    head = list(itertools.islice(items, TASK_SIZE * workers))
+    head = list(itertools.islice(items, TASK_SIZE * workers)) if workers > 1 else []
     if workers == 1 or len(head) < TASK_SIZE * workers:
         global _settings
         _settings = settings

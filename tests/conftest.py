@@ -107,3 +107,21 @@ def count_rows(engine: sa.Engine, schema: str) -> tuple[int, int]:
         documents = connection.execute(sa.text(f"SELECT count(*) FROM {schema}.documents")).scalar_one()
         batches = connection.execute(sa.text(f"SELECT count(*) FROM {schema}.batches")).scalar_one()
     return documents, batches
+
+
+def assert_consistent(engine: sa.Engine, schema: str, max_distance: int = 3) -> list[tuple[str, str | None]]:
+    """Every document's duplicate_of is its earliest stored near-duplicate (brute force); returns (id, dup) rows."""
+    from simdb.bits import to_unsigned
+
+    with engine.connect() as connection:
+        rows = connection.execute(sa.text(
+            f"SELECT d.id, d.external_id, d.simhash, o.external_id AS dup, d.duplicate_distance "
+            f"FROM {schema}.documents d LEFT JOIN {schema}.documents o ON o.id = d.duplicate_of ORDER BY d.id")).all()
+    earlier: list[tuple[str, int]] = []
+    for row in rows:
+        fingerprint = to_unsigned(row.simhash)
+        expected = next(((name, (fingerprint ^ fp).bit_count()) for name, fp in earlier
+                         if (fingerprint ^ fp).bit_count() <= max_distance), (None, None))
+        assert (row.dup, row.duplicate_distance) == expected, row.external_id
+        earlier.append((row.external_id, fingerprint))
+    return [(row.external_id, row.dup) for row in rows]

@@ -1,0 +1,92 @@
+"""Removing documents (by id, by batch, or by ingest time) in one transaction.
+
+Documents whose ``duplicate_of`` pointed at a removed document are pointed at
+their earliest remaining near-duplicate that was stored before them, found
+with the same block-key join as ingest; where none is left, they become
+originals. The ingest lock is held, so no concurrent ingest matches against
+documents that are going away.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+import sqlalchemy as sa
+
+from .blocks import BlockLayout
+from .errors import SimdbError
+from .ingest import check_layout
+from .matching import candidate_sql, collect, earliest_matches, verified_pairs
+from .migrate import lock
+
+
+@dataclass(frozen=True)
+class RemovalSummary:
+    removed: int
+    repointed: int
+    now_original: int
+    batch_removed: str | None = None
+
+    def __str__(self) -> str:
+        text = (f"removed {self.removed:,} documents; {self.repointed:,} that pointed at them now point at their "
+                f"earliest remaining near-duplicate, {self.now_original:,} have none left")
+        return text + (f"; batch {self.batch_removed!r} removed" if self.batch_removed else "")
+
+
+def remove(connection: sa.Connection, schema: str, layout: BlockLayout, *, external_ids: list[str] | None = None,
+           batch: str | None = None, before: datetime | None = None) -> RemovalSummary:
+    """Remove the documents selected by exactly one of ``external_ids``, ``batch`` or ``before``."""
+    if sum(x is not None for x in (external_ids, batch, before)) != 1:
+        raise SimdbError("say what to remove with exactly one of --id, --batch or --before")
+    lock(connection, schema, "ingest")
+    check_layout(connection, layout)
+    connection.exec_driver_sql("CREATE TEMPORARY TABLE removing (id int8 PRIMARY KEY) ON COMMIT DROP")
+    batch_id = None
+    if external_ids is not None:
+        found = connection.execute(sa.text(
+            "INSERT INTO removing SELECT id FROM documents WHERE external_id = ANY(:ids) RETURNING id"),
+            {"ids": external_ids}).all()
+        if len(found) != len(set(external_ids)):
+            stored = set(connection.execute(sa.text(
+                "SELECT external_id FROM documents WHERE external_id = ANY(:ids)"), {"ids": external_ids}).scalars())
+            missing = sorted(set(external_ids) - stored)
+            raise SimdbError(f"no stored document has the id(s) {', '.join(map(repr, missing[:10]))}"
+                             f"{' ...' if len(missing) > 10 else ''}; nothing was removed")
+    elif batch is not None:
+        batch_id = connection.execute(sa.text("SELECT id FROM batches WHERE name = :name"), {"name": batch}).scalar()
+        if batch_id is None:
+            raise SimdbError(f"no batch named {batch!r}; `simdb stats` lists the batches")
+        connection.execute(sa.text("INSERT INTO removing SELECT id FROM documents WHERE batch_id = :b"), {"b": batch_id})
+    else:
+        connection.execute(sa.text("INSERT INTO removing SELECT id FROM documents WHERE created_at < :before"),
+                           {"before": before})
+    connection.exec_driver_sql("ANALYZE removing")
+
+    columns = ", ".join(["id", "simhash", *layout.key_columns])
+    connection.exec_driver_sql(
+        f"CREATE TEMPORARY TABLE repointing ON COMMIT DROP AS SELECT {columns} FROM documents d "
+        "WHERE d.duplicate_of IN (SELECT id FROM removing) AND NOT EXISTS (SELECT 1 FROM removing r WHERE r.id = d.id)")
+    connection.exec_driver_sql("ANALYZE repointing")
+    sql = candidate_sql(layout, "repointing", "documents", layout.max_distance, earlier_only=True,
+                        where="NOT EXISTS (SELECT 1 FROM removing r WHERE r.id = t.id)")
+    repointed = earliest_matches(collect(verified_pairs(connection, sql, layout.max_distance)))
+    affected = connection.execute(sa.text(
+        "UPDATE documents SET duplicate_of = NULL, duplicate_distance = NULL "
+        "WHERE id IN (SELECT id FROM repointing)")).rowcount
+    if len(repointed):
+        connection.exec_driver_sql("CREATE TEMPORARY TABLE repointed (id int8, duplicate_of int8, distance int2) "
+                                   "ON COMMIT DROP")
+        cursor = connection.connection.dbapi_connection.cursor()
+        with cursor.copy("COPY repointed FROM STDIN (FORMAT BINARY)") as copy:
+            copy.set_types(["int8", "int8", "int2"])
+            for row in repointed.tolist():
+                copy.write_row(row)
+        connection.exec_driver_sql(
+            "UPDATE documents d SET duplicate_of = r.duplicate_of, duplicate_distance = r.distance "
+            "FROM repointed r WHERE d.id = r.id")
+    removed = connection.execute(sa.text("DELETE FROM documents WHERE id IN (SELECT id FROM removing)")).rowcount
+    if batch_id is not None:
+        connection.execute(sa.text("DELETE FROM batches WHERE id = :b"), {"b": batch_id})
+    return RemovalSummary(removed=removed, repointed=len(repointed), now_original=affected - len(repointed),
+                          batch_removed=batch)

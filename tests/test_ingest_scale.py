@@ -1,0 +1,194 @@
+"""Archive-scale ingest: parallel fingerprints, chunks, rejects, resume, SIGKILL, concurrent processes."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import sqlalchemy as sa
+
+from simdb import Index, InputError
+from simdb.fingerprint import FingerprintSettings, content_hash, fingerprint
+from simdb.inputs import Document
+from simdb.parallel import TASK_SIZE, Fingerprinted, fingerprint_stream
+from simdb.samples import corpus
+from tests.conftest import assert_consistent, count_rows
+
+CORPUS = list(corpus())
+
+
+def write_jsonl(path, records):
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+    return str(path)
+
+
+def state(engine, schema):
+    """What an index holds, independent of surrogate ids: documents with their duplicate_of, in order."""
+    return assert_consistent(engine, schema)
+
+
+def test_parallel_fingerprints_equal_serial_ones_in_order():
+    documents = [Document(r["id"], r["text"]) for r in CORPUS] * 4  # enough to start the pool
+    items = documents[:10] + [InputError("bad record", path="f", line=3)] + documents[10:] + [Document("e", "  ")]
+    assert len(items) > 2 * TASK_SIZE
+    settings = FingerprintSettings()
+    serial = list(fingerprint_stream(items, settings, workers=1))
+    parallel = list(fingerprint_stream(items, settings, workers=2))
+    assert [type(x) for x in parallel] == [type(x) for x in serial]
+    assert [(x.simhash, x.content_hash) for x in parallel if isinstance(x, Fingerprinted)] == \
+        [(fingerprint(d.text), content_hash(d.text)) for d in documents]
+    assert str(parallel[10]) == "f:3: bad record"
+    assert str(parallel[-1]) == "the text is empty or only whitespace (give every document some text)"
+
+
+def test_chunked_ingest_equals_one_transaction(database_url, admin_engine, schema):
+    with Index.create(database_url, schema=schema) as index:
+        whole = index.add_many(CORPUS, batch="whole")
+    expected = state(admin_engine, schema)
+    with admin_engine.begin() as connection:
+        connection.exec_driver_sql(f"DROP SCHEMA {schema} CASCADE")
+    with Index.create(database_url, schema=schema) as index:
+        chunked = index.add_many(CORPUS, batch="whole", chunk_size=37, workers=2)
+    assert state(admin_engine, schema) == expected
+    assert (chunked.documents, chunked.new, chunked.exact_duplicates, chunked.near_duplicates, chunked.within_batch) \
+        == (whole.documents, whole.new, whole.exact_duplicates, whole.near_duplicates, whole.within_batch)
+
+
+def test_skip_writes_rejects_and_stores_the_rest(run, tmp_path, admin_engine, schema):
+    run("init")
+    good = CORPUS[:20]
+    lines = [json.dumps(r) for r in good[:10]]
+    lines += ['{"id": "broken", "text": ', json.dumps({"id": "empty", "text": " "}),
+              json.dumps({"id": good[0]["id"], "text": "same id, other text"}),
+              json.dumps({"id": "huge", "text": "x" * 5000})]
+    lines += [json.dumps(r) for r in good[10:]]
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    rejects = tmp_path / "rejects.jsonl"
+    result = run("ingest", str(path), "--batch", "mixed", "--on-error", "skip", "--rejects", str(rejects),
+                 "--max-chars", "4000", "--chunk-size", "7")
+    assert result.exit_code == 0, result.output
+    assert ", 4 rejected (see " in result.output
+    assert count_rows(admin_engine, schema) == (20, 1)
+    found = [json.loads(line) for line in rejects.read_text().splitlines()]
+    assert [(r["line"], r["reason"]) for r in found] == [
+        (11, "malformed JSON at column 26: Expecting value"),
+        (12, "the text is empty or only whitespace"),
+        (13, f"id {good[0]['id']!r} appears twice in this batch (first in an earlier chunk)"),
+        (14, "the text is 5,000 characters, over the limit of 4,000"),
+    ]
+    assert all(r["path"] == str(path) for r in found)
+    state(admin_engine, schema)
+
+
+def test_stop_after_stored_chunks_says_how_to_resume(run, tmp_path, admin_engine, schema):
+    run("init")
+    records = CORPUS + [{**r, "id": r["id"] + "-again"} for r in CORPUS]
+    assert len(records) > 650
+    path = tmp_path / "in.jsonl"
+    lines = [json.dumps(r) for r in records]
+    lines[599] = '{"id": "x", "text": ""}'
+    path.write_text("\n".join(lines) + "\n")
+    result = run("ingest", str(path), "--batch", "b", "--chunk-size", "100", "--workers", "1")
+    assert result.exit_code == 1
+    assert result.output == (f"Error: {path}:600: the text is empty or only whitespace (drop the document or give "
+                             "it text; the earlier chunks of batch 'b' are stored: fix the input and run the same "
+                             "command with --resume, or remove them with `simdb remove --batch b`)\n")
+    stored, _ = count_rows(admin_engine, schema)
+    assert stored in (300, 400, 500)  # whole chunks only; how many depends on the read-ahead
+    assert run("ingest", str(path), "--batch", "b").output == (
+        f"Error: batch 'b' was interrupted after {stored} input records; continue it with --resume, or remove what "
+        "it stored with `simdb remove --batch b`\n")
+    assert f"running: stopped after {stored} input records; continue with --resume" in run("stats").output
+    records[599] = {"id": "x", "text": "now it has text"}
+    write_jsonl(path, records)
+    result = run("ingest", str(path), "--batch", "b", "--chunk-size", "100", "--resume")
+    assert result.exit_code == 0, result.output
+    assert count_rows(admin_engine, schema) == (len(records), 1)
+    assert f"b: {len(records)} documents" in run("stats").output
+    state(admin_engine, schema)
+
+
+def simdb_command(database_url, schema, *args):
+    return [sys.executable, "-m", "simdb", *args, "--database-url", database_url, "--schema", schema]
+
+
+def test_sigkill_at_random_moments_loses_nothing_and_stores_once(database_url, admin_engine, schema, tmp_path):
+    """Kill ingests with SIGKILL at random points; every time the archive holds whole chunks only, and
+    resuming finishes with exactly the documents of a clean run."""
+    rng = random.Random(3)
+    records = [{**r, "id": f"{r['id']}-{copy}"} for copy in range(8) for r in CORPUS]
+    path = write_jsonl(tmp_path / "in.jsonl", records)
+    subprocess.run(simdb_command(database_url, schema, "init"), check=True, capture_output=True)
+    chunk = 50
+    for attempt in range(6):
+        with admin_engine.connect() as connection:
+            status = connection.execute(sa.text(f"SELECT status FROM {schema}.batches")).scalar()
+        if status == "complete":
+            break
+        resume = ["--resume"] if status == "running" else []
+        process = subprocess.Popen(simdb_command(database_url, schema, "ingest", path, "--batch", "b",
+                                                 "--chunk-size", str(chunk), "--workers", "1", *resume),
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        time.sleep(rng.uniform(1.0, 4.0))
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        documents, batches = count_rows(admin_engine, schema)
+        with admin_engine.connect() as connection:
+            row = connection.execute(sa.text(f"SELECT status, position, documents FROM {schema}.batches")).first()
+        if row is None:
+            assert (documents, batches) == (0, 0)  # killed before the first chunk committed: nothing at all
+        else:
+            assert row.documents == documents
+            assert row.position == len(records) if row.status == "complete" else row.position % chunk == 0
+        state(admin_engine, schema)
+    with admin_engine.connect() as connection:
+        status = connection.execute(sa.text(f"SELECT status FROM {schema}.batches")).scalar()
+    if status != "complete":
+        resume = ["--resume"] if status == "running" else []
+        subprocess.run(simdb_command(database_url, schema, "ingest", path, "--batch", "b", "--chunk-size",
+                                     str(chunk), *resume), check=True, capture_output=True)
+    killed = state(admin_engine, schema)
+    with admin_engine.begin() as connection:
+        connection.exec_driver_sql(f"DROP SCHEMA {schema} CASCADE")
+    with Index.create(database_url, schema=schema) as index:
+        index.add_many(records, batch="b")
+    assert killed == state(admin_engine, schema)
+
+
+def test_a_rerun_of_the_same_input_stores_nothing_twice(run, tmp_path, admin_engine, schema):
+    run("init")
+    path = write_jsonl(tmp_path / "in.jsonl", CORPUS[:50])
+    assert run("ingest", path, "--batch", "one").exit_code == 0
+    result = run("ingest", path, "--batch", "again")
+    assert "0 documents: 0 new" in result.output and "50 already stored" in result.output
+    assert count_rows(admin_engine, schema) == (50, 2)
+
+
+def test_concurrent_ingests_find_every_pair(database_url, admin_engine, schema, tmp_path):
+    """Three processes at once, their batches sharing near-duplicates: same result as one after another."""
+    subprocess.run(simdb_command(database_url, schema, "init"), check=True, capture_output=True)
+    # spread each base and its copies over different files
+    files = [[], [], []]
+    for i, record in enumerate(CORPUS):
+        files[i % 3].append(record)
+    paths = [write_jsonl(tmp_path / f"part{i}.jsonl", records) for i, records in enumerate(files)]
+    processes = [subprocess.Popen(simdb_command(database_url, schema, "ingest", path, "--batch", f"part{i}",
+                                                "--chunk-size", "25", "--workers", "1"),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for i, path in enumerate(paths)]
+    for process in processes:
+        out, err = process.communicate(timeout=300)
+        assert process.returncode == 0, err
+    assert count_rows(admin_engine, schema) == (len(CORPUS), 3)
+    pairs = state(admin_engine, schema)  # duplicate_of is the earliest match, whatever the interleaving
+    assert sum(dup is not None for _, dup in pairs) > 40
+    with Index.open(database_url, schema=schema) as index:
+        found = {(p.a, p.b) for p in index.pairs()}
+        exported = [(e["id"], int(e["simhash"], 16)) for e in index.export()]
+    expected = {(a, b) for i, (a, fa) in enumerate(exported) for b, fb in exported[i + 1:] if (fa ^ fb).bit_count() <= 3}
+    assert found == expected

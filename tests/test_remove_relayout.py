@@ -1,0 +1,140 @@
+"""Removal (with duplicate_of re-pointed) and relayout with data in place."""
+
+import random
+from datetime import datetime, timedelta, timezone
+
+import pytest
+import sqlalchemy as sa
+from alembic import command
+
+from simdb import IncompatibleIndex, Index, SimdbError
+from simdb import migrate
+from simdb.samples import corpus
+from tests.conftest import assert_consistent, count_rows
+from tests.test_index import flip, make_batch
+
+
+def dup_of(engine, schema):
+    return dict(assert_consistent(engine, schema))
+
+
+def test_remove_by_id_repoints_to_the_earliest_remaining(index, admin_engine):
+    schema = index.database.schema
+    base = 0x0123_4567_89AB_CDEF
+    # a: original; b: 2 bits from a; c: 3 bits from a and 1 bit from b; d: far from a, 3 bits from c
+    b = flip(base, [0, 1])
+    c = flip(base, [0, 1, 2])
+    d = flip(c, [40, 41, 42])
+    index.add_fingerprinted(make_batch([base, b, c, d], "x"), batch="x")
+    assert dup_of(admin_engine, schema) == {"x-0": None, "x-1": "x-0", "x-2": "x-0", "x-3": "x-2"}
+    summary = index.remove(ids=["x-0"])
+    assert (summary.removed, summary.repointed, summary.now_original) == (1, 1, 1)
+    assert str(summary) == ("removed 1 documents; 1 that pointed at them now point at their earliest remaining "
+                            "near-duplicate, 1 have none left")
+    assert dup_of(admin_engine, schema) == {"x-1": None, "x-2": "x-1", "x-3": "x-2"}
+
+
+def test_remove_a_batch_and_by_age(index, admin_engine):
+    schema = index.database.schema
+    records = list(corpus())[:120]
+    index.add_many(records[:60], batch="one")
+    index.add_many(records[60:], batch="two")
+    before = dup_of(admin_engine, schema)
+    dry = index.remove(batch="one", dry_run=True)
+    assert dry.removed == 60 and dup_of(admin_engine, schema) == before
+    summary = index.remove(batch="one")
+    assert summary.removed == 60 and summary.batch_removed == "one"
+    assert count_rows(admin_engine, schema) == (60, 1)
+    dup_of(admin_engine, schema)  # consistent: every duplicate_of is the earliest remaining match
+    assert [p.to_json() for p in index.pairs()] == [p.to_json() for p in index.pairs(batch="two")]
+    assert index.remove(before=datetime.now(timezone.utc) - timedelta(days=1)).removed == 0
+    assert index.remove(before=datetime.now(timezone.utc) + timedelta(seconds=1)).removed == 60
+    assert count_rows(admin_engine, schema) == (0, 1)
+
+
+def test_remove_refuses_unknown_ids_and_removes_nothing(index, admin_engine):
+    index.add_many([{"id": "a", "text": "some text"}], batch="b")
+    with pytest.raises(SimdbError, match=r"no stored document has the id\(s\) 'nope'; nothing was removed"):
+        index.remove(ids=["a", "nope"])
+    with pytest.raises(SimdbError, match="no batch named 'zzz'"):
+        index.remove(batch="zzz")
+    with pytest.raises(SimdbError, match="exactly one of --id, --batch or --before"):
+        index.remove(ids=["a"], batch="b")
+    assert count_rows(admin_engine, index.database.schema) == (1, 1)
+
+
+def test_remove_from_the_cli(run, tmp_path):
+    run("init")
+    (tmp_path / "a.jsonl").write_text('{"id": "a", "text": "one text"}\n{"id": "b", "text": "one text"}\n')
+    run("ingest", str(tmp_path / "a.jsonl"), "--batch", "a")
+    assert run("remove", "--id", "a", "--dry-run").output == (
+        "would have removed 1 documents; 0 that pointed at them now point at their earliest remaining "
+        "near-duplicate, 1 have none left\n")
+    assert run("remove", "--batch", "a").output.startswith("removed 2 documents")
+    assert run("remove", "--id", "a").output == ("Error: no stored document has the id(s) 'a'; "
+                                                 "nothing was removed\n")
+
+
+def test_relayout_with_data_in_place_answers_the_same(database_url, schema, admin_engine):
+    rng = random.Random(5)
+    with Index.create(database_url, schema=schema) as index:
+        fingerprints = [rng.getrandbits(64) for _ in range(3000)]
+        for cluster in range(40):
+            base = rng.getrandbits(64)
+            fingerprints += [base] + [flip(base, rng.sample(range(64), d)) for d in range(1, 4)]
+        index.add_fingerprinted(make_batch(fingerprints, "f"), batch="f")
+        queries = fingerprints[-40:] + [rng.getrandbits(64) for _ in range(20)]
+        before = ([index.query_fingerprint(q) for q in queries], list(index.pairs()), dup_of(admin_engine, schema))
+        stale = Index.open(database_url, schema=schema)
+
+        messages = []
+        index.relayout(5, progress=messages.append)
+        assert index.layout.blocks == 5 and index.layout.key_columns[0] == "key_4"
+        assert messages[-1] == "switched to 5 blocks of 12/13 bits, 10 keys of 2 blocks (25/26 bits), max distance 3"
+        after = ([index.query_fingerprint(q) for q in queries], list(index.pairs()), dup_of(admin_engine, schema))
+        assert after == before
+        assert index.query_fingerprints(queries) == before[0]
+
+    with Index.open(database_url, schema=schema) as reopened:  # the new layout is what the index says it is
+        assert reopened.layout == index.layout
+        assert [reopened.query_fingerprint(q) for q in queries] == before[0]
+        with reopened.database.engine.begin() as connection:
+            command.check(migrate.alembic_config(connection, schema, layout=reopened.layout))
+        reopened.add_fingerprinted(make_batch([flip(q, [7]) for q in queries[:5]], "g"), batch="g")
+        dup_of(admin_engine, schema)
+
+    with pytest.raises(IncompatibleIndex, match="re-laid out"):  # a writer holding the old layout is stopped
+        stale.add_fingerprinted(make_batch([1], "h"), batch="h")
+    stale.close()
+
+    with Index.open(database_url, schema=schema) as index:  # and back, numbering the columns afresh
+        answers = [index.query_fingerprint(q) for q in queries]
+        index.relayout(4)
+        assert index.layout.key_columns == ["key_14", "key_15", "key_16", "key_17"]
+        assert [index.query_fingerprint(q) for q in queries] == answers
+
+
+def test_relayout_cleans_up_after_an_interrupted_one(index, admin_engine):
+    schema = index.database.schema
+    index.add_many([{"id": str(i), "text": f"text number {i} " * 10} for i in range(30)], batch="b")
+    with admin_engine.begin() as connection:  # what a relayout killed after adding its columns leaves
+        connection.exec_driver_sql(f"ALTER TABLE {schema}.documents ADD COLUMN key_4 bigint, ADD COLUMN key_5 bigint")
+    with pytest.raises(SimdbError, match="already uses 4 blocks"):
+        index.relayout(4)
+    index.relayout(6)
+    with admin_engine.connect() as connection:
+        columns = [c["name"] for c in sa.inspect(connection).get_columns("documents", schema=schema)
+                   if c["name"].startswith("key_")]
+    assert columns == [f"key_{i}" for i in range(4, 24)]
+    dup_of(admin_engine, schema)
+
+
+def test_stats_advises_relayout_when_buckets_grow(index):
+    # 400 fingerprints sharing their lowest 16 bits: every lookup meets them all on key_0
+    rng = random.Random(9)
+    index.add_fingerprinted(make_batch([(rng.getrandbits(48) << 16) | 0xBEEF for _ in range(400)], "s"), batch="s")
+    stats = index.stats()
+    assert stats["measured_candidates_per_lookup"] > 400
+    assert stats["largest_key_buckets"][0] == {"key": "key_0", "value": 0xBEEF, "documents": 400}
+    assert stats["advice"] == (f"lookups meet {stats['measured_candidates_per_lookup']:,.0f} candidates on average: the archive has outgrown its layout; "
+                               "run `simdb relayout --blocks 5`")
