@@ -357,7 +357,7 @@ def remove_command(database_url, schema, data_dir, ids, batch_name, before, dry_
         before = before.replace(tzinfo=timezone.utc)
     with open_index(database_url, schema, data_dir) as index:
         summary = index.remove(ids=list(ids) if ids else None, batch=batch_name, before=before, dry_run=dry_run)
-    click.echo(("would have " if dry_run else "") + str(summary))
+    click.echo(str(summary))
 
 
 @cli.command()

@@ -223,7 +223,7 @@ class Index:
                                  before=before)
                 if dry_run:
                     transaction.rollback()
-            return summary
+            return dataclasses.replace(summary, dry_run=dry_run)
         finally:
             connection.close()
 

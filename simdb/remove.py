@@ -27,8 +27,13 @@ class RemovalSummary:
     repointed: int
     now_original: int
     batch_removed: str | None = None
+    dry_run: bool = False
 
     def __str__(self) -> str:
+        if self.dry_run:
+            text = (f"would remove {self.removed:,} documents; {self.repointed:,} that point at them would point at "
+                    f"their earliest remaining near-duplicate, {self.now_original:,} would have none left")
+            return text + (f"; batch {self.batch_removed!r} would be removed" if self.batch_removed else "")
         text = (f"removed {self.removed:,} documents; {self.repointed:,} that pointed at them now point at their "
                 f"earliest remaining near-duplicate, {self.now_original:,} have none left")
         return text + (f"; batch {self.batch_removed!r} removed" if self.batch_removed else "")

@@ -68,8 +68,8 @@ def test_remove_from_the_cli(run, tmp_path):
     (tmp_path / "a.jsonl").write_text('{"id": "a", "text": "one text"}\n{"id": "b", "text": "one text"}\n')
     run("ingest", str(tmp_path / "a.jsonl"), "--batch", "a")
     assert run("remove", "--id", "a", "--dry-run").output == (
-        "would have removed 1 documents; 0 that pointed at them now point at their earliest remaining "
-        "near-duplicate, 1 have none left\n")
+        "would remove 1 documents; 0 that point at them would point at their earliest remaining "
+        "near-duplicate, 1 would have none left\n")
     assert run("remove", "--batch", "a").output.startswith("removed 2 documents")
     assert run("remove", "--id", "a").output == ("Error: no stored document has the id(s) 'a'; "
                                                  "nothing was removed\n")
