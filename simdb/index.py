@@ -301,34 +301,30 @@ class Index:
                 for distances in found]
 
     def pairs(self, batch: str | None = None, max_distance: int | None = None) -> Iterator[Pair]:
-        """Every stored pair within ``max_distance`` (or involving one batch), earlier document first."""
+        """Every stored pair within ``max_distance`` (or involving one batch), earlier document first.
+
+        Pairs are stored as they are found at ingest (every pair within the
+        index's distance is found when its later document arrives), so this
+        reads the ``near_duplicates`` table.
+        """
         limit = self._max_distance(max_distance)
-        with self.database.engine.begin() as connection:
-            where, params = None, {}
+        with self.database.engine.connect() as connection:
+            condition, params = "p.distance <= :limit", {"limit": limit}
             if batch is not None:
-                batch_id = self._batch_id(connection, batch)
-                where, params = "p.batch_id = %(batch)s OR t.batch_id = %(batch)s", {"batch": batch_id}
-            sql = candidate_sql(self.layout, "documents", "documents", limit, earlier_only=True, where=where)
-            found = collect(verified_pairs(connection, sql, limit, params))
-            found = found[np.lexsort((found[:, 0], found[:, 1]))]
-            names = self._external_ids(connection, np.unique(found[:, :2]).tolist())
-        for later, earlier, distance in found.tolist():
-            yield Pair(names[earlier], names[later], distance)
+                condition += " AND (a.batch_id = :batch OR b.batch_id = :batch)"
+                params["batch"] = self._batch_id(connection, batch)
+            result = connection.execution_options(yield_per=10_000).execute(sa.text(
+                "SELECT a.external_id AS a, b.external_id AS b, p.distance FROM near_duplicates p "
+                "JOIN documents a ON a.id = p.a_id JOIN documents b ON b.id = p.b_id "
+                f"WHERE {condition} ORDER BY p.a_id, p.b_id"), params)
+            for row in result:
+                yield Pair(row.a, row.b, row.distance)
 
     def _batch_id(self, connection: sa.Connection, name: str) -> int:
         batch_id = connection.execute(sa.text("SELECT id FROM batches WHERE name = :name"), {"name": name}).scalar()
         if batch_id is None:
             raise SimdbError(f"no batch named {name!r}; `simdb stats` lists the batches")
         return batch_id
-
-    @staticmethod
-    def _external_ids(connection: sa.Connection, ids: list[int]) -> dict[int, str]:
-        names: dict[int, str] = {}
-        for start in range(0, len(ids), 100_000):
-            chunk = ids[start:start + 100_000]
-            names.update(connection.execute(sa.text(
-                "SELECT id, external_id FROM documents WHERE id = ANY(:ids)"), {"ids": chunk}).all())
-        return names
 
     def export(self) -> Iterator[dict]:
         """``{"id", "simhash", ...metadata}`` for every document, in the order they were stored.

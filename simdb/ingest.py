@@ -38,6 +38,7 @@ import numpy as np
 import sqlalchemy as sa
 
 from .bits import to_signed_array
+from .clusters import merge_clusters
 from .blocks import BlockLayout
 from .errors import BatchError, IncompatibleIndex, InputError
 from .fingerprint import FingerprintSettings
@@ -211,18 +212,24 @@ def ingest_chunk(connection: sa.Connection, schema: str, layout: BlockLayout, ch
     k = layout.max_distance
     sql = (candidate_sql(layout, "staging", "documents", k) + "\nUNION ALL\n"
            + candidate_sql(layout, "staging", "staging", k, earlier_only=True))
-    duplicates = earliest_matches(collect(verified_pairs(connection, sql, k)))
+    pairs = collect(verified_pairs(connection, sql, k))  # (new id, earlier id, distance), every pair
+    duplicates = earliest_matches(pairs)
+    clusters = merge_clusters(connection, pairs, ids)
     exact = len(connection.execute(sa.text(EXACT_DUPLICATES_SQL)).all())
-    connection.exec_driver_sql("CREATE TEMPORARY TABLE staging_duplicates "
-                               "(id int8 NOT NULL, duplicate_of int8 NOT NULL, distance int2 NOT NULL) ON COMMIT DROP")
+    connection.exec_driver_sql("CREATE TEMPORARY TABLE staging_duplicates (id int8 NOT NULL, duplicate_of int8 "
+                               "NOT NULL, distance int2 NOT NULL, cluster_id int8 NOT NULL) ON COMMIT DROP")
     with cursor.copy("COPY staging_duplicates FROM STDIN (FORMAT BINARY)") as copy:
-        copy.set_types(["int8", "int8", "int2"])
-        for row in duplicates.tolist():
-            copy.write_row(row)
+        copy.set_types(["int8", "int8", "int2", "int8"])
+        for probe, match, distance in duplicates.tolist():
+            copy.write_row((probe, match, distance, clusters[probe]))
     connection.exec_driver_sql(
-        f"INSERT INTO documents ({column_list}, batch_id, duplicate_of, duplicate_distance) "
-        f"SELECT {', '.join('s.' + n for n, _ in columns)}, {int(batch_id)}, m.duplicate_of, m.distance "
-        f"FROM staging s LEFT JOIN staging_duplicates m USING (id) ORDER BY s.id")
+        f"INSERT INTO documents ({column_list}, batch_id, duplicate_of, duplicate_distance, cluster_id) "
+        f"SELECT {', '.join('s.' + n for n, _ in columns)}, {int(batch_id)}, m.duplicate_of, m.distance, "
+        f"coalesce(m.cluster_id, s.id) FROM staging s LEFT JOIN staging_duplicates m USING (id) ORDER BY s.id")
+    with cursor.copy("COPY near_duplicates (b_id, a_id, distance, batch_id) FROM STDIN (FORMAT BINARY)") as copy:
+        copy.set_types(["int8", "int8", "int2", "int4"])
+        for probe, match, distance in pairs.tolist():
+            copy.write_row((probe, match, distance, batch_id))
     within = connection.execute(sa.text(
         "SELECT count(*) FROM staging_duplicates m JOIN documents o ON o.id = m.duplicate_of "
         "WHERE o.batch_id = :batch"), {"batch": batch_id}).scalar_one()

@@ -26,10 +26,11 @@ from .errors import SimdbError
 from .ingest import check_layout
 from .migrate import lock
 from .settings import IndexSettings
+from .sqlapi import create_functions
 
 
-def key_expression(layout: BlockLayout, key: int) -> str:
-    """SQL computing one key of ``layout`` from the stored signed ``simhash``.
+def key_expression(layout: BlockLayout, key: int, column: str = "simhash") -> str:
+    """SQL computing one key of ``layout`` from a signed fingerprint (the ``simhash`` column by default).
 
     ``>>`` on BIGINT is arithmetic, but every block is masked after the shift,
     so the sign bits it drags in are dropped; the result equals
@@ -38,7 +39,7 @@ def key_expression(layout: BlockLayout, key: int) -> str:
     parts, shift = [], 0
     for block in layout.keys[key]:
         start, width = layout.block_ranges[block]
-        part = f"((simhash >> {start}) & {(1 << width) - 1})"
+        part = f"(({column} >> {start}) & {(1 << width) - 1})"
         parts.append(f"({part} << {shift})" if shift else part)
         shift += width
     return " | ".join(parts)
@@ -99,6 +100,7 @@ def relayout(engine: sa.Engine, schema: str, settings: IndexSettings, blocks: in
         for column in old.key_columns:
             connection.exec_driver_sql(f"ALTER TABLE documents DROP COLUMN {column}")
         rows = updated.to_rows()
+        create_functions(connection, schema, new)  # simdb_near joins on the new key columns
         for name in ("blocks", "block_ranges", "keys", "first_key"):
             connection.execute(sa.text(
                 "INSERT INTO settings (name, value) VALUES (:name, CAST(:value AS jsonb)) "

@@ -1,9 +1,10 @@
 """Removing documents (by id, by batch, or by ingest time) in one transaction.
 
 Documents whose ``duplicate_of`` pointed at a removed document are pointed at
-their earliest remaining near-duplicate that was stored before them, found
-with the same block-key join as ingest; where none is left, they become
-originals. The ingest lock is held, so no concurrent ingest matches against
+their earliest remaining near-duplicate that was stored before them, read
+from the stored pairs; where none is left, they become originals. Pairs of
+removed documents go with them, and the clusters they belonged to are
+recomputed (a removal can split a cluster). The ingest lock is held, so no concurrent ingest matches against
 documents that are going away.
 """
 
@@ -17,7 +18,7 @@ import sqlalchemy as sa
 from .blocks import BlockLayout
 from .errors import SimdbError
 from .ingest import check_layout
-from .matching import candidate_sql, collect, earliest_matches, verified_pairs
+from .clusters import recluster
 from .migrate import lock
 
 
@@ -68,30 +69,23 @@ def remove(connection: sa.Connection, schema: str, layout: BlockLayout, *, exter
                            {"before": before})
     connection.exec_driver_sql("ANALYZE removing")
 
-    columns = ", ".join(["id", "simhash", *layout.key_columns])
-    connection.exec_driver_sql(
-        f"CREATE TEMPORARY TABLE repointing ON COMMIT DROP AS SELECT {columns} FROM documents d "
-        "WHERE d.duplicate_of IN (SELECT id FROM removing) AND NOT EXISTS (SELECT 1 FROM removing r WHERE r.id = d.id)")
-    connection.exec_driver_sql("ANALYZE repointing")
-    sql = candidate_sql(layout, "repointing", "documents", layout.max_distance, earlier_only=True,
-                        where="NOT EXISTS (SELECT 1 FROM removing r WHERE r.id = t.id)")
-    repointed = earliest_matches(collect(verified_pairs(connection, sql, layout.max_distance)))
+    # documents that stay but pointed at a removed one: their earliest remaining earlier near-duplicate,
+    # from the stored pairs (every pair within k was stored when its later document was ingested)
     affected = connection.execute(sa.text(
-        "UPDATE documents SET duplicate_of = NULL, duplicate_distance = NULL "
-        "WHERE id IN (SELECT id FROM repointing)")).rowcount
-    if len(repointed):
-        connection.exec_driver_sql("CREATE TEMPORARY TABLE repointed (id int8, duplicate_of int8, distance int2) "
-                                   "ON COMMIT DROP")
-        cursor = connection.connection.dbapi_connection.cursor()
-        with cursor.copy("COPY repointed FROM STDIN (FORMAT BINARY)") as copy:
-            copy.set_types(["int8", "int8", "int2"])
-            for row in repointed.tolist():
-                copy.write_row(row)
-        connection.exec_driver_sql(
-            "UPDATE documents d SET duplicate_of = r.duplicate_of, duplicate_distance = r.distance "
-            "FROM repointed r WHERE d.id = r.id")
+        "UPDATE documents d SET duplicate_of = r.a_id, duplicate_distance = r.distance FROM ("
+        "  SELECT d.id, first.a_id, first.distance FROM documents d"
+        "  LEFT JOIN LATERAL (SELECT p.a_id, p.distance FROM near_duplicates p WHERE p.b_id = d.id"
+        "                     AND NOT EXISTS (SELECT 1 FROM removing x WHERE x.id = p.a_id)"
+        "                     ORDER BY p.a_id LIMIT 1) first ON true"
+        "  WHERE d.duplicate_of IN (SELECT id FROM removing)"
+        "    AND NOT EXISTS (SELECT 1 FROM removing x WHERE x.id = d.id)) r "
+        "WHERE d.id = r.id RETURNING d.duplicate_of")).scalars().all()
+    repointed = sum(1 for duplicate_of in affected if duplicate_of is not None)
+    clusters = connection.execute(sa.text(
+        "SELECT DISTINCT cluster_id FROM documents WHERE id IN (SELECT id FROM removing)")).scalars().all()
     removed = connection.execute(sa.text("DELETE FROM documents WHERE id IN (SELECT id FROM removing)")).rowcount
+    recluster(connection, clusters)  # a removal can split clusters; only those that lost documents are redone
     if batch_id is not None:
         connection.execute(sa.text("DELETE FROM batches WHERE id = :b"), {"b": batch_id})
-    return RemovalSummary(removed=removed, repointed=len(repointed), now_original=affected - len(repointed),
+    return RemovalSummary(removed=removed, repointed=repointed, now_original=len(affected) - repointed,
                           batch_removed=batch)

@@ -73,10 +73,23 @@ def build_metadata(layout: BlockLayout) -> sa.MetaData:
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
         sa.Column("duplicate_of", sa.BigInteger, sa.ForeignKey("documents.id"), index=True),
         sa.Column("duplicate_distance", sa.SmallInteger),
+        sa.Column("cluster_id", sa.BigInteger, nullable=False, index=True),
         comment="One row per document: fingerprint (signed BIGINT), block keys, and the earliest near-duplicate.",
     )
     for name in layout.key_columns:
         sa.Index(f"ix_documents_{name}", documents.c[name], postgresql_include=["simhash", "id"])
+    sa.Table(
+        "near_duplicates", metadata,
+        sa.Column("a_id", sa.BigInteger, sa.ForeignKey("documents.id", ondelete="CASCADE"), primary_key=True),
+        sa.Column("b_id", sa.BigInteger, sa.ForeignKey("documents.id", ondelete="CASCADE"), primary_key=True,
+                  index=True),
+        sa.Column("distance", sa.SmallInteger, nullable=False),
+        sa.Column("batch_id", sa.Integer, sa.ForeignKey("batches.id", ondelete="CASCADE"), nullable=False,
+                  index=True),
+        sa.Column("found_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
+        sa.CheckConstraint(sa.text("a_id < b_id"), name="ordered"),
+        comment="Every near-duplicate pair found at ingest: a was stored before b; batch is b's.",
+    )
     return metadata
 
 

@@ -31,7 +31,8 @@ def test_upgrade_to_head_then_down_to_base_and_up_again(database_url, schema, ad
             assert migrate.current_revision(connection, schema) is None
             migrate.upgrade(connection, schema, layout=settings.layout, new_index_settings=settings.to_rows())
             assert migrate.current_revision(connection, schema) == migrate.head_revision()
-        assert tables_in(admin_engine, schema) == {"alembic_version", "settings", "batches", "documents"}
+        assert tables_in(admin_engine, schema) == {"alembic_version", "settings", "batches", "documents",
+                                                   "near_duplicates"}
         columns = {c["name"] for c in sa.inspect(admin_engine).get_columns("documents", schema=schema)}
         assert {f"key_{i}" for i in range(10)} <= columns
 
@@ -47,6 +48,49 @@ def test_upgrade_to_head_then_down_to_base_and_up_again(database_url, schema, ad
         database.close()
     with Index.create(database_url, schema=schema) as index:  # and up again, through the public path
         assert index.created and index.layout.blocks == 4
+
+
+def test_upgrading_an_index_with_data_computes_its_pairs_and_clusters(database_url, schema, admin_engine):
+    """An index at revision 0002 (no stored pairs, no clusters) holding documents, upgraded to head."""
+    import random
+
+    from simdb.bits import to_signed
+    from simdb.clusters import UnionFind
+
+    settings = IndexSettings.new()
+    layout = settings.layout
+    rng = random.Random(1)
+    fingerprints = []
+    for _ in range(60):
+        base = rng.getrandbits(64)
+        fingerprints += [base] + [base ^ (1 << rng.randrange(64)) ^ (1 << rng.randrange(64)) for _ in range(2)]
+    fingerprints += [rng.getrandbits(64) for _ in range(300)]
+    rng.shuffle(fingerprints)
+    database = Database.connect(database_url, schema=schema)
+    try:
+        with database.engine.begin() as connection:
+            connection.exec_driver_sql(f"CREATE SCHEMA {schema}")
+            migrate.upgrade(connection, schema, layout=layout, new_index_settings=settings.to_rows(), revision="0002")
+            connection.exec_driver_sql("INSERT INTO batches (name, source, status, started_at) "
+                                       "VALUES ('old', 'test', 'complete', now())")
+            for i, fp in enumerate(fingerprints, 1):
+                keys = ", ".join(str(k) for k in layout.block_keys(fp))
+                connection.exec_driver_sql(
+                    f"INSERT INTO documents (id, external_id, batch_id, simhash, {', '.join(layout.key_columns)}, "
+                    f"content_hash, length) OVERRIDING SYSTEM VALUE VALUES ({i}, 'd{i}', 1, {to_signed(fp)}, {keys}, "
+                    f"'\\x{i:04x}', 1)")
+            migrate.upgrade(connection, schema, layout=layout)
+            stored = set(connection.exec_driver_sql("SELECT a_id, b_id, distance FROM near_duplicates").all())
+            clusters = dict(connection.exec_driver_sql("SELECT id, cluster_id FROM documents").all())
+    finally:
+        database.close()
+    expected = {(i + 1, j + 1, (a ^ b).bit_count()) for i, a in enumerate(fingerprints)
+                for j, b in enumerate(fingerprints) if i < j and (a ^ b).bit_count() <= 3}
+    assert stored == expected and len(expected) >= 120
+    forest = UnionFind()
+    for a, b, _ in expected:
+        forest.union(a, b)
+    assert clusters == {i: forest.find(i) for i in range(1, len(fingerprints) + 1)}
 
 
 def test_the_migration_refuses_to_run_without_settings(database_url, schema):
