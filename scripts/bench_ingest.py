@@ -70,7 +70,6 @@ from simdb.fingerprint import FingerprintSettings
 from simdb.ingest import DEFAULT_CHUNK_SIZE, FingerprintedBatch
 from simdb.inputs import Document
 from simdb.parallel import default_workers, fingerprint_stream
-from simdb.schema import tables
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_core import checkpoint, log, print_table, random_u64, rate, ratio, resolve_database, rss_bytes  # noqa: E402
@@ -277,8 +276,10 @@ COPY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00" + b"\x00" * 8  # signature, flags, head
 ARCHIVE_PREFIX = "arc-"
 
 
-def copy_rows(rng: np.random.Generator, layout: BlockLayout, first_id: int, fps: np.ndarray, batch_id: int) -> bytes:
-    """Binary COPY tuples (id, external_id, batch_id, simhash, keys..., content_hash, length, metadata), built by numpy."""
+def copy_rows(rng: np.random.Generator, layout: BlockLayout, first_id: int, fps: np.ndarray, batch_id: int,
+              cluster: bool) -> bytes:
+    """Binary COPY tuples (id, external_id, batch_id, simhash, keys..., content_hash, length, metadata
+    [, cluster_id = id]), built by numpy."""
     n, keys = len(fps), layout.block_keys_array(fps)
     width = len(ARCHIVE_PREFIX) + 10
     fields = [("count", ">i2"), ("l_id", ">i4"), ("id", ">i8"), ("l_ext", ">i4"), ("ext", f"S{width}"),
@@ -287,8 +288,10 @@ def copy_rows(rng: np.random.Generator, layout: BlockLayout, first_id: int, fps:
         fields += [(f"l_key{i}", ">i4"), (f"key{i}", ">i8")]
     fields += [("l_hash", ">i4"), ("hash", "V16"), ("l_length", ">i4"), ("length", ">i4"), ("l_meta", ">i4"),
                ("meta", "S3")]
+    if cluster:
+        fields += [("l_cluster", ">i4"), ("cluster", ">i8")]
     rows = np.empty(n, dtype=np.dtype(fields))
-    rows["count"] = 7 + keys.shape[1]
+    rows["count"] = 7 + keys.shape[1] + cluster
     for name, size in (("l_id", 8), ("l_ext", width), ("l_batch", 4), ("l_simhash", 8), ("l_hash", 16),
                        ("l_length", 4), ("l_meta", 3)):
         rows[name] = size
@@ -306,6 +309,8 @@ def copy_rows(rng: np.random.Generator, layout: BlockLayout, first_id: int, fps:
     rows["hash"] = np.frombuffer(rng.bytes(16 * n), dtype="V16")
     rows["length"] = rng.integers(200, 5000, n)
     rows["meta"] = b"\x01{}"  # jsonb binary: version 1, then the text
+    if cluster:
+        rows["l_cluster"], rows["cluster"] = 8, ids  # every archive row is its own cluster
     return rows.tobytes()
 
 
@@ -316,16 +321,26 @@ def build_archive(url: str, admin: sa.Engine, schema: str, layout: BlockLayout, 
     simdb.Index.create(url, schema=schema, blocks=layout.blocks, max_distance=K).close()
     table = f"{schema}.documents"
     with admin.connect() as c:
+        # the table's keys and foreign keys, and the foreign keys of other tables that point at it
         constraints = c.execute(sa.text(
-            "SELECT conname, contype, pg_get_constraintdef(oid) FROM pg_constraint "
-            "WHERE conrelid = CAST(:t AS regclass) AND contype IN ('p', 'u', 'f')"), {"t": table}).all()
+            "SELECT conname, contype, pg_get_constraintdef(oid) AS definition, conrelid::regclass::text AS owner "
+            "FROM pg_constraint WHERE (conrelid = CAST(:t AS regclass) AND contype IN ('p', 'u', 'f')) "
+            "OR (confrelid = CAST(:t AS regclass) AND contype = 'f')"), {"t": table}).all()
         indexes = c.execute(sa.text(
             "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = :s AND tablename = 'documents' "
             "AND indexname NOT IN (SELECT conname FROM pg_constraint WHERE conrelid = CAST(:t AS regclass))"),
             {"s": schema, "t": table}).all()
         before = sorted(c.execute(sa.text("SELECT indexdef FROM pg_indexes WHERE schemaname = :s"),
                                   {"s": schema}).scalars())
+        required = set(c.execute(sa.text(
+            "SELECT column_name FROM information_schema.columns WHERE table_schema = :s AND table_name = 'documents' "
+            "AND is_nullable = 'NO' AND column_default IS NULL AND is_identity = 'NO'"), {"s": schema}).scalars())
     columns = ["id", "external_id", "batch_id", "simhash", *layout.key_columns, "content_hash", "length", "metadata"]
+    cluster = "cluster_id" in required  # schema revision 0003 on: each document's cluster (here, itself)
+    if cluster:
+        columns.append("cluster_id")
+    if required - set(columns):
+        raise RuntimeError(f"this benchmark does not know how to fill documents columns {sorted(required - set(columns))}")
     fps = random_u64(rng, size)
     engine = sa.create_engine(postgres_url(url))
     try:
@@ -334,8 +349,8 @@ def build_archive(url: str, admin: sa.Engine, schema: str, layout: BlockLayout, 
                 f"INSERT INTO {schema}.batches (name, source, status, started_at, finished_at, documents, new, position) "
                 "VALUES ('archive', 'bench_ingest bulk load', 'complete', now(), now(), :n, :n, :n) RETURNING id"),
                 {"n": size}).scalar_one()
-            for name, kind, _ in sorted(constraints, key=lambda row: row.contype != "f"):  # foreign keys first
-                connection.exec_driver_sql(f"ALTER TABLE {table} DROP CONSTRAINT {name}")
+            for row in sorted(constraints, key=lambda row: row.contype != "f"):  # foreign keys first
+                connection.exec_driver_sql(f"ALTER TABLE {row.owner} DROP CONSTRAINT {row.conname}")
             for name, _ in indexes:
                 connection.exec_driver_sql(f"DROP INDEX {schema}.{name}")
             connection.exec_driver_sql(f"TRUNCATE {table}")  # so that COPY may FREEZE
@@ -345,7 +360,7 @@ def build_archive(url: str, admin: sa.Engine, schema: str, layout: BlockLayout, 
                 copy.write(COPY_SIGNATURE)
                 step = 500_000
                 for first in range(0, size, step):
-                    copy.write(copy_rows(rng, layout, first + 1, fps[first:first + step], batch_id))
+                    copy.write(copy_rows(rng, layout, first + 1, fps[first:first + step], batch_id, cluster))
                     if (first // step) % 4 == 3:
                         log(f"  COPY {first + step:,} rows")
                 copy.write(b"\xff\xff")
@@ -357,8 +372,8 @@ def build_archive(url: str, admin: sa.Engine, schema: str, layout: BlockLayout, 
         start = time.perf_counter()
         with admin.connect() as c:
             c.exec_driver_sql("SET maintenance_work_mem = '1GB'")
-            for name, kind, definition in sorted(constraints, key=lambda row: row.contype == "f"):
-                c.exec_driver_sql(f"ALTER TABLE {table} ADD CONSTRAINT {name} {definition}")
+            for row in sorted(constraints, key=lambda row: row.contype == "f"):  # foreign keys last
+                c.exec_driver_sql(f"ALTER TABLE {row.owner} ADD CONSTRAINT {row.conname} {row.definition}")
             for name, definition in indexes:
                 c.exec_driver_sql(definition)
             timings["indexes"] = time.perf_counter() - start
@@ -399,33 +414,53 @@ def ingest_into(url: str, admin: sa.Engine, schema: str, stored: np.ndarray, cou
 
 def naive_ingest(url: str, schema: str, layout: BlockLayout, stored: np.ndarray, count: int,
                  rng: np.random.Generator) -> dict:
-    """Per document: one SELECT on the block keys, popcount in Python, one INSERT; a commit per document."""
-    _, batches, documents = tables(layout)
+    """Per document: one SELECT on the block keys, popcount in Python, one INSERT; a commit per document.
+
+    The tables are reflected from the database, so that the rows are complete whatever the schema
+    revision: with ``cluster_id`` (revision 0003) the new id comes from the sequence first and a
+    duplicate joins its earliest match's cluster; with ``near_duplicates`` every match is stored as a pair.
+    """
     fps = new_fingerprints(rng, count, stored)
     digests = rng.bytes(16 * count)
-    lookup = sa.select(documents.c.id, documents.c.simhash).where(
-        sa.or_(*(documents.c[column] == sa.bindparam(column) for column in layout.key_columns)))
-    insert = documents.insert()
     duplicates = 0
     with simdb.Index.open(url, schema=schema) as index:
         engine = index.database.engine
+        metadata = sa.MetaData()
+        with engine.connect() as c:
+            documents = sa.Table("documents", metadata, schema=schema, autoload_with=c)
+            batches = sa.Table("batches", metadata, schema=schema, autoload_with=c)
+            pairs = (sa.Table("near_duplicates", metadata, schema=schema, autoload_with=c)
+                     if sa.inspect(c).has_table("near_duplicates", schema=schema) else None)
+        clustered = "cluster_id" in documents.c
+        lookup = sa.select(documents.c.id, documents.c.simhash, *([documents.c.cluster_id] if clustered else [])).where(
+            sa.or_(*(documents.c[column] == sa.bindparam(column) for column in layout.key_columns)))
+        next_id = sa.select(sa.func.nextval(sa.func.pg_get_serial_sequence(f"{schema}.documents", "id")))
+        insert = documents.insert()
         with engine.begin() as c:
             batch_id = c.execute(batches.insert().values(name="naive", source="bench", status="running",
                                                          started_at=sa.func.now()).returning(batches.c.id)).scalar_one()
         start = time.perf_counter()
         for i, fp in enumerate(fps.tolist()):
-            keys = layout.block_keys(fp)
+            keys = dict(zip(layout.key_columns, layout.block_keys(fp)))
             with engine.begin() as c:
-                rows = c.execute(lookup, dict(zip(layout.key_columns, keys))).all()
-                found = [(row.id, ((row.simhash & 0xFFFF_FFFF_FFFF_FFFF) ^ fp).bit_count()) for row in rows]
-                found = [(d, distance) for d, distance in found if distance <= K]
-                earliest = min(found) if found else (None, None)
-                duplicates += earliest[0] is not None
-                c.execute(insert, {"external_id": f"naive-{i:09d}", "batch_id": batch_id,
-                                   "simhash": fp - (1 << 64) if fp >> 63 else fp,
-                                   **dict(zip(layout.key_columns, keys)),
-                                   "content_hash": digests[16 * i:16 * i + 16], "length": 1000, "metadata": {},
-                                   "duplicate_of": earliest[0], "duplicate_distance": earliest[1]})
+                rows = c.execute(lookup, keys).all()
+                found = sorted((row.id, ((row.simhash & 0xFFFF_FFFF_FFFF_FFFF) ^ fp).bit_count(), row)
+                               for row in rows)
+                found = [(d, distance, row) for d, distance, row in found if distance <= K]
+                duplicates += bool(found)
+                row = {"external_id": f"naive-{i:09d}", "batch_id": batch_id,
+                       "simhash": fp - (1 << 64) if fp >> 63 else fp, **keys,
+                       "content_hash": digests[16 * i:16 * i + 16], "length": 1000, "metadata": {},
+                       "duplicate_of": found[0][0] if found else None,
+                       "duplicate_distance": found[0][1] if found else None}
+                if clustered or (pairs is not None and found):
+                    row["id"] = c.execute(next_id).scalar_one()
+                if clustered:
+                    row["cluster_id"] = found[0][2].cluster_id if found else row["id"]
+                c.execute(insert, row)
+                if pairs is not None and found:
+                    c.execute(pairs.insert(), [{"a_id": d, "b_id": row["id"], "distance": distance,
+                                                "batch_id": batch_id} for d, distance, _ in found])
         seconds = time.perf_counter() - start
     log(f"  naive: {count:,} documents in {seconds:.1f} s ({count / seconds:,.0f} docs/s), "
         f"{duplicates:,} near-duplicates (planted {int(count * NEAR_FRACTION):,})")

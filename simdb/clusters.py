@@ -13,6 +13,8 @@ from __future__ import annotations
 import numpy as np
 import sqlalchemy as sa
 
+from .matching import copy_in
+
 
 class UnionFind:
     """Union by smallest id: every root is the minimum of its component."""
@@ -52,12 +54,7 @@ def merge_clusters(connection: sa.Connection, pairs: np.ndarray, new_ids: np.nda
         forest.union(new, clusters.get(matched, matched))
     relabel = [(root, forest.find(root)) for root in set(clusters.values()) if forest.find(root) != root]
     if relabel:
-        connection.exec_driver_sql("CREATE TEMPORARY TABLE cluster_relabel (old int8, new int8) ON COMMIT DROP")
-        cursor = connection.connection.dbapi_connection.cursor()
-        with cursor.copy("COPY cluster_relabel FROM STDIN (FORMAT BINARY)") as copy:
-            copy.set_types(["int8", "int8"])
-            for row in relabel:
-                copy.write_row(row)
+        copy_in(connection, "cluster_relabel (old, new)", ["int8", "int8"], relabel, create=True)
         connection.exec_driver_sql("UPDATE documents d SET cluster_id = r.new FROM cluster_relabel r "
                                    "WHERE d.cluster_id = r.old")
     return {new: forest.find(new) for new in {int(p) for p in pairs[:, 0]}}
@@ -78,12 +75,7 @@ def recluster(connection: sa.Connection, cluster_ids: list[int]) -> int:
     for a, b in pairs:
         forest.union(a, b)
     changes = [(member, forest.find(member)) for member in members]
-    connection.exec_driver_sql("CREATE TEMPORARY TABLE cluster_recomputed (id int8, cluster_id int8) ON COMMIT DROP")
-    cursor = connection.connection.dbapi_connection.cursor()
-    with cursor.copy("COPY cluster_recomputed FROM STDIN (FORMAT BINARY)") as copy:
-        copy.set_types(["int8", "int8"])
-        for row in changes:
-            copy.write_row(row)
+    copy_in(connection, "cluster_recomputed (id, cluster_id)", ["int8", "int8"], changes, create=True)
     return connection.exec_driver_sql(
         "UPDATE documents d SET cluster_id = r.cluster_id FROM cluster_recomputed r "
         "WHERE d.id = r.id AND d.cluster_id <> r.cluster_id").rowcount

@@ -43,7 +43,7 @@ from .blocks import BlockLayout
 from .errors import BatchError, IncompatibleIndex, InputError
 from .fingerprint import FingerprintSettings
 from .inputs import Document
-from .matching import candidate_sql, collect, copy_out_int64, earliest_matches, verified_pairs
+from .matching import candidate_sql, collect, copy_in, copy_out_int64, earliest_matches, verified_pairs
 from .migrate import lock
 from .parallel import Fingerprinted, fingerprint_stream
 
@@ -216,20 +216,14 @@ def ingest_chunk(connection: sa.Connection, schema: str, layout: BlockLayout, ch
     duplicates = earliest_matches(pairs)
     clusters = merge_clusters(connection, pairs, ids)
     exact = len(connection.execute(sa.text(EXACT_DUPLICATES_SQL)).all())
-    connection.exec_driver_sql("CREATE TEMPORARY TABLE staging_duplicates (id int8 NOT NULL, duplicate_of int8 "
-                               "NOT NULL, distance int2 NOT NULL, cluster_id int8 NOT NULL) ON COMMIT DROP")
-    with cursor.copy("COPY staging_duplicates FROM STDIN (FORMAT BINARY)") as copy:
-        copy.set_types(["int8", "int8", "int2", "int8"])
-        for probe, match, distance in duplicates.tolist():
-            copy.write_row((probe, match, distance, clusters[probe]))
+    copy_in(connection, "staging_duplicates (id, duplicate_of, distance, cluster_id)", ["int8", "int8", "int2", "int8"],
+            ((probe, match, distance, clusters[probe]) for probe, match, distance in duplicates.tolist()), create=True)
     connection.exec_driver_sql(
         f"INSERT INTO documents ({column_list}, batch_id, duplicate_of, duplicate_distance, cluster_id) "
         f"SELECT {', '.join('s.' + n for n, _ in columns)}, {int(batch_id)}, m.duplicate_of, m.distance, "
         f"coalesce(m.cluster_id, s.id) FROM staging s LEFT JOIN staging_duplicates m USING (id) ORDER BY s.id")
-    with cursor.copy("COPY near_duplicates (b_id, a_id, distance, batch_id) FROM STDIN (FORMAT BINARY)") as copy:
-        copy.set_types(["int8", "int8", "int2", "int4"])
-        for probe, match, distance in pairs.tolist():
-            copy.write_row((probe, match, distance, batch_id))
+    copy_in(connection, "near_duplicates (b_id, a_id, distance, batch_id)", ["int8", "int8", "int2", "int4"],
+            ((probe, match, distance, batch_id) for probe, match, distance in pairs.tolist()))
     within = connection.execute(sa.text(
         "SELECT count(*) FROM staging_duplicates m JOIN documents o ON o.id = m.duplicate_of "
         "WHERE o.batch_id = :batch"), {"batch": batch_id}).scalar_one()

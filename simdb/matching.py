@@ -91,6 +91,22 @@ def copy_out_int64(connection: sa.Connection, sql: str, columns: int, params: di
     yield parse(bytes(buffer[:-len(_TRAILER)]))
 
 
+def copy_in(connection: sa.Connection, table: str, types: list[str], rows, *, create: bool = False) -> None:
+    """Binary-COPY ``rows`` into ``table``; with ``create``, as a new temporary table dropped at commit.
+
+    ``table`` is ``name (column, ...)``; ``types`` are the columns' PostgreSQL types.
+    """
+    if create:
+        name, _, columns = table.partition(" ")
+        definition = ", ".join(f"{c.strip()} {t} NOT NULL" for c, t in zip(columns.strip("() ").split(","), types))
+        connection.exec_driver_sql(f"CREATE TEMPORARY TABLE {name} ({definition}) ON COMMIT DROP")
+    cursor = connection.connection.dbapi_connection.cursor()
+    with cursor.copy(f"COPY {table} FROM STDIN (FORMAT BINARY)") as copy:
+        copy.set_types(types)
+        for row in rows:
+            copy.write_row(row)
+
+
 def verified_pairs(connection: sa.Connection, sql: str, max_distance: int,
                    params: dict | None = None) -> Iterator[np.ndarray]:
     """Run a :func:`candidate_sql` query; yield ``(probe id, target id, distance)`` rows within ``max_distance``."""
