@@ -10,6 +10,7 @@ import csv
 import dataclasses
 import functools
 import json
+import os
 import sys
 import time
 from datetime import timezone
@@ -333,6 +334,40 @@ def stats(database_url, schema, data_dir, as_json):
         click.echo(f"warning: {info['advice']}", err=True)
 
 
+@cli.command()
+@database_options
+@click.option("--batch", "batch_name", default=None,
+              help="Focus on this batch: distances and clusters of its documents; marked in the charts.")
+@click.option("--output", required=True, type=click.Path(dir_okay=False, writable=True),
+              help="The HTML file to write (self-contained: opens without a network).")
+@user_errors
+def report(database_url, schema, data_dir, batch_name, output):
+    """Write an HTML report: growth, duplicates per batch, distances, clusters.
+
+    The page shows the archive's growth by batch, the duplicates each batch
+    brought, the Hamming distances between a sample of documents and their
+    block-key candidates (with the threshold), the cluster sizes and the
+    largest clusters with sample members. Charts are embedded, so the file
+    opens anywhere without a network.
+
+    \b
+    Example:
+        simdb report --output report.html
+        simdb report --batch 2024-05 --output report-2024-05.html
+    """
+    from .report import build_report
+
+    with open_index(database_url, schema, data_dir) as index:
+        page = build_report(index, batch_name)
+    data = page.encode("utf-8")
+    try:
+        with open(output, "wb") as file:
+            file.write(data)
+    except OSError as exc:
+        raise click.ClickException(f"cannot write {output}: {exc.strerror}; choose another --output") from None
+    click.echo(f"wrote {output} ({max(1, round(len(data) / 1024)):,} KB)")
+
+
 @cli.command(name="remove")
 @database_options
 @click.option("--id", "ids", multiple=True, help="Remove the document with this id (repeatable).")
@@ -380,6 +415,32 @@ def relayout(database_url, schema, data_dir, blocks):
         before = index.layout.describe()
         index.relayout(blocks, progress=lambda message: click.echo(message, err=True))
         click.echo(f"relaid out from {before} to {index.layout.describe()}")
+
+
+@cli.command(name="grant-reader")
+@database_options
+@click.argument("role")
+@click.option("--login", is_flag=True, help="Let the role log in (default: a group role to grant to users).")
+@click.option("--password-env", metavar="VAR", default=None,
+              help="Set the role's password from this environment variable (it is never printed).")
+@user_errors
+def grant_reader_command(database_url, schema, data_dir, role, login, password_env):
+    """Create or update ROLE so it can read the index (tables, views, functions) and write nothing.
+
+    \b
+    Example:
+        simdb grant-reader analysts
+        ANALYST_PASSWORD=... simdb grant-reader analyst --login --password-env ANALYST_PASSWORD
+    """
+    password = None
+    if password_env is not None:
+        password = os.environ.get(password_env)
+        if not password:
+            raise click.ClickException(f"the environment variable {password_env} is not set or empty")
+    with open_index(database_url, schema, data_dir) as index:
+        created = index.grant_reader(role, login=login, password=password)
+    click.echo(f"{'created' if created else 'updated'} role {role!r}: it can read schema {schema!r} "
+               f"and write nothing{'; it can log in' if login else ''}")
 
 
 def main() -> None:

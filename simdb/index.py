@@ -30,6 +30,7 @@ from .matching import candidate_sql, collect, verified_pairs
 from .relayout import relayout
 from .remove import RemovalSummary, remove
 from .settings import IndexSettings
+from .sqlapi import grant_reader
 
 
 @dataclass(frozen=True)
@@ -232,6 +233,11 @@ class Index:
         self.settings = relayout(self.database.engine, self.database.schema, self.settings, blocks,
                                  progress=progress)
         self.layout = self.settings.layout
+
+    def grant_reader(self, role: str, *, login: bool = False, password: str | None = None) -> bool:
+        """Create or update a read-only role for analysts; True if it was created."""
+        with self.database.engine.begin() as connection:
+            return grant_reader(connection, self.database.schema, role, login=login, password=password)
 
     # -- queries -------------------------------------------------------------------------------
 

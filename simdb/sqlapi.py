@@ -43,7 +43,8 @@ def create_functions(connection: sa.Connection, schema: str, layout: BlockLayout
             BEGIN
                 IF hex !~* '^(0x)?[0-9a-f]{{1,16}}$' THEN
                     RAISE EXCEPTION 'simdb_fingerprint_from_hex: % is not a fingerprint', quote_literal(hex)
-                        USING HINT = 'give up to 16 hex digits, as simdb fingerprint prints them';
+                        USING ERRCODE = 'invalid_text_representation',
+                              HINT = 'give up to 16 hex digits, as simdb fingerprint prints them';
                 END IF;
                 RETURN ('x' || lpad(regexp_replace(hex, '^0x', '', 'i'), 16, '0'))::bit(64)::bigint;
             END $$""",
@@ -52,7 +53,7 @@ def create_functions(connection: sa.Connection, schema: str, layout: BlockLayout
             BEGIN
                 IF max_distance IS NULL OR max_distance < 0 OR max_distance > {k} THEN
                     RAISE EXCEPTION 'simdb_near: max_distance must be between 0 and {k} (the index''s maximum '
-                                    'distance), not %', max_distance;
+                                    'distance), not %', max_distance USING ERRCODE = 'invalid_parameter_value';
                 END IF;
                 RETURN true;
             END $$""",

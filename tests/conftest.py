@@ -101,6 +101,22 @@ def run(database_url, schema):
     return invoke
 
 
+@pytest.fixture
+def corpus_archive(run, tmp_path, schema):
+    """The quickstart corpus ingested through the CLI as batches 'archive' (250) and 'new' (the rest)."""
+    import json
+
+    from simdb.samples import corpus
+
+    records = list(corpus())
+    run("init")
+    for name, part in (("archive", records[:250]), ("new", records[250:])):
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in part))
+        assert run("ingest", str(path), "--batch", name).exit_code == 0
+    return schema
+
+
 def count_rows(engine: sa.Engine, schema: str) -> tuple[int, int]:
     """(documents, batches) stored in an index schema."""
     with engine.connect() as connection:
@@ -110,18 +126,35 @@ def count_rows(engine: sa.Engine, schema: str) -> tuple[int, int]:
 
 
 def assert_consistent(engine: sa.Engine, schema: str, max_distance: int = 3) -> list[tuple[str, str | None]]:
-    """Every document's duplicate_of is its earliest stored near-duplicate (brute force); returns (id, dup) rows."""
+    """Brute-force check of what ingest and removal maintain; returns (external id, duplicate_of's) rows.
+
+    Every document's duplicate_of is its earliest stored near-duplicate, the
+    stored pairs are exactly the pairs within ``max_distance``, and every
+    cluster_id is the smallest id of the document's connected component.
+    """
     from simdb.bits import to_unsigned
+    from simdb.clusters import UnionFind
 
     with engine.connect() as connection:
         rows = connection.execute(sa.text(
-            f"SELECT d.id, d.external_id, d.simhash, o.external_id AS dup, d.duplicate_distance "
+            f"SELECT d.id, d.external_id, d.simhash, o.external_id AS dup, d.duplicate_distance, d.cluster_id "
             f"FROM {schema}.documents d LEFT JOIN {schema}.documents o ON o.id = d.duplicate_of ORDER BY d.id")).all()
-    earlier: list[tuple[str, int]] = []
+        stored_pairs = set(connection.execute(sa.text(
+            f"SELECT a_id, b_id, distance FROM {schema}.near_duplicates")).all())
+    earlier: list[tuple[int, str, int]] = []
+    pairs = set()
+    forest = UnionFind()
     for row in rows:
         fingerprint = to_unsigned(row.simhash)
-        expected = next(((name, (fingerprint ^ fp).bit_count()) for name, fp in earlier
-                         if (fingerprint ^ fp).bit_count() <= max_distance), (None, None))
+        forest.find(row.id)
+        matches = [(identifier, name, (fingerprint ^ fp).bit_count()) for identifier, name, fp in earlier
+                   if (fingerprint ^ fp).bit_count() <= max_distance]
+        expected = (matches[0][1], matches[0][2]) if matches else (None, None)
         assert (row.dup, row.duplicate_distance) == expected, row.external_id
-        earlier.append((row.external_id, fingerprint))
+        for identifier, _, distance in matches:
+            pairs.add((identifier, row.id, distance))
+            forest.union(identifier, row.id)
+        earlier.append((row.id, row.external_id, fingerprint))
+    assert stored_pairs == pairs
+    assert {row.id: row.cluster_id for row in rows} == {row.id: forest.find(row.id) for row in rows}
     return [(row.external_id, row.dup) for row in rows]

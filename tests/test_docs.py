@@ -3,9 +3,11 @@
 import re
 from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
 
 from simdb.cli import cli
+from simdb.samples import corpus
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
 
@@ -31,11 +33,32 @@ def test_the_python_example_runs(database_url, schema, monkeypatch, capsys):
     assert lines[3] == expected[2]
 
 
-def test_the_sql_examples_run(index, admin_engine):
-    index.add_many([{"id": "old", "text": "The archive keeps every article it has ever received."}], batch="archive")
-    index.add_many([{"id": "new", "text": "The archive keeps every article it has ever received!"}], batch="new")
-    for sql in blocks("sql"):
-        sql = sql.replace("simdb.", f"{index.database.schema}.")
+def test_every_sql_recipe_runs_and_answers(corpus_archive, admin_engine):
+    archive = corpus_archive
+    recipes = blocks("sql")
+    assert len(recipes) >= 10
+    for recipe in recipes:
         with admin_engine.connect() as connection:
-            rows = connection.execute(sa.text(sql)).all()
-        assert [tuple(r) for r in rows] == [("new", "old", 0)]
+            rows = connection.execute(sa.text(recipe.replace("simdb.", f"{archive}."))).all()
+        assert rows, f"this README recipe returns nothing:\n{recipe}"
+
+
+def test_the_recipes_say_what_they_claim(corpus_archive, admin_engine):
+    archive = corpus_archive
+    def answer(start):
+        (recipe,) = [r for r in blocks("sql") if r.startswith(start)]
+        with admin_engine.connect() as connection:
+            return connection.execute(sa.text(recipe.replace("simdb.", f"{archive}."))).all()
+
+    from simdb import fingerprint
+    pasted = answer("SELECT d.external_id, n.distance\nFROM simdb.simdb_near(simdb.simdb_fingerprint_from_hex")
+    assert ("ref-0004", 0) in [tuple(r) for r in pasted] and f"{fingerprint(corpus_text('ref-0004')):016x}" \
+        == "288dee8bc4fa50d7"
+    earlier = answer("SELECT d.external_id, o.external_id AS duplicate_of")
+    assert all(row.first_seen_in == "archive" for row in earlier)
+    (row,) = answer("SELECT simdb.simdb_hamming(a.simhash, b.simhash)")
+    assert row.distance <= 3 and not row.identical
+
+
+def corpus_text(external_id):
+    return next(r["text"] for r in corpus() if r["id"] == external_id)

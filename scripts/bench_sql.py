@@ -1,0 +1,123 @@
+"""Time the README's SQL recipes on an archive of a million documents.
+
+The archive: the quickstart corpus (real text, so the recipes' example ids
+exist) in batch ``archive``, then 1M synthetic documents whose fingerprints
+are random with near-duplicate clusters planted (about 10% of documents are
+copies, up to 3 bits from their original), ingested through the real archive
+path in chunks, the last 100k as batch ``new``; metadata carries a ``source``.
+Each recipe is read from README.md, run once to warm up, then timed (median
+of 3). It works in its own schema, dropped at the end.
+
+    .venv/bin/python scripts/bench_sql.py --markdown
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import sqlalchemy as sa
+
+from simdb import Index
+from simdb.database import postgres_url
+from simdb.ingest import FingerprintedBatch
+from simdb.samples import corpus
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMA = "simdb_bench_sql"
+STARTED = time.perf_counter()
+
+
+def log(message: str) -> None:
+    print(f"[{time.perf_counter() - STARTED:6.1f} s] {message}", file=sys.stderr, flush=True)
+
+
+def recipes() -> list[tuple[str, str]]:
+    """(the sentence before it, the SQL) for every ```sql block of the README's SQL section."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("## Querying with SQL"):]
+    section = section[:section.index("\n## ", 5)]
+    found = []
+    for match in re.finditer(r"((?:[^\n]+\n)+)\n```sql\n(.*?)```", section, flags=re.S):
+        title = " ".join(match.group(1).split())
+        found.append((title, match.group(2)))
+    return found
+
+
+def synthetic_fingerprints(documents: int, seed: int = 7) -> np.ndarray:
+    """Random fingerprints; about 10% are copies (0-3 bits flipped) of a random earlier one."""
+    rng = np.random.default_rng(seed)
+    fingerprints = np.frombuffer(rng.bytes(8 * documents), dtype=np.uint64).copy()
+    for i in np.flatnonzero(rng.random(documents) < 0.1):
+        if i:
+            flips = rng.choice(64, int(rng.integers(0, 4)), replace=False)
+            fingerprints[i] = fingerprints[rng.integers(0, i)] ^ np.uint64(sum(1 << int(b) for b in flips))
+    return fingerprints
+
+
+def batch_of(fingerprints: np.ndarray, start: int) -> FingerprintedBatch:
+    batch = FingerprintedBatch()
+    digests = np.random.default_rng(start).bytes(16 * len(fingerprints))
+    for i, fp in enumerate(fingerprints.tolist()):
+        batch.append(f"syn-{start + i:08d}", fp, digests[16 * i:16 * i + 16], 1000,
+                     {"source": f"feed-{(start + i) % 7}:item"}, f"syn-{start + i}")
+    return batch
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--database-url", default=os.environ.get("SIMDB_DATABASE_URL",
+                                                                 "postgresql://postgres@127.0.0.1:5432/test"))
+    parser.add_argument("--documents", type=int, default=1_000_000)
+    parser.add_argument("--chunk", type=int, default=100_000)
+    parser.add_argument("--markdown", action="store_true")
+    args = parser.parse_args()
+    admin = sa.create_engine(postgres_url(args.database_url), isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
+    try:
+        with Index.create(args.database_url, schema=SCHEMA) as index:
+            index.add_many(corpus(), batch="archive")
+            fingerprints = synthetic_fingerprints(args.documents)
+            for start in range(0, args.documents, args.chunk):
+                size = min(args.chunk, args.documents - start)
+                name = "new" if start + size >= args.documents else f"synthetic-{start // args.chunk:03d}"
+                summary = index.add_fingerprinted(batch_of(fingerprints[start:start + size], start), batch=name)
+                log(str(summary))
+        with admin.connect() as connection:
+            connection.exec_driver_sql(f"VACUUM ANALYZE {SCHEMA}.documents")
+            connection.exec_driver_sql(f"VACUUM ANALYZE {SCHEMA}.near_duplicates")
+            total = connection.exec_driver_sql(f"SELECT count(*) FROM {SCHEMA}.documents").scalar_one()
+            rows = []
+            for title, sql in recipes():
+                query = sa.text(sql.replace("simdb.", f"{SCHEMA}."))
+                answer = connection.execute(query).all()
+                seconds = []
+                for _ in range(3):
+                    start = time.perf_counter()
+                    connection.execute(query).all()
+                    seconds.append(time.perf_counter() - start)
+                rows.append((title, len(answer), statistics.median(seconds) * 1e3))
+                log(f"{rows[-1][2]:9.1f} ms  {title}")
+    finally:
+        with admin.connect() as connection:
+            connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
+    print(f"{total:,} documents; each recipe timed as the median of 3 runs after one warm-up; "
+          f"command: .venv/bin/python scripts/bench_sql.py {' '.join(sys.argv[1:])}\n")
+    if args.markdown:
+        print("| recipe | rows | ms |\n|---|---:|---:|")
+        for title, count, ms in rows:
+            print(f"| {title} | {count:,} | {ms:,.1f} |")
+    else:
+        for title, count, ms in rows:
+            print(f"{ms:9.1f} ms  {count:>8,} rows  {title}")
+
+
+if __name__ == "__main__":
+    main()

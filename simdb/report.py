@@ -1,0 +1,375 @@
+"""``simdb report``: one self-contained HTML page about an index.
+
+The page shows the archive's growth by batch, the duplicates each batch
+brought (new / exact / near, and against the archive / within the batch), the
+Hamming distances between a sample of documents and their block-key
+candidates (where the threshold *k* sits among what the keys bring back), the
+cluster-size distribution and the largest clusters with sample members.
+
+Charts are drawn with matplotlib's object-oriented API (no pyplot state, no
+display needed) as SVG with text drawn as paths, and embedded as ``data:``
+images, so the file needs nothing but itself to open: no network, fonts,
+scripts or style sheets. Every value read from the database is escaped with
+:func:`html.escape`, and ``$`` in batch names is escaped for matplotlib's
+mathtext.
+
+With ``batch``, the distance sample and the cluster sections only consider
+documents of that batch (clusters that include one of them), and the batch is
+marked in the per-batch charts, which keep every batch for context.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import html
+import io
+import json
+import warnings
+from datetime import datetime, timezone
+from string import Template
+
+import sqlalchemy as sa
+
+from .matching import candidate_sql
+
+#: Documents whose candidates are measured for the distance histogram.
+SAMPLE_SIZE = 2000
+#: Clusters listed in the table, and sample members shown per cluster.
+LARGEST_CLUSTERS = 10
+MEMBERS_SHOWN = 3
+METADATA_CHARS = 160
+CJK_FONTS = ("Noto Sans CJK SC", "Noto Sans CJK JP", "WenQuanYi Zen Hei", "WenQuanYi Micro Hei", "Droid Sans Fallback")
+COLORS = {"before": "#c9d6e3", "added": "#2b6cb0", "new": "#9db4cc", "exact": "#c0392b", "near": "#e67e22",
+          "against_archive": "#6c3483", "within_batch": "#27ae60", "histogram": "#2b6cb0", "threshold": "#c0392b",
+          "clusters": "#6c3483", "mark": "#111111"}
+
+PAGE = Template("""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>simdb report: $schema</title>
+<style>
+body { font-family: -apple-system, "Segoe UI", "DejaVu Sans", Arial, sans-serif; color: #1a202c;
+       max-width: 1140px; margin: 24px auto; padding: 0 16px; line-height: 1.45; }
+h1 { font-size: 26px; margin-bottom: 4px; } h2 { font-size: 20px; margin-top: 36px;
+     border-bottom: 1px solid #cbd5e0; padding-bottom: 4px; }
+dl { display: grid; grid-template-columns: max-content auto; gap: 2px 16px; margin: 12px 0; }
+dt { font-weight: 600; } dd { margin: 0; }
+img { width: 100%; height: auto; display: block; }
+.caption { color: #4a5568; font-size: 14px; margin: 4px 0 0; }
+.empty { padding: 24px; background: #f7fafc; border: 1px dashed #a0aec0; font-size: 18px; }
+table { border-collapse: collapse; width: 100%; font-size: 13px; }
+th, td { border: 1px solid #e2e8f0; padding: 4px 6px; text-align: left; vertical-align: top; }
+th { background: #edf2f7; } td.num { text-align: right; white-space: nowrap; }
+code { font-family: "DejaVu Sans Mono", Menlo, Consolas, monospace; font-size: 12px; word-break: break-all; }
+ul.members { margin: 0; padding-left: 16px; }
+</style>
+</head>
+<body>
+<h1>simdb report</h1>
+<dl>$header</dl>
+$body
+</body>
+</html>
+""")
+
+
+def _e(value) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _utc(moment: datetime) -> str:
+    return f"{moment.astimezone(timezone.utc):%Y-%m-%d %H:%M}"
+
+
+def _label(name: str, width: int = 18) -> str:
+    """A batch name for a chart: shortened, and with ``$`` escaped so matplotlib never reads it as mathtext."""
+    name = name if len(name) <= width else name[:width - 1] + "…"
+    return name.replace("$", r"\$")
+
+
+def _figure(width: float, height: float):
+    from matplotlib.figure import Figure  # lazy: only `simdb report` pays for importing matplotlib
+
+    return Figure(figsize=(width, height), dpi=100, layout="constrained")
+
+
+@contextlib.contextmanager
+def _chart_style():
+    """Text as paths, stable SVG ids, and CJK fonts after DejaVu Sans where installed (else boxes, quietly)."""
+    import matplotlib
+    from matplotlib import font_manager
+
+    installed = {font.name for font in font_manager.fontManager.ttflist}
+    fonts = ["DejaVu Sans", *(name for name in CJK_FONTS if name in installed)]
+    with matplotlib.rc_context({"svg.fonttype": "path", "svg.hashsalt": "simdb", "font.family": fonts}), \
+            warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Glyph .* missing from font", category=UserWarning)
+        yield
+
+
+def _embed(figure, alt: str) -> str:
+    """The figure as an <img> with an SVG data: URI (each chart its own document, so ids never collide)."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="svg", metadata={"Date": None, "Creator": None, "Format": None, "Type": None})
+    svg = buffer.getvalue().decode("utf-8")
+    svg = svg[svg.index("<svg"):]  # drop the XML declaration and the DOCTYPE (which names a DTD URL)
+    data = base64.b64encode(svg.encode("utf-8")).decode("ascii")
+    return f'<img alt="{_e(alt)}" src="data:image/svg+xml;base64,{data}">'
+
+
+def _section(title: str, content: str, caption: str) -> str:
+    return f"<h2>{_e(title)}</h2>\n{content}\n<p class=\"caption\">{caption}</p>"
+
+
+def _mark_batch(axes, names: list[str], batch: str | None) -> None:
+    """Thin the x labels when there are many batches; make the selected batch's label bold."""
+    step = max(1, len(names) // 30)
+    positions = [i for i in range(len(names)) if i % step == 0 or names[i] == batch]
+    axes.set_xticks(positions, [_label(names[i]) for i in positions], rotation=30 if len(names) > 6 else 0,
+                    ha="right" if len(names) > 6 else "center")
+    for tick, i in zip(axes.get_xticklabels(), positions):
+        if names[i] == batch:
+            tick.set_fontweight("bold")
+            tick.set_color(COLORS["mark"])
+    if batch in names:
+        axes.axvspan(names.index(batch) - 0.5, names.index(batch) + 0.5, color="#f6e05e", alpha=0.35, zorder=0)
+
+
+def _legend(axes) -> None:
+    axes.legend(loc="lower left", bbox_to_anchor=(0, 1.0), ncols=3, frameon=False, fontsize=10)
+
+
+def _count_axis(axes) -> None:
+    """Whole numbers only, with thousands separators."""
+    from matplotlib.ticker import MaxNLocator
+
+    axes.yaxis.set_major_locator(MaxNLocator(integer=True))
+    axes.yaxis.set_major_formatter("{x:,.0f}")
+
+
+def _log_counts(axes, label: str) -> None:
+    """Log-scale counts with plain tick labels (1, 10, 100, 1,000)."""
+    from matplotlib.ticker import NullFormatter
+
+    axes.set_yscale("log")
+    axes.set_ylim(bottom=0.7)
+    axes.yaxis.set_major_formatter("{x:,.0f}")
+    axes.yaxis.set_minor_formatter(NullFormatter())
+    axes.set_ylabel(label)
+
+
+def _growth(batches, batch: str | None) -> str:
+    names = [row.name for row in batches]
+    added = [row.stored for row in batches]
+    before = [sum(added[:i]) for i in range(len(added))]
+    figure = _figure(11, 3.6)
+    axes = figure.subplots()
+    positions = range(len(names))
+    axes.bar(positions, before, color=COLORS["before"], label="stored before the batch")
+    axes.bar(positions, added, bottom=before, color=COLORS["added"], label="stored by the batch")
+    axes.set_ylabel("documents in the archive")
+    _count_axis(axes)
+    _legend(axes)
+    _mark_batch(axes, names, batch)
+    total = sum(added)
+    caption = (f"Documents stored now, by the batch that brought them: {total:,} in {len(names):,} batches"
+               + (f"; batch <b>{_e(batch)}</b> is highlighted." if batch else "."))
+    return _section("Growth by batch", _embed(figure, "cumulative documents per batch"), caption)
+
+
+def _duplicates(batches, batch: str | None) -> str:
+    names = [row.name for row in batches]
+    positions = range(len(names))
+    figure = _figure(11, 3.8)
+    kinds, where = figure.subplots(1, 2, sharex=True)
+    bottom = [0] * len(names)
+    for column, label in (("new", "new"), ("exact_duplicates", "exact duplicates"),
+                          ("near_duplicates", "near-duplicates")):
+        values = [getattr(row, column) for row in batches]
+        kinds.bar(positions, values, bottom=bottom, label=label, color=COLORS[column.split("_")[0]])
+        bottom = [b + v for b, v in zip(bottom, values)]
+    kinds.set_ylabel("documents of the batch")
+    bottom = [0] * len(names)
+    for column, label in (("against_archive", "matched the archive"), ("within_batch", "matched within the batch")):
+        values = [getattr(row, column) for row in batches]
+        where.bar(positions, values, bottom=bottom, label=label, color=COLORS[column])
+        bottom = [b + v for b, v in zip(bottom, values)]
+    where.set_ylabel("duplicates: what they matched")
+    for axes in (kinds, where):
+        _count_axis(axes)
+        _legend(axes)
+        _mark_batch(axes, names, batch)
+    caption = "Counted at ingest (batch_summary): exact duplicates share the text; near-duplicates are within k bits."
+    if batch:
+        row = next(row for row in batches if row.name == batch)
+        caption += (f" Batch <b>{_e(batch)}</b>: {row.documents:,} documents, {row.new:,} new, "
+                    f"{row.exact_duplicates:,} exact and {row.near_duplicates:,} near duplicates, "
+                    f"{row.against_archive:,} matched the archive and {row.within_batch:,} within the batch.")
+    return _section("Duplicates per batch", _embed(figure, "duplicates per batch"), caption)
+
+
+def _distance_sample(connection, layout, batch_id: int | None, population: int) -> tuple[list[int], int]:
+    """(candidate pairs at each distance 0..64, documents sampled) for a seeded random sample of documents."""
+    percent = 100.0 * 3 * SAMPLE_SIZE / max(population, 1)
+    sampling = f"TABLESAMPLE BERNOULLI ({percent:.6f}) REPEATABLE (2007) " if percent < 100 else ""
+    connection.execute(sa.text("SELECT setseed(0.2007)"))
+    ids = connection.execute(sa.text(
+        f"SELECT id FROM documents {sampling}" + ("WHERE batch_id = :batch " if batch_id is not None else "")
+        + f"ORDER BY random() LIMIT {SAMPLE_SIZE}"), {"batch": batch_id}).scalars().all()
+    columns = ", ".join(["id", "simhash", *layout.key_columns])
+    candidates = candidate_sql(layout, "report_sample", "documents", 64, where="t.id <> p.id")
+    rows = connection.execute(sa.text(
+        f"WITH report_sample AS MATERIALIZED (SELECT {columns} FROM documents WHERE id = ANY(:ids)) "
+        f"SELECT bit_count((ps # ts)::bit(64)) AS distance, count(*) FROM "
+        f"(SELECT DISTINCT * FROM ({candidates}) c(pid, tid, ps, ts)) d GROUP BY 1"), {"ids": ids}).all()
+    counts = [0] * 65
+    for distance, count in rows:
+        counts[distance] = count
+    return counts, len(ids)
+
+
+def _distances(counts: list[int], sampled: int, k: int, batch: str | None) -> str:
+    pairs = sum(counts)
+    whose = f"documents of batch <b>{_e(batch)}</b>" if batch else "documents"
+    if not pairs:
+        content = '<p class="empty">No sampled document shares a block key with another document.</p>'
+    else:
+        figure = _figure(11, 3.6)
+        axes = figure.subplots()
+        axes.bar(range(65), counts, width=0.85, color=COLORS["histogram"])
+        _log_counts(axes, "candidate pairs (log scale)")
+        axes.set_xlim(-1, 65)
+        axes.set_ylim(top=max(counts) * 6)  # headroom for the threshold's label
+        axes.axvspan(-1, k + 0.5, color=COLORS["threshold"], alpha=0.08, zorder=0)
+        axes.axvline(k + 0.5, color=COLORS["threshold"], linewidth=2, linestyle="--")
+        axes.text(k + 1, 0.98, f"k = {k}: at most {k} bits apart = near-duplicate", color=COLORS["threshold"],
+                  transform=axes.get_xaxis_transform(), va="top", fontsize=10)
+        axes.set_xlabel("Hamming distance between a sampled document and a candidate (bits)")
+        content = _embed(figure, "histogram of Hamming distances among candidate pairs")
+    near = sum(counts[:k + 1])
+    caption = (f"A random sample of {sampled:,} {whose}, each compared with every stored document that shares at "
+               f"least one block key with it (the candidates a lookup reads): {pairs:,} candidate pairs, "
+               f"{near:,} of them within k = {k} (left of the dashed line).")
+    return _section("Hamming distances among candidate pairs", content, caption)
+
+
+def _size_bins(sizes) -> tuple[list[str], list[int]]:
+    """Cluster counts for each size 2..max when the largest is small, else for power-of-two ranges of sizes."""
+    largest = max(size for size, _ in sizes)
+    if largest <= 24:
+        bins = [(n, n) for n in range(2, largest + 1)]
+    else:
+        bins, low = [(2, 2), (3, 3), (4, 4)], 5
+        while low <= largest:
+            bins.append((low, 2 * low - 2))
+            low = 2 * low - 1
+    counts = [sum(c for size, c in sizes if low <= size <= high) for low, high in bins]
+    return [str(low) if low == high else f"{low:,}–{high:,}" for low, high in bins], counts
+
+
+def _cluster_sizes(sizes, singletons: int, batch: str | None) -> str:
+    if not sizes:
+        content = '<p class="empty">No clusters: no document has a near-duplicate.</p>'
+    else:
+        figure = _figure(11, 3.2)
+        axes = figure.subplots()
+        labels, counts = _size_bins(sizes)
+        bars = axes.bar(range(len(labels)), counts, width=0.8, color=COLORS["clusters"])
+        axes.bar_label(bars, [f"{c:,}" if c else "" for c in counts], fontsize=9, padding=2)
+        axes.set_xticks(range(len(labels)), labels)
+        _log_counts(axes, "clusters (log scale)")
+        axes.set_ylim(top=max(counts) * 2.5)
+        axes.set_xlabel("documents in the cluster")
+        content = _embed(figure, "cluster-size distribution")
+    scope = f" that include a document of batch <b>{_e(batch)}</b>" if batch else ""
+    caption = (f"Clusters{scope} are connected groups of near-duplicates: {sum(c for _, c in sizes):,} clusters "
+               f"of two or more documents; {singletons:,} documents have no near-duplicate.")
+    return _section("Cluster sizes", content, caption)
+
+
+def _compact(metadata: dict) -> str:
+    text = json.dumps(metadata, ensure_ascii=False, separators=(",", ":"), sort_keys=True, default=str)
+    return text if len(text) <= METADATA_CHARS else text[:METADATA_CHARS - 1] + "…"
+
+
+def _largest(clusters, members, batch: str | None) -> str:
+    if not clusters:
+        return _section("Largest clusters", '<p class="empty">No clusters yet.</p>', "")
+    rows = []
+    for cluster in clusters:
+        sample = "".join(f"<li><code>{_e(m.external_id)}</code> ({_e(m.batch)}"
+                         + (f", {m.duplicate_distance} bits" if m.duplicate_distance is not None else "")
+                         + f") <code>{_e(_compact(m.metadata))}</code></li>" for m in members.get(cluster.cluster_id, []))
+        rows.append(f"<tr><td class=\"num\">{cluster.size:,}</td><td><code>{_e(cluster.canonical_id)}</code></td>"
+                    f"<td>{_utc(cluster.first_seen)}</td><td>{_utc(cluster.last_seen)}</td>"
+                    f"<td>{_e(', '.join(cluster.batches))}</td><td><ul class=\"members\">{sample}</ul></td></tr>")
+    table = ("<table><thead><tr><th>size</th><th>canonical id</th><th>first seen (UTC)</th><th>last seen (UTC)</th>"
+             "<th>batches</th><th>sample members: id (batch, bits from the document it duplicates) metadata"
+             "</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
+    scope = f" that include a document of batch <b>{_e(batch)}</b>" if batch else ""
+    return _section("Largest clusters", table, f"The {len(clusters)} largest clusters{scope}, canonical (earliest) "
+                    f"document first; up to {MEMBERS_SHOWN} members each, metadata as compact JSON.")
+
+
+def _collect(connection, index, batch: str | None) -> dict:
+    """Everything the page shows, read in one read-only snapshot."""
+    layout = index.layout
+    connection.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+    batch_id = index._batch_id(connection, batch) if batch is not None else None
+    data = {"stored": connection.execute(sa.text("SELECT count(*) FROM documents")).scalar_one(),
+            "batches": connection.execute(sa.text(
+                "SELECT s.*, coalesce(d.stored, 0) AS stored FROM batch_summary s LEFT JOIN "
+                "(SELECT batch_id, count(*) AS stored FROM documents GROUP BY batch_id) d USING (batch_id) "
+                "ORDER BY s.batch_id")).all()}
+    if not data["stored"]:
+        return data
+    if batch_id is None:
+        scope, params, population = "", {}, data["stored"]
+        singletons = "SELECT count(*) FROM (SELECT 1 FROM documents GROUP BY cluster_id HAVING count(*) = 1) s"
+    else:
+        scope = "WHERE cluster_id IN (SELECT cluster_id FROM documents WHERE batch_id = :batch)"
+        params = {"batch": batch_id}
+        population = next(row.stored for row in data["batches"] if row.batch_id == batch_id)
+        singletons = ("SELECT count(*) FROM documents d WHERE batch_id = :batch AND NOT EXISTS "
+                      "(SELECT 1 FROM documents o WHERE o.cluster_id = d.cluster_id AND o.id <> d.id)")
+    data["counts"], data["sampled"] = _distance_sample(connection, layout, batch_id, population)
+    data["sizes"] = connection.execute(sa.text(
+        f"SELECT size, count(*) FROM duplicate_clusters {scope} GROUP BY size ORDER BY size"), params).all()
+    data["singletons"] = connection.execute(sa.text(singletons), params).scalar_one()
+    data["clusters"] = connection.execute(sa.text(
+        f"SELECT * FROM duplicate_clusters {scope} ORDER BY size DESC, cluster_id LIMIT {LARGEST_CLUSTERS}"),
+        params).all()
+    data["members"] = members = {}
+    for row in connection.execute(sa.text(  # the canonical document first, then the batch's, then the earliest
+            "SELECT * FROM (SELECT d.cluster_id, d.external_id, d.metadata, d.duplicate_distance, b.name AS batch, "
+            "row_number() OVER (PARTITION BY d.cluster_id ORDER BY d.id <> d.cluster_id, "
+            "d.batch_id IS DISTINCT FROM :batch, d.id) AS n FROM documents d JOIN batches b ON b.id = d.batch_id "
+            f"WHERE d.cluster_id = ANY(:clusters)) m WHERE n <= {MEMBERS_SHOWN} ORDER BY cluster_id, n"),
+            {"clusters": [c.cluster_id for c in data["clusters"]], "batch": batch_id}):
+        members.setdefault(row.cluster_id, []).append(row)
+    return data
+
+
+def build_report(index, batch: str | None = None) -> str:
+    """The report on ``index`` (optionally focused on one batch) as an HTML page."""
+    layout = index.layout
+    with index.database.engine.begin() as connection:
+        data = _collect(connection, index, batch)
+    batches = data["batches"]
+    header = {"index": f"schema {index.database.schema} of {index.database.display_url}",
+              "layout": layout.describe(), "key columns": ", ".join(layout.key_columns),
+              "documents": f"{data['stored']:,}", "batches": f"{len(batches):,}", **({"batch": batch} if batch else {}),
+              "generated": f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S} UTC"}
+    if not data["stored"]:
+        body = ('<p class="empty">Nothing to report yet: the index has no documents. Add a batch with '
+                "<code>simdb ingest FILE --batch NAME</code>, then run <code>simdb report</code> again.</p>")
+    else:
+        with _chart_style():
+            body = "\n".join([_growth(batches, batch), _duplicates(batches, batch),
+                              _distances(data["counts"], data["sampled"], layout.max_distance, batch),
+                              _cluster_sizes(data["sizes"], data["singletons"], batch),
+                              _largest(data["clusters"], data["members"], batch)])
+    header_html = "".join(f"<dt>{_e(key)}</dt><dd>{_e(value)}</dd>" for key, value in header.items())
+    return PAGE.substitute(schema=_e(index.database.schema), header=header_html, body=body)

@@ -1,0 +1,157 @@
+"""`simdb report`: one self-contained HTML page, checked as text and rendered by headless Chromium."""
+
+import base64
+import html
+import json
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+import sqlalchemy as sa
+
+from simdb.report import COLORS
+from simdb.samples import corpus
+
+HEADINGS = ["Growth by batch", "Duplicates per batch", "Hamming distances among candidate pairs", "Cluster sizes",
+            "Largest clusters"]
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+NO_CHROMIUM = ("headless Chromium is not installed: install the Debian packages chromium and chromium-driver "
+               "(apt-get install chromium chromium-driver; scripts/test does it when run as root)")
+
+
+def write_jsonl(path, records):
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+    return str(path)
+
+
+def ingest_two_batches(run, tmp_path) -> int:
+    records = list(corpus())
+    assert run("init").exit_code == 0
+    for name, part in (("first", records[:200]), ("second", records[200:])):
+        result = run("ingest", write_jsonl(tmp_path / f"{name}.jsonl", part), "--batch", name)
+        assert result.exit_code == 0, result.output
+    return len(records)
+
+
+def write_report(run, path, *options) -> str:
+    result = run("report", *options, "--output", str(path))
+    assert result.exit_code == 0, result.output
+    assert re.fullmatch(rf"wrote {re.escape(str(path))} \((\d+) KB\)\n", result.output)
+    size = int(re.search(r"\((\d+) KB\)", result.output).group(1))
+    assert abs(size - path.stat().st_size / 1024) <= 1
+    return path.read_text(encoding="utf-8")
+
+
+def embedded_svgs(page: str) -> list[str]:
+    return [base64.b64decode(data).decode("utf-8")
+            for data in re.findall(r'src="data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)"', page)]
+
+
+def external_references(page: str) -> list[str]:
+    """Anything in the page or its embedded SVGs that would reach outside the file.
+
+    XML namespace names (xmlns="http://www.w3.org/2000/svg") are identifiers, never fetched, so they are allowed.
+    """
+    found = []
+    for document in [page, *embedded_svgs(page)]:
+        found += re.findall(r"https?://[^\s\"'<>)]*", re.sub(r"\sxmlns(:\w+)?=\"[^\"]*\"", "", document))
+        found += re.findall(r"(?:src|href)\s*=\s*[\"'](?!data:|#)[^\"']*[\"']", document)
+        found += re.findall(r"url\(\s*[\"']?(?!data:|#)[^)]*\)", document)
+        found += re.findall(r"@import|<script|<link|<iframe|<object|<embed", document, flags=re.I)
+    return found
+
+
+def largest_cluster(admin_engine, schema, batch=None) -> str:
+    scope = (f"WHERE cluster_id IN (SELECT d.cluster_id FROM {schema}.documents d JOIN {schema}.batches b "
+             "ON b.id = d.batch_id WHERE b.name = :batch)") if batch else ""
+    with admin_engine.connect() as connection:
+        return connection.execute(sa.text(
+            f"SELECT canonical_id FROM {schema}.duplicate_clusters {scope} ORDER BY size DESC, cluster_id LIMIT 1"),
+            {"batch": batch}).scalar_one()
+
+
+def test_report_is_one_self_contained_page(run, tmp_path, admin_engine, schema):
+    total = ingest_two_batches(run, tmp_path)
+    page = write_report(run, tmp_path / "report.html")
+    assert external_references(page) == []
+    assert len(embedded_svgs(page)) == 4
+    assert all(svg.startswith("<svg") and 'xmlns="http://www.w3.org/2000/svg"' in svg for svg in embedded_svgs(page))
+    for heading in HEADINGS:
+        assert f"<h2>{heading}</h2>" in page
+    assert f"<dt>documents</dt><dd>{total:,}</dd><dt>batches</dt><dd>2</dd>" in page
+    assert f"A random sample of {min(total, 2000):,} documents," in page
+    assert "within k = 3 (left of the dashed line)" in page
+    canonical = largest_cluster(admin_engine, schema)
+    table = page[page.index("<h2>Largest clusters</h2>"):]
+    assert table.index(f"<code>{html.escape(canonical)}</code>") < table.index("</tr>", table.index("<tbody>"))
+    assert "&quot;source&quot;:&quot;python-reference:" in table  # metadata as compact, escaped JSON
+
+
+def test_report_for_one_batch(run, tmp_path, admin_engine, schema):
+    ingest_two_batches(run, tmp_path)
+    page = write_report(run, tmp_path / "second.html", "--batch", "second")
+    assert "<dt>batch</dt><dd>second</dd>" in page
+    assert "A random sample of " in page and " documents of batch <b>second</b>," in page
+    assert "Clusters that include a document of batch <b>second</b>" in page
+    assert f"<code>{html.escape(largest_cluster(admin_engine, schema, 'second'))}</code>" in page
+    rows = re.findall(r"<tr><td class=\"num\">.*?</tr>", page)
+    assert rows and all(re.search(r"<td>[^<]*\bsecond\b[^<]*</td>", row) for row in rows)
+    assert external_references(page) == []
+
+
+def test_empty_index_says_there_is_nothing_yet(run, tmp_path):
+    run("init")
+    page = write_report(run, tmp_path / "empty.html")
+    assert "Nothing to report yet: the index has no documents." in page
+    assert "<img" not in page and external_references(page) == []
+
+
+def test_unknown_batch_is_a_one_line_error(run, tmp_path):
+    run("init")
+    run("ingest", write_jsonl(tmp_path / "a.jsonl", [{"id": "a", "text": "some text"}]), "--batch", "one")
+    result = run("report", "--batch", "nope", "--output", str(tmp_path / "report.html"))
+    assert result.exit_code == 1
+    assert result.output == "Error: no batch named 'nope'; `simdb stats` lists the batches\n"
+    assert not (tmp_path / "report.html").exists()
+    assert run("report", "--batch", "one").exit_code == 2  # --output is required
+
+
+def chromium(tmp_path, *arguments) -> subprocess.CompletedProcess:
+    command = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+               "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars",
+               f"--user-data-dir={tmp_path / 'chromium-profile'}", *arguments]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result
+
+
+def test_report_renders_in_headless_chromium(run, tmp_path):
+    if CHROMIUM is None:
+        pytest.skip(NO_CHROMIUM)
+    from PIL import Image  # matplotlib depends on Pillow
+
+    ingest_two_batches(run, tmp_path)
+    path = tmp_path / "report.html"
+    write_report(run, path)
+
+    dom = chromium(tmp_path, "--dump-dom", path.as_uri()).stdout
+    assert [html.unescape(h) for h in re.findall(r"<h2>(.*?)</h2>", dom)] == HEADINGS
+    assert len(re.findall(r'<img alt="[^"]+" src="data:image/svg\+xml;base64,', dom)) == 4
+    assert "<table>" in dom
+
+    screenshot = tmp_path / "report.png"
+    chromium(tmp_path, f"--screenshot={screenshot}", "--window-size=1200,3000", path.as_uri())
+    image = Image.open(screenshot).convert("RGB")
+    assert image.size == (1200, 3000)
+    pixels = np.asarray(image, dtype=np.int16).reshape(-1, 3)
+    assert (pixels != 255).any(axis=1).sum() > len(pixels) // 10, "the screenshot is (nearly) blank"
+
+    def near(color: str) -> int:
+        wanted = np.array([int(color[i:i + 2], 16) for i in (1, 3, 5)])
+        return int((np.abs(pixels - wanted) <= 8).all(axis=1).sum())
+
+    # the charts' fills are on screen: the SVG images were decoded and drawn, not replaced by their alt text
+    for name in ("added", "new", "near", "within_batch", "histogram", "clusters"):
+        assert near(COLORS[name]) > 500, f"no {name} bars ({COLORS[name]}) in the screenshot"

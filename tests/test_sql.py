@@ -1,0 +1,128 @@
+"""The analysts' SQL: functions, the index-backed simdb_near, and the read-only role."""
+
+import random
+import uuid
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+
+from simdb import Index, format_fingerprint
+from simdb.bits import hamming, to_signed
+from simdb.database import postgres_url
+from tests.test_index import flip, make_batch
+
+
+@pytest.fixture
+def filled(index):
+    rng = random.Random(2)
+    fingerprints = [rng.getrandbits(64) for _ in range(5000)] + [2**64 - 1, 2**63, 0]
+    bases = fingerprints[:20]
+    fingerprints += [flip(b, rng.sample(range(64), d)) for b in bases for d in (1, 2, 3)]
+    index.add_fingerprinted(make_batch(fingerprints, "f"), batch="f")
+    with index.database.engine.begin() as connection:
+        connection.exec_driver_sql("ANALYZE documents")
+    return index, fingerprints
+
+
+def scalar(index, sql, **params):
+    with index.database.engine.connect() as connection:
+        return connection.execute(sa.text(sql), params).scalar_one()
+
+
+def test_hamming_and_hex_functions(filled):
+    index, fingerprints = filled
+    for a, b in [(fingerprints[0], fingerprints[1]), (2**64 - 1, 0), (2**63, 2**63 - 1)]:
+        assert scalar(index, "SELECT simdb_hamming(:a, :b)", a=to_signed(a), b=to_signed(b)) == hamming(a, b)
+    for value in (0, 1, 2**63, 2**64 - 1, fingerprints[7]):
+        text = format_fingerprint(value)
+        assert scalar(index, "SELECT simdb_fingerprint_hex(:v)", v=to_signed(value)) == text
+        assert scalar(index, "SELECT simdb_fingerprint_from_hex(:t)", t=text) == to_signed(value)
+        assert scalar(index, "SELECT simdb_fingerprint_from_hex(:t)", t="0x" + text.upper()) == to_signed(value)
+    with pytest.raises(sa.exc.DataError, match="'nope' is not a fingerprint"):
+        scalar(index, "SELECT simdb_fingerprint_from_hex('nope')")
+
+
+def test_simdb_near_matches_the_index_and_uses_the_key_indexes(filled):
+    index, fingerprints = filled
+    for base in fingerprints[:20] + [2**64 - 1]:
+        with index.database.engine.connect() as connection:
+            rows = connection.execute(sa.text(
+                "SELECT d.external_id, n.distance FROM simdb_near(simdb_fingerprint_from_hex(:hex)) n "
+                "JOIN documents d ON d.id = n.document_id"), {"hex": format_fingerprint(base)}).all()
+        assert sorted((distance, name) for name, distance in rows) == \
+            sorted((m.distance, m.external_id) for m in index.query_fingerprint(base))
+    with index.database.engine.connect() as connection:
+        plan = "\n".join(connection.execute(sa.text(
+            "EXPLAIN SELECT * FROM simdb_near(simdb_fingerprint_from_hex(:hex), 2)"),
+            {"hex": format_fingerprint(fingerprints[3])}).scalars())
+    assert "Seq Scan" not in plan
+    assert all(f"ix_documents_{column}" in plan for column in index.layout.key_columns), plan
+    with pytest.raises(sa.exc.DataError, match="max_distance must be between 0 and 3"):
+        scalar(index, "SELECT count(*) FROM simdb_near(0, 4)")
+
+
+def test_simdb_near_follows_a_relayout(filled):
+    index, fingerprints = filled
+    before = scalar(index, "SELECT count(*) FROM simdb_near(:f)", f=to_signed(fingerprints[0]))
+    index.relayout(5)
+    assert scalar(index, "SELECT count(*) FROM simdb_near(:f)", f=to_signed(fingerprints[0])) == before == 4
+
+
+@pytest.fixture
+def reader_role(admin_engine):
+    role = f"simdb_reader_{uuid.uuid4().hex[:8]}"
+    yield role
+    with admin_engine.begin() as connection:
+        if connection.execute(sa.text("SELECT 1 FROM pg_roles WHERE rolname = :r"), {"r": role}).first():
+            connection.exec_driver_sql(f"DROP OWNED BY {role}")
+            connection.exec_driver_sql(f"DROP ROLE {role}")
+
+
+def test_the_reader_role_reads_everything_and_writes_nothing(filled, database_url, run, reader_role):
+    index, fingerprints = filled
+    result = run("grant-reader", reader_role, "--login")
+    assert result.output == (f"created role {reader_role!r}: it can read schema {index.database.schema!r} and "
+                             "write nothing; it can log in\n")
+    assert run("grant-reader", reader_role, "--login").output.startswith(f"updated role {reader_role!r}")
+    url = postgres_url(database_url).set(username=reader_role, password=None)
+    conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(conninfo, autocommit=True) as connection:
+        assert connection.execute("SELECT count(*) FROM documents").fetchone()[0] == len(fingerprints)
+        for view in ("near_duplicate_pairs", "duplicate_clusters", "batch_summary"):
+            connection.execute(f"SELECT * FROM {view}").fetchall()
+        assert connection.execute("SELECT count(*) FROM simdb_near(%s)", [to_signed(fingerprints[0])]).fetchone()[0] == 4
+        for statement in ("INSERT INTO batches (name, source, status, started_at) VALUES ('x', 'x', 'running', now())",
+                          "UPDATE documents SET length = 0", "DELETE FROM near_duplicates",
+                          "CREATE TABLE mine (x int)", "TRUNCATE settings"):
+            with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+                connection.execute(statement)
+        connection.execute("SET default_transaction_read_only = off")  # even then, no privilege to write
+        for statement in ("UPDATE documents SET length = 0", "CREATE TABLE mine (x int)", "DELETE FROM settings"):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                connection.execute(statement)
+
+
+def test_grant_reader_refuses_bad_or_administrative_roles(run):
+    run("init")
+    assert run("grant-reader", "Bad-Name").output.startswith("Error: invalid role name 'Bad-Name'")
+    assert run("grant-reader", "postgres").output == ("Error: refusing to make 'postgres' read-only: it is an "
+                                                      "administrative role\n")
+    assert run("grant-reader", "x", "--password-env", "SIMDB_NO_SUCH_VARIABLE").output == (
+        "Error: the environment variable SIMDB_NO_SUCH_VARIABLE is not set or empty\n")
+
+
+def test_views_agree_with_the_tables(corpus_archive, admin_engine):
+    schema = corpus_archive
+    with admin_engine.connect() as connection:
+        summary = connection.execute(sa.text(f"SELECT * FROM {schema}.batch_summary ORDER BY batch_id")).all()
+        clusters = connection.execute(sa.text(f"SELECT * FROM {schema}.duplicate_clusters")).all()
+        sizes = dict(connection.execute(sa.text(
+            f"SELECT cluster_id, count(*) FROM {schema}.documents GROUP BY cluster_id HAVING count(*) > 1")).all())
+        pairs = connection.execute(sa.text(f"SELECT count(*) FROM {schema}.near_duplicate_pairs")).scalar_one()
+        stored = connection.execute(sa.text(f"SELECT count(*) FROM {schema}.near_duplicates")).scalar_one()
+    assert [s.name for s in summary] == ["archive", "new"]
+    assert all(s.against_archive + s.within_batch == s.exact_duplicates + s.near_duplicates for s in summary)
+    assert summary[0].against_archive == 0 and summary[1].against_archive > 0
+    assert {c.cluster_id: c.size for c in clusters} == sizes and len(sizes) > 10
+    assert pairs == stored > 0
