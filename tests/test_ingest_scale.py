@@ -1,14 +1,12 @@
 """Archive-scale ingest: parallel fingerprints, chunks, rejects, resume, SIGKILL, concurrent processes."""
 
 import json
-import os
 import random
 import signal
 import subprocess
 import sys
 import time
 
-import pytest
 import sqlalchemy as sa
 
 from simdb import Index, InputError

@@ -7,7 +7,7 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 
-from simdb import Index, format_fingerprint
+from simdb import format_fingerprint
 from simdb.bits import hamming, to_signed
 from simdb.database import postgres_url
 from tests.test_index import flip, make_batch
