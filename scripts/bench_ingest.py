@@ -56,7 +56,6 @@ import sys
 import tempfile
 import time
 from collections import defaultdict, deque
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -318,7 +317,7 @@ def copy_rows(rng: np.random.Generator, layout: BlockLayout, first_id: int, fps:
 
 def build_archive(url: str, admin: sa.Engine, schema: str, layout: BlockLayout, size: int,
                   rng: np.random.Generator) -> tuple[np.ndarray, dict]:
-    """simdb's schema with ``size`` random rows: bare-table COPY FREEZE, then its own indexes rebuilt, VACUUM ANALYZE."""
+    """simdb's schema with ``size`` random rows: COPY FREEZE into the bare table, its own indexes rebuilt, VACUUM."""
     timings, started = {}, time.perf_counter()
     simdb.Index.create(url, schema=schema, blocks=layout.blocks, max_distance=K).close()
     table = f"{schema}.documents"
@@ -335,21 +334,23 @@ def build_archive(url: str, admin: sa.Engine, schema: str, layout: BlockLayout, 
         before = sorted(c.execute(sa.text("SELECT indexdef FROM pg_indexes WHERE schemaname = :s"),
                                   {"s": schema}).scalars())
         required = set(c.execute(sa.text(
-            "SELECT column_name FROM information_schema.columns WHERE table_schema = :s AND table_name = 'documents' "
-            "AND is_nullable = 'NO' AND column_default IS NULL AND is_identity = 'NO'"), {"s": schema}).scalars())
+            "SELECT column_name FROM information_schema.columns WHERE table_schema = :s "
+            "AND table_name = 'documents' AND is_nullable = 'NO' AND column_default IS NULL AND is_identity = 'NO'"),
+            {"s": schema}).scalars())
     columns = ["id", "external_id", "batch_id", "simhash", *layout.key_columns, "content_hash", "length", "metadata"]
     cluster = "cluster_id" in required  # schema revision 0003 on: each document's cluster (here, itself)
     if cluster:
         columns.append("cluster_id")
     if required - set(columns):
-        raise RuntimeError(f"this benchmark does not know how to fill documents columns {sorted(required - set(columns))}")
+        raise RuntimeError(f"the benchmark cannot fill documents columns {sorted(required - set(columns))}")
     fps = random_u64(rng, size)
     engine = sa.create_engine(postgres_url(url))
     try:
         with engine.begin() as connection:
             batch_id = connection.execute(sa.text(
-                f"INSERT INTO {schema}.batches (name, source, status, started_at, finished_at, documents, new, position) "
-                "VALUES ('archive', 'bench_ingest bulk load', 'complete', now(), now(), :n, :n, :n) RETURNING id"),
+                f"INSERT INTO {schema}.batches (name, source, status, started_at, finished_at, documents, new, "
+                "position) VALUES ('archive', 'bench_ingest bulk load', 'complete', now(), now(), :n, :n, :n) "
+                "RETURNING id"),
                 {"n": size}).scalar_one()
             for row in sorted(constraints, key=lambda row: row.contype != "f"):  # foreign keys first
                 connection.exec_driver_sql(f"ALTER TABLE {row.owner} DROP CONSTRAINT {row.conname}")
@@ -588,6 +589,16 @@ def process_tree(root: int) -> list[int]:
     return tree
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far, 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 def memory_kb(pid: int) -> tuple[int, int]:
     """(VmRSS, VmHWM) of a process in kB, (0, 0) once it is gone."""
     values = {}
@@ -607,7 +618,8 @@ def run_cli(command: list[str], log_path: str) -> dict:
         start = time.perf_counter()
         process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         peaks: dict[int, int] = {}
-        tree_peak = 0
+        cpu: dict[int, float] = {}  # last seen CPU seconds per process (misses the last 0.2 s)
+        tree_peak, timeline = 0, []  # timeline: (seconds, VmRSS of the CLI process)
         while True:
             pid, status, _ = os.wait4(process.pid, os.WNOHANG)
             if pid:
@@ -617,6 +629,9 @@ def run_cli(command: list[str], log_path: str) -> dict:
                 rss, hwm = memory_kb(member)
                 total += rss
                 peaks[member] = max(peaks.get(member, 0), hwm)
+                cpu[member] = max(cpu.get(member, 0.0), cpu_seconds(member))
+                if member == process.pid:
+                    timeline.append((time.perf_counter() - start, rss))
             tree_peak = max(tree_peak, total)
             time.sleep(0.2)
         seconds = time.perf_counter() - start
@@ -628,8 +643,15 @@ def run_cli(command: list[str], log_path: str) -> dict:
     # (wait4's ru_maxrss is no use here: it keeps the high-water mark of the forked child before exec,
     # that is of this big benchmark process)
     workers = [kb for member, kb in peaks.items() if member != process.pid]
+    quarters = [max((rss for at, rss in timeline if q * seconds / 4 <= at < (q + 1) * seconds / 4), default=0) * 1024
+                for q in range(4)]  # the CLI's largest sampled RSS in each quarter of the run: flat or growing?
     return {"seconds": seconds, "main": peaks.get(process.pid, 0) * 1024, "worker": max(workers, default=0) * 1024,
-            "processes": len(peaks), "tree": tree_peak * 1024}
+            "processes": len(peaks), "tree": tree_peak * 1024, "quarters": quarters,
+            "cpu_main": cpu.get(process.pid, 0.0), "cpu_children": sum(cpu.values()) - cpu.get(process.pid, 0.0)}
+
+
+def quarters(run: dict) -> str:
+    return " / ".join(f"{q / 2**20:,.0f}" for q in run["quarters"]) + " MB"
 
 
 def simdb_command() -> list[str]:
@@ -646,14 +668,19 @@ def cli_ingest(url: str, admin: sa.Engine, schema: str, path: str, documents: in
                "--chunk-size", str(args.cli_chunk_size)]
     m = run_cli(command, os.path.join(directory, f"{schema}.log"))
     with admin.connect() as c:
-        stored = c.exec_driver_sql(f"SELECT count(*) FROM {schema}.documents").scalar_one()
+        stored, duplicates = c.exec_driver_sql(
+            f"SELECT count(*), count(duplicate_of) FROM {schema}.documents").one()
+        pairs = (c.exec_driver_sql(f"SELECT count(*) FROM {schema}.near_duplicates").scalar_one()
+                 if sa.inspect(c).has_table("near_duplicates", schema=schema) else None)
     drop_schema(admin, schema)
     if stored != documents:
         raise RuntimeError(f"the CLI stored {stored:,} of {documents:,} documents")
-    log(f"  {documents:,} documents in {m['seconds']:.1f} s ({documents / m['seconds']:,.0f} docs/s); peak RSS: "
-        f"CLI {mb(m['main'])}, largest worker {mb(m['worker'])}, tree {mb(m['tree'])} "
-        f"({m['processes']} processes)")
-    return m | {"documents": documents, "bytes": size}
+    log(f"  {documents:,} documents in {m['seconds']:.1f} s ({documents / m['seconds']:,.0f} docs/s), "
+        f"{duplicates:,} marked duplicates" + (f", {pairs:,} stored pairs" if pairs is not None else "")
+        + f"; peak RSS: CLI {mb(m['main'])} (by quarter of the run: {quarters(m)}), largest worker "
+        f"{mb(m['worker'])}, tree {mb(m['tree'])} ({m['processes']} processes); CPU: CLI process "
+        f"{m['cpu_main']:.0f} s, its children {m['cpu_children']:.0f} s, of {m['seconds']:.0f} s")
+    return m | {"documents": documents, "bytes": size, "duplicates": duplicates, "pairs": pairs}
 
 
 def measure_cli(url: str, admin: sa.Engine, texts: list[str] | None, args, directory: str) -> dict:
@@ -754,12 +781,16 @@ def table_rows(f: dict | None, e: dict | None, a: dict | None, peer: dict | None
             value = ratio(t["bytes"] / t["seconds"] / (jieba_n[1] / jieba_n[2]))
         rows.append((f"end to end: `simdb ingest --workers {args.workers}`, {t['documents']:,} real zh docs "
                      f"({t['bytes'] / t['documents'] / 1e3:.1f} KB avg) into an empty archive",
-                     docs_and_mb(t["documents"], t["bytes"], t["seconds"]), peer_text, value))
+                     f"{docs_and_mb(t['documents'], t['bytes'], t['seconds'])} (CPU: CLI process "
+                     f"{t['cpu_main']:.0f} s, workers {t['cpu_children']:.0f} s, in {t['seconds']:.0f} s)",
+                     peer_text, value))
     if c and "large" in c:
         small, large = c["small"], c["large"]
 
         def cell(run: dict) -> str:
-            return (f"{run['documents']:,} short docs: CLI {mb(run['main'])}, largest worker {mb(run['worker'])}, "
+            pairs = f", {run['pairs']:,} pairs" if run["pairs"] is not None else ""
+            return (f"{run['documents']:,} short docs ({run['duplicates']:,} duplicates{pairs}): CLI "
+                    f"{mb(run['main'])} (by quarter of the run: {quarters(run)}), largest worker {mb(run['worker'])}, "
                     f"tree {mb(run['tree'])}; {rate(run['documents'], run['seconds'], 'docs')}")
 
         rows.append(("peak RSS of `simdb ingest` (CLI process; its fingerprint workers; sum over the tree)",
