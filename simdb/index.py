@@ -254,17 +254,17 @@ class Index:
         return self.query_fingerprint(self.fingerprint(text), max_distance)
 
     def query_fingerprint(self, simhash: int, max_distance: int | None = None) -> list[Match]:
+        """Stored documents within ``max_distance`` bits of a fingerprint.
+
+        The lookup is the analysts' ``simdb_near`` (block-key equality through the
+        key indexes, inlined by PostgreSQL); Python verifies every answer again.
+        """
         limit = self._max_distance(max_distance)
-        keys = self.layout.block_keys(simhash)
-        union = "\nUNION ALL\n".join(f"SELECT id, simhash FROM documents WHERE {column} = CAST(:k{i} AS bigint)"
-                                     for i, column in enumerate(self.layout.key_columns))
-        sql = sa.text(f"SELECT DISTINCT d.id, d.external_id, d.simhash, d.metadata FROM ({union}) c "
-                      "JOIN documents d ON d.id = c.id "
-                      "WHERE bit_count((c.simhash # CAST(:q AS bigint))::bit(64)) <= :limit")
-        params = {f"k{i}": value for i, value in enumerate(keys)} | {"q": to_signed(simhash), "limit": limit}
+        sql = sa.text("SELECT d.external_id, d.simhash, d.metadata FROM simdb_near(CAST(:q AS bigint), :limit) n "
+                      "JOIN documents d ON d.id = n.document_id")
         # one statement, one round trip: no BEGIN/ROLLBACK around a read
         with self.database.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
-            rows = connection.execute(sql, params).all()
+            rows = connection.execute(sql, {"q": to_signed(simhash), "limit": limit}).all()
         matches = (Match(row.external_id, hamming(simhash, to_unsigned(row.simhash)), to_unsigned(row.simhash),
                          row.metadata) for row in rows)
         return sorted((m for m in matches if m.distance <= limit), key=lambda m: (m.distance, m.external_id))
