@@ -171,8 +171,9 @@ def raw_copy(url: str, data: Data, blocks: int, k: int) -> float:
     """Seconds to binary-COPY the rows into an identically indexed documents table, in one transaction."""
     with simdb.Index.create(url, schema=RAW_SCHEMA, blocks=blocks, max_distance=k) as raw:
         layout, batch = raw.layout, data.batch
-        columns = ["external_id", "batch_id", "simhash", *layout.key_columns, "content_hash", "length", "metadata"]
-        types = ["text", "int4", "int8", *["int8"] * len(layout.key_columns), "bytea", "int4", "jsonb"]
+        columns = ["id", "external_id", "batch_id", "simhash", *layout.key_columns, "content_hash", "length",
+                   "metadata", "cluster_id"]
+        types = ["int8", "text", "int4", "int8", *["int8"] * len(layout.key_columns), "bytea", "int4", "jsonb", "int8"]
         with raw.database.engine.begin() as connection:
             batch_id = connection.execute(sa.text(
                 "INSERT INTO batches (name, source, status, started_at, documents) "
@@ -184,8 +185,8 @@ def raw_copy(url: str, data: Data, blocks: int, k: int) -> float:
             with cursor.copy(f"COPY documents ({', '.join(columns)}) FROM STDIN (FORMAT BINARY)") as copy:
                 copy.set_types(types)
                 for i in range(len(batch)):
-                    copy.write_row((batch.external_ids[i], batch_id, signed[i], *keys[i],
-                                    batch.content_hashes[i], batch.lengths[i], batch.metadata[i]))
+                    copy.write_row((i + 1, batch.external_ids[i], batch_id, signed[i], *keys[i],
+                                    batch.content_hashes[i], batch.lengths[i], batch.metadata[i], i + 1))
         return time.perf_counter() - start  # including the commit
 
 
