@@ -23,7 +23,7 @@ from .bits import format_fingerprint, parse_fingerprint
 from .blocks import BlockLayout, layouts_for
 from .database import DEFAULT_SCHEMA
 from .errors import DatabaseUnavailable, SimdbError
-from .fingerprint import FingerprintSettings, fingerprint, tokens_for
+from .fingerprint import FingerprintSettings, fingerprint, learn_idf as learn_idf_from_texts, tokens_for
 from .index import Index
 from .ingest import DEFAULT_CHUNK_SIZE, DEFAULT_MAX_CHARS, ON_ERROR, IngestOptions
 from .inputs import FORMATS, check_paths, read_documents, total_bytes
@@ -63,6 +63,16 @@ def user_errors(function):
 
 def open_index(database_url, schema, data_dir) -> Index:
     return Index.open(database_url, schema=schema, data_dir=data_dir)
+
+
+def learn_idf(paths, tokenizer: TokenizerSettings):
+    """IDF weights from the documents in ``paths`` (read like ``simdb ingest`` reads them)."""
+    progress = Progress("learning IDF weights", total_bytes(paths))
+    try:
+        return learn_idf_from_texts((document.text for document in read_documents(
+            paths, progress=progress.add_bytes)), tokenizer)
+    finally:
+        progress.close()
 
 
 def read_text_argument(text: str | None, file) -> str:
@@ -133,13 +143,25 @@ cli.add_command(fingerprint_command, name="fingerprint")
 @click.option("--shingle-size", type=click.IntRange(1, 16), default=3, show_default=True,
               help="Characters per shingle for scripts written without spaces.")
 @click.option("--stopwords/--no-stopwords", default=True, show_default=True)
-@click.option("--weighting", type=click.Choice(["sublinear_tf", "tf", "binary"]), default="sublinear_tf",
-              show_default=True)
+@click.option("--weighting", type=click.Choice(["sublinear_tf", "tf", "binary", "tfidf"]), default=None,
+              help="Feature weights [default: tfidf with --idf-from, else sublinear_tf].")
+@click.option("--idf-from", "idf_paths", multiple=True, type=click.Path(dir_okay=False),
+              help="Learn IDF weights from these documents (a sample of the archive, same formats as ingest; "
+                   "repeatable). The table is frozen in the index.")
+@click.option("--top-features", type=click.IntRange(0), default=None,
+              help="With tfidf: the heaviest features kept per document, 0 for all [default: 8].")
 @click.option("--expected-size", type=click.IntRange(1), default=1_000_000, show_default=True,
               help="Documents the archive is expected to grow to; chooses --blocks when it is not given.")
+@click.option("--method", type=click.Choice(["simhash", "minhash"]), default="simhash", show_default=True,
+              help="simhash: 64-bit fingerprints, distance in bits. minhash: MinHash-LSH signatures, "
+                   "near-duplicate = estimated Jaccard similarity of shingles >= --threshold.")
+@click.option("--threshold", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.8,
+              show_default=True, help="MinHash: the Jaccard similarity that makes a near-duplicate.")
+@click.option("--num-perm", type=click.IntRange(16, 1024), default=128, show_default=True,
+              help="MinHash: signature length (a multiple of 4).")
 @user_errors
 def init(database_url, schema, data_dir, max_distance, blocks, tokenizer, jieba_hmm, shingle_size, stopwords,
-         weighting, expected_size):
+         weighting, idf_paths, top_features, expected_size, method, threshold, num_perm):
     """Create an index; its settings are stored with it and checked on every open.
 
     Running it again with the same settings leaves the index as it is; with
@@ -150,15 +172,33 @@ def init(database_url, schema, data_dir, max_distance, blocks, tokenizer, jieba_
         simdb init
         simdb init --expected-size 20000000
         simdb init --max-distance 3 --blocks 5
+        simdb init --idf-from sample.jsonl
+        simdb init --method minhash --threshold 0.8
     """
-    if blocks is None:
-        blocks = BlockLayout.for_size(max_distance, expected_size).blocks
-    with Index.create(database_url, schema=schema, data_dir=data_dir, exist_ok=True, max_distance=max_distance,
-                      blocks=blocks, tokenizer=tokenizer, jieba_hmm=jieba_hmm, shingle_size=shingle_size,
-                      stopwords=stopwords, weighting=weighting) as index:
+    if method == "minhash":
+        options = {"method": "minhash", "threshold": threshold, "num_perm": num_perm}
+        if idf_paths or weighting or top_features is not None or blocks is not None:
+            raise click.UsageError("--idf-from, --weighting, --top-features and --blocks are SimHash options")
+    else:
+        if blocks is None:
+            blocks = BlockLayout.for_size(max_distance, expected_size).blocks
+        options = {"max_distance": max_distance, "blocks": blocks, "tokenizer": tokenizer, "jieba_hmm": jieba_hmm,
+                   "shingle_size": shingle_size, "stopwords": stopwords, "weighting": weighting,
+                   "top_features": top_features}
+        if idf_paths:
+            check_paths(idf_paths)
+            options["idf"] = learn_idf(idf_paths, TokenizerSettings(name=tokenizer, jieba_hmm=jieba_hmm,
+                                                                    shingle_size=shingle_size, stopwords=stopwords))
+    with Index.create(database_url, schema=schema, data_dir=data_dir, exist_ok=True, **options) as index:
         verb = "created" if index.created else "found existing"
         click.echo(f"{verb} index in schema {schema!r} of {index.database.display_url}")
         click.echo(f"layout: {index.layout.describe()}")
+        if method == "minhash":
+            return
+        idf = index.fingerprint_settings.idf
+        if idf is not None:
+            click.echo(f"IDF weights: {idf.documents:,} sample documents, {len(idf.terms):,} terms, top "
+                       f"{index.fingerprint_settings.top_features} features per document")
         click.echo(f"expected candidates per lookup at {expected_size:,} documents (random fingerprints):")
         for layout, candidates in layouts_for(max_distance, expected_size):
             mark = "  <- this index" if layout == index.layout else ""
@@ -222,10 +262,13 @@ def ingest(database_url, schema, data_dir, paths, input_format, id_field, text_f
 @click.option("--simhash", help="Look up a fingerprint (16 hex digits) instead of a text.")
 @click.option("--max-distance", type=click.IntRange(0), default=None,
               help="Largest distance to report [default: the index's maximum].")
+@click.option("--min-similarity", type=float, default=None,
+              help="MinHash: smallest estimated Jaccard similarity to report [default: the index's threshold].")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per match.")
 @user_errors
-def query(database_url, schema, data_dir, text, file, simhash, max_distance, as_json):
-    """Print the stored documents within --max-distance bits of TEXT, nearest first.
+def query(database_url, schema, data_dir, text, file, simhash, max_distance, min_similarity, as_json):
+    """Print the stored documents within --max-distance bits of TEXT (MinHash: at least
+    --min-similarity), nearest first.
 
     \b
     Example:
@@ -233,6 +276,12 @@ def query(database_url, schema, data_dir, text, file, simhash, max_distance, as_
         simdb query --file article.txt --max-distance 2 --json
     """
     with open_index(database_url, schema, data_dir) as index:
+        if min_similarity is not None:
+            if max_distance is not None:
+                raise click.UsageError("give --max-distance or --min-similarity, not both")
+            max_distance = index.distance_for(min_similarity)
+        if simhash is not None and index.method != "simhash":
+            raise click.UsageError("--simhash looks up a SimHash fingerprint; this is a MinHash index: give a text")
         if simhash is not None:
             if text is not None or file is not None:
                 raise click.UsageError("give TEXT, --file or --simhash, not several")
@@ -245,6 +294,10 @@ def query(database_url, schema, data_dir, text, file, simhash, max_distance, as_
     if as_json:
         for match in matches:
             click.echo(json.dumps(match.to_json(), ensure_ascii=False))
+    elif matches and matches[0].similarity is not None:
+        click.echo("similarity  id")
+        for match in matches:
+            click.echo(f"{match.similarity:>10.3f}  {match.external_id}")
     elif matches:
         click.echo("distance  simhash           id")
         for match in matches:
@@ -317,9 +370,10 @@ def stats(database_url, schema, data_dir, as_json):
                f"{info['table_bytes'] / 2**20:,.1f} MiB with indexes")
     click.echo(f"layout:     {info['layout']}")
     largest = info["largest_key_buckets"][0]["documents"] if info["largest_key_buckets"] else 0
-    click.echo(f"candidates: {info['measured_candidates_per_lookup']:,} per lookup measured, "
-               f"{info['expected_candidates_per_lookup']:,} expected for random fingerprints; "
-               f"largest key bucket {largest:,}")
+    expected = info["expected_candidates_per_lookup"]
+    click.echo(f"candidates: {info['measured_candidates_per_lookup']:,} per lookup measured"
+               + (f", {expected:,} expected for random fingerprints" if expected is not None else "")
+               + f"; largest key bucket {largest:,}")
     settings = ", ".join(f"{k}={v}" for k, v in info["settings"].items())
     click.echo(f"settings:   {settings}")
     click.echo(f"batches:    {len(info['batches'])}")
@@ -441,6 +495,49 @@ def grant_reader_command(database_url, schema, data_dir, role, login, password_e
         created = index.grant_reader(role, login=login, password=password)
     click.echo(f"{'created' if created else 'updated'} role {role!r}: it can read schema {schema!r} "
                f"and write nothing{'; it can log in' if login else ''}")
+
+
+@cli.command()
+@click.argument("pairs_path", metavar="LABELLED.jsonl", type=click.Path(dir_okay=False))
+@click.option("--documents", type=click.Path(dir_okay=False), default=None,
+              help="JSON lines of {id, text}: the pairs' a and b are then document ids, not texts.")
+@click.option("--label-field", default="duplicate", show_default=True,
+              help="Field holding each pair's label (JSON true / false).")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default="calibration.svg", show_default=True,
+              help="Where to write the precision / recall plot (.svg or .png).")
+@click.option("--json", "as_json", is_flag=True, help="Print every point of both curves as JSON.")
+@user_errors
+def calibrate(pairs_path, documents, label_field, plot_path, as_json):
+    """Measure precision and recall of every setting on your own labelled pairs; recommend one.
+
+    Each line of LABELLED.jsonl is {"a": text, "b": text, "duplicate": true|false}.
+    No database is needed.
+
+    \b
+    Example:
+        simdb calibrate labelled.jsonl
+        simdb calibrate pairs.jsonl --documents docs.jsonl --label-field dup_80 --plot cal.png
+    """
+    from .calibrate import calibrate as run_calibration, plot, read_pairs
+
+    result = run_calibration(list(read_pairs(pairs_path, documents=documents, label_field=label_field)))
+    plot(result, plot_path)
+    if as_json:
+        click.echo(json.dumps({"pairs": result.pairs, "positives": result.positives,
+                               "simhash": [dataclasses.asdict(p) for p in result.simhash],
+                               "minhash": [dataclasses.asdict(p) for p in result.minhash]}, indent=2))
+        return
+    click.echo(f"{result.pairs:,} labelled pairs, {result.positives:,} near-duplicates")
+    click.echo("SimHash        k  precision  recall     F1   flagged")
+    for point in result.simhash:
+        click.echo(f"          {int(point.setting):>6}  {point.precision:>9.3f}  {point.recall:>6.3f}  "
+                   f"{point.f1:>5.3f}  {point.flagged:>8,}")
+    click.echo("MinHash        t  precision  recall     F1   flagged")
+    for point in result.minhash:
+        click.echo(f"          {point.setting:>6.3f}  {point.precision:>9.3f}  {point.recall:>6.3f}  "
+                   f"{point.f1:>5.3f}  {point.flagged:>8,}")
+    click.echo(result.recommendation())
+    click.echo(f"plot: {plot_path}")
 
 
 def main() -> None:

@@ -1,7 +1,12 @@
 """Tokens -> weighted features -> 64-bit SimHash (Charikar 2002).
 
 Each distinct token is a feature with a weight (sublinear term frequency by
-default: ``1 + ln(tf)``). Each feature is hashed with xxh3-64 under a fixed
+default: ``1 + ln(tf)``). An index created with an IDF table (learned from a
+sample of the archive by ``simdb init --idf-from``, then frozen in the
+database) weights features by ``(1 + ln tf) * ln((N + 1) / (df + 1))`` and
+keeps only the ``top_features`` heaviest ones (ties broken by the token), so
+that function words and boilerplate no longer decide the bits and small edits
+elsewhere do not move them. Each feature is hashed with xxh3-64 under a fixed
 seed; bit ``i`` of the fingerprint is set when the weights of the features
 whose hash has bit ``i`` set outweigh those whose hash has it clear. The sum is
 vectorised with numpy: hash all features, unpack their bits into an
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,9 +33,58 @@ from .tokenize import TokenizerSettings, tokenize
 #: Names the whole text -> fingerprint recipe. Any change to normalization,
 #: tokenization, weighting or hashing that can change a fingerprint must bump
 #: it, so that indexes built by the old recipe refuse to open under the new one.
-ALGORITHM = "simhash64-v1"
-WEIGHTINGS = ("sublinear_tf", "tf", "binary")
+ALGORITHM = "simhash64-v2"  # v2: traditional Chinese folded to simplified (OpenCC t2s)
+WEIGHTINGS = ("sublinear_tf", "tf", "binary", "tfidf")
 DEFAULT_SEED = 0x51D8_5EED
+#: Features kept per document under ``tfidf`` weighting (measured on the devset: see README, Quality).
+DEFAULT_TOP_FEATURES = 8
+#: Terms seen in fewer documents are not stored; they weigh as if seen in one.
+IDF_MIN_DF = 2
+
+
+@dataclass(frozen=True)
+class IdfTable:
+    """Document frequencies learned from a sample, frozen with the index.
+
+    ``terms`` maps a token to the number of sample documents containing it
+    (only tokens in at least :data:`IDF_MIN_DF` of them); ``digest`` names the
+    exact table, so an index checks on open that its stored table is intact.
+    """
+
+    documents: int
+    terms: Mapping[str, int] = field(compare=False, hash=False, repr=False)
+    digest: str = ""
+
+    def __post_init__(self) -> None:
+        if self.documents < 1:
+            raise ValueError("an IDF table needs at least one document")
+        if not self.digest:
+            object.__setattr__(self, "digest", self.compute_digest())
+
+    def compute_digest(self) -> str:
+        hasher = xxhash.xxh3_128(f"{self.documents}\n".encode())
+        for term in sorted(self.terms):
+            hasher.update(f"{term}\t{self.terms[term]}\n".encode("utf-8"))
+        return hasher.hexdigest()
+
+    def check(self) -> None:
+        if self.compute_digest() != self.digest:
+            raise ValueError("the stored IDF table does not match its digest: it was changed after the index "
+                             "was created")
+
+    def weight(self, term: str) -> float:
+        return math.log((self.documents + 1) / (self.terms.get(term, 1) + 1))
+
+    @classmethod
+    def learn(cls, token_lists: Iterable[list[str]]) -> "IdfTable":
+        counts: Counter = Counter()
+        documents = 0
+        for tokens in token_lists:
+            documents += 1
+            counts.update(set(tokens))
+        if not documents:
+            raise ValueError("no documents to learn IDF weights from")
+        return cls(documents=documents, terms={t: n for t, n in counts.items() if n >= IDF_MIN_DF})
 
 
 @dataclass(frozen=True)
@@ -40,16 +95,25 @@ class FingerprintSettings:
     weighting: str = "sublinear_tf"
     seed: int = DEFAULT_SEED
     algorithm: str = ALGORITHM
+    idf: IdfTable | None = None
+    #: With ``tfidf``: features kept per document (0 = all).
+    top_features: int = 0
 
     def __post_init__(self) -> None:
         if self.weighting not in WEIGHTINGS:
             raise ValueError(f"unknown weighting {self.weighting!r}: choose one of {', '.join(WEIGHTINGS)}")
+        if (self.weighting == "tfidf") != (self.idf is not None):
+            raise ValueError("tfidf weighting needs an IDF table (simdb init --idf-from SAMPLE), "
+                             "and an IDF table needs tfidf weighting")
+        if self.top_features < 0:
+            raise ValueError(f"top features must be 0 (all) or more, not {self.top_features}")
         if not 0 <= self.seed < 2**64:
             raise ValueError("the hash seed must be an unsigned 64-bit integer")
 
 
-def weighted_features(tokens: list[str], weighting: str) -> tuple[list[str], np.ndarray]:
-    """Distinct tokens and their weights."""
+def weighted_features(tokens: list[str], weighting: str, idf: IdfTable | None = None,
+                      top_features: int = 0) -> tuple[list[str], np.ndarray]:
+    """Distinct tokens and their weights (with ``tfidf``: the ``top_features`` heaviest)."""
     counts = Counter(tokens)
     features = list(counts)
     if weighting == "binary":
@@ -59,6 +123,13 @@ def weighted_features(tokens: list[str], weighting: str) -> tuple[list[str], np.
     else:
         weights = np.fromiter((1.0 + math.log(c) for c in counts.values()), dtype=np.float64,
                               count=len(features))
+    if weighting == "tfidf":
+        weights = weights * np.fromiter((idf.weight(f) for f in features), dtype=np.float64, count=len(features))
+        if 0 < top_features < len(features):
+            kept = sorted(range(len(features)), key=lambda i: (-weights[i], features[i]))[:top_features]
+            features, weights = [features[i] for i in kept], weights[kept]
+        if not weights.any():  # every token is in every sample document: fall back to term frequency
+            weights = np.ones(len(features))
     return features, weights
 
 
@@ -89,10 +160,17 @@ def tokens_for(text: str, settings: FingerprintSettings) -> list[str]:
 
 def fingerprint(text: str, settings: FingerprintSettings = FingerprintSettings()) -> int:
     """Text -> unsigned 64-bit SimHash under ``settings``."""
-    features, weights = weighted_features(tokens_for(text, settings), settings.weighting)
+    features, weights = weighted_features(tokens_for(text, settings), settings.weighting, settings.idf,
+                                          settings.top_features)
     return simhash(features, weights, settings.seed)
 
 
 def content_hash(text: str) -> bytes:
     """128-bit hash of the exact text, for telling exact from near duplicates."""
     return xxhash.xxh3_128_digest(text.encode("utf-8"))
+
+
+def learn_idf(texts: Iterable[str], tokenizer: TokenizerSettings = TokenizerSettings()) -> IdfTable:
+    """Document frequencies of the tokens of ``texts`` (a sample of the archive), for tfidf weighting."""
+    settings = FingerprintSettings(tokenizer=tokenizer)
+    return IdfTable.learn(tokens_for(text, settings) for text in texts if text.strip())

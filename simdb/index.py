@@ -20,30 +20,38 @@ import sqlalchemy as sa
 
 from . import migrate
 from .blocks import BlockLayout
-from .bits import format_fingerprint, hamming, to_signed, to_signed_array, to_unsigned
+from .bits import format_fingerprint, hamming, to_signed, to_unsigned
 from .database import Database
 from .errors import IncompatibleIndex, IndexNotFound, InputError, SimdbError
-from .fingerprint import fingerprint
-from .ingest import BatchSummary, FingerprintedBatch, IngestOptions, ingest, ingest_chunk
+from .ingest import (BatchSummary, FingerprintedBatch, IngestOptions, ingest, ingest_chunk, keys_and_values,
+                     sketch_column)
 from .inputs import Document, check_text
-from .matching import candidate_sql, collect, verified_pairs
+from .matching import collect, copy_in, pairs_between
 from .relayout import relayout
 from .remove import RemovalSummary, remove
 from .settings import IndexSettings
+from .sketch import sketch
 from .sqlapi import grant_reader
 
 
 @dataclass(frozen=True)
 class Match:
-    """A stored document within the query's distance."""
+    """A stored document within the query's distance.
+
+    SimHash: ``distance`` in bits, ``simhash`` the stored fingerprint. MinHash: ``distance`` in
+    signature positions, ``similarity`` the Jaccard estimate, ``simhash`` None.
+    """
 
     external_id: str
     distance: int
-    simhash: int
+    simhash: int | None
     metadata: dict = field(default_factory=dict)
+    similarity: float | None = None
 
     def to_json(self) -> dict:
-        return {"id": self.external_id, "distance": self.distance, "simhash": format_fingerprint(self.simhash),
+        sketch_field = ({"similarity": round(self.similarity, 4)} if self.similarity is not None
+                        else {"simhash": format_fingerprint(self.simhash)})
+        return {"id": self.external_id, "distance": self.distance, **sketch_field,
                 **({"metadata": self.metadata} if self.metadata else {})}
 
 
@@ -54,9 +62,11 @@ class Pair:
     a: str
     b: str
     distance: int
+    similarity: float | None = None  # MinHash: the Jaccard estimate
 
     def to_json(self) -> dict:
-        return {"a": self.a, "b": self.b, "distance": self.distance}
+        return {"a": self.a, "b": self.b, "distance": self.distance,
+                **({"similarity": round(self.similarity, 4)} if self.similarity is not None else {})}
 
 
 def _as_document(item: Document | Mapping, index: int) -> Document:
@@ -91,7 +101,8 @@ class Index:
     @classmethod
     def create(cls, database_url: str | None = None, *, schema: str | None = None,
                data_dir: str | Path | None = None, exist_ok: bool = False, **settings) -> "Index":
-        """Create an index (``max_distance``, ``blocks``, ``tokenizer``, ... as in :meth:`IndexSettings.new`).
+        """Create an index (``method``, ``max_distance``, ``blocks``, ``idf``, ``threshold``, ... as in
+        :meth:`IndexSettings.new`).
 
         With ``exist_ok``, an existing index with the same settings is opened
         instead; one with other settings is an :class:`IncompatibleIndex`.
@@ -108,8 +119,9 @@ class Index:
                 connection.exec_driver_sql(f"CREATE SCHEMA IF NOT EXISTS {schema}")
                 exists = migrate.current_revision(connection, schema) is not None
                 if not exists:
-                    migrate.upgrade(connection, schema, layout=wanted.layout,
-                                    new_index_settings=wanted.to_rows())
+                    idf = getattr(wanted.fingerprints, "idf", None)
+                    migrate.upgrade(connection, schema, layout=wanted.layout, new_index_settings=wanted.to_rows(),
+                                    new_index_idf_terms=dict(idf.terms) if idf else None)
             if exists and not exist_ok:
                 raise SimdbError(f"an index already exists in schema {schema!r} of {database.display_url}; "
                                  "use it as it is, or choose another --schema")
@@ -142,8 +154,10 @@ class Index:
             if revision not in migrate.known_revisions():
                 raise IncompatibleIndex(f"the index in schema {schema!r} is at schema revision {revision}, "
                                         "written by a newer simdb; upgrade simdb to open it")
-            stored = IndexSettings.from_rows(dict(connection.execute(
-                sa.text("SELECT name, value FROM settings")).all()))
+            rows = dict(connection.execute(sa.text("SELECT name, value FROM settings")).all())
+            terms = dict(connection.execute(sa.text("SELECT term, documents FROM idf_terms")).all()) \
+                if rows.get("idf") else None
+            stored = IndexSettings.from_rows(rows, idf_terms=terms)
             if revision != migrate.head_revision():
                 migrate.lock(connection, schema, "migrate")
                 migrate.upgrade(connection, schema, layout=stored.layout)
@@ -172,9 +186,15 @@ class Index:
         self.settings.check_canaries()
         return self.settings.fingerprints
 
-    def fingerprint(self, text: str) -> int:
+    @property
+    def method(self) -> str:
+        """``simhash`` or ``minhash``."""
+        return self.settings.method
+
+    def fingerprint(self, text: str) -> int | bytes:
+        """The text's sketch under the index's recipe: a SimHash fingerprint, or MinHash signature bytes."""
         check_text(text, None, None)
-        return fingerprint(text, self.fingerprint_settings)
+        return sketch(text, self.fingerprint_settings)
 
     # -- ingest --------------------------------------------------------------------------------
 
@@ -230,6 +250,9 @@ class Index:
 
     def relayout(self, blocks: int, progress: Callable[[str], None] | None = None) -> None:
         """Rebuild the key columns for ``blocks`` blocks, online (see :mod:`simdb.relayout`)."""
+        if self.method != "simhash":
+            raise SimdbError("relayout changes SimHash block layouts; a MinHash index's bands are fixed when it is "
+                             "created: create a new index with other --threshold/--num-perm and ingest again")
         self.settings = relayout(self.database.engine, self.database.schema, self.settings, blocks,
                                  progress=progress)
         self.layout = self.settings.layout
@@ -249,8 +272,19 @@ class Index:
                              f"{self.layout.max_distance}, not {max_distance}")
         return max_distance
 
+    def distance_for(self, min_similarity: float) -> int:
+        """MinHash: the largest distance (differing positions) whose estimate is still ``min_similarity``."""
+        if self.method != "minhash":
+            raise SimdbError("--min-similarity is for MinHash indexes; a SimHash index takes --max-distance")
+        if not self.layout.threshold <= min_similarity <= 1:
+            raise SimdbError(f"--min-similarity must be between the index's threshold {self.layout.threshold:g} "
+                             f"and 1, not {min_similarity:g}")
+        return int(self.layout.num_perm - np.ceil(min_similarity * self.layout.num_perm - 1e-9))
+
     def query(self, text: str, max_distance: int | None = None) -> list[Match]:
-        """Stored documents within ``max_distance`` bits of ``text``'s fingerprint, nearest first."""
+        """Stored documents within ``max_distance`` of ``text``, nearest first."""
+        if self.method == "minhash":
+            return self.query_many([text], max_distance)[0]
         return self.query_fingerprint(self.fingerprint(text), max_distance)
 
     def query_fingerprint(self, simhash: int, max_distance: int | None = None) -> list[Match]:
@@ -273,25 +307,20 @@ class Index:
         """One result list per text, found with a single set-based join."""
         return self.query_fingerprints([self.fingerprint(text) for text in texts], max_distance)
 
-    def query_fingerprints(self, simhashes: list[int], max_distance: int | None = None) -> list[list[Match]]:
+    def query_fingerprints(self, sketches: list[int | bytes], max_distance: int | None = None) -> list[list[Match]]:
+        """One result list per sketch (fingerprint or signature bytes), found with one set-based join."""
         limit = self._max_distance(max_distance)
-        if not simhashes:
+        if not sketches:
             return []
-        fps = np.array(simhashes, dtype=np.uint64)
-        keys = self.layout.block_keys_array(fps)
-        columns = ["id", "simhash", *self.layout.key_columns]
+        keys, values = keys_and_values(self.layout, sketches)
         with self.database.engine.begin() as connection:
-            connection.exec_driver_sql(
-                "CREATE TEMPORARY TABLE probes (" + ", ".join(f"{c} int8 NOT NULL" for c in columns)
-                + ") ON COMMIT DROP")
-            cursor = connection.connection.dbapi_connection.cursor()
-            with cursor.copy(f"COPY probes ({', '.join(columns)}) FROM STDIN (FORMAT BINARY)") as copy:
-                copy.set_types(["int8"] * len(columns))
-                for i, (signed, key_row) in enumerate(zip(to_signed_array(fps).tolist(), keys.tolist())):
-                    copy.write_row((i, signed, *key_row))
+            columns = [("id", "int8"), sketch_column(self.layout), *((c, "int8") for c in self.layout.key_columns)]
+            copy_in(connection, f"probes ({', '.join(name for name, _ in columns)})", [t for _, t in columns],
+                    ((i, value, *key_row) for i, (value, key_row) in enumerate(zip(values, keys.tolist()))),
+                    create=True)
             connection.exec_driver_sql("ANALYZE probes")
-            pairs = collect(verified_pairs(connection, candidate_sql(self.layout, "probes", "documents", limit), limit))
-            per_probe: list[dict[int, int]] = [{} for _ in simhashes]
+            pairs = collect(pairs_between(connection, self.layout, "probes", "documents", limit))
+            per_probe: list[dict[int, int]] = [{} for _ in sketches]
             for probe, document, distance in pairs.tolist():
                 per_probe[probe][document] = distance
             return self._matches(connection, per_probe)
@@ -302,7 +331,9 @@ class Index:
         if ids:
             rows = {row.id: row for row in connection.execute(sa.text(
                 "SELECT id, external_id, simhash, metadata FROM documents WHERE id = ANY(:ids)"), {"ids": ids})}
-        return [sorted((Match(rows[d].external_id, distance, to_unsigned(rows[d].simhash), rows[d].metadata)
+        minhash = self.method == "minhash"
+        return [sorted((Match(rows[d].external_id, distance, None if minhash else to_unsigned(rows[d].simhash),
+                              rows[d].metadata, self.layout.similarity_of(distance) if minhash else None)
                         for d, distance in distances.items()), key=lambda m: (m.distance, m.external_id))
                 for distances in found]
 
@@ -323,8 +354,9 @@ class Index:
                 "SELECT a.external_id AS a, b.external_id AS b, p.distance FROM near_duplicates p "
                 "JOIN documents a ON a.id = p.a_id JOIN documents b ON b.id = p.b_id "
                 f"WHERE {condition} ORDER BY p.a_id, p.b_id"), params)
+            minhash = self.method == "minhash"
             for row in result:
-                yield Pair(row.a, row.b, row.distance)
+                yield Pair(row.a, row.b, row.distance, self.layout.similarity_of(row.distance) if minhash else None)
 
     def _batch_id(self, connection: sa.Connection, name: str) -> int:
         batch_id = connection.execute(sa.text("SELECT id FROM batches WHERE name = :name"), {"name": name}).scalar()
@@ -333,17 +365,21 @@ class Index:
         return batch_id
 
     def export(self) -> Iterator[dict]:
-        """``{"id", "simhash", ...metadata}`` for every document, in the order they were stored.
+        """``{"id", "simhash" | "signature", ...metadata}`` for every document, in the order they were stored.
 
-        A metadata field named ``id`` or ``simhash`` is exported as ``metadata.id`` / ``metadata.simhash``.
+        The sketch is the fingerprint's 16 hex digits (SimHash) or the signature's hex (MinHash). A
+        metadata field with the same name as one of these is exported as ``metadata.<name>``.
         """
+        column = "signature" if self.method == "minhash" else "simhash"
         with self.database.engine.connect() as connection:
             result = connection.execution_options(yield_per=10_000).execute(sa.text(
-                "SELECT external_id, simhash, metadata FROM documents ORDER BY id"))
+                f"SELECT external_id, {column} AS sketch, metadata FROM documents ORDER BY id"))
             for row in result:
-                record = {"id": row.external_id, "simhash": format_fingerprint(to_unsigned(row.simhash))}
+                value = bytes(row.sketch).hex() if column == "signature" else \
+                    format_fingerprint(to_unsigned(row.sketch))
+                record = {"id": row.external_id, column: value}
                 for key, value in row.metadata.items():
-                    record[f"metadata.{key}" if key in ("id", "simhash") else key] = value
+                    record[f"metadata.{key}" if key in ("id", column) else key] = value
                 yield record
 
     def stats(self) -> dict:
@@ -366,7 +402,7 @@ class Index:
         documents = counts.documents
         measured = sum(means)
         advice = None
-        if measured > OUTGROWN_CANDIDATES:
+        if measured > OUTGROWN_CANDIDATES and self.method == "simhash":
             # real fingerprints are skewed, so at least one block more even where random ones would not need it
             blocks = max(BlockLayout.for_size(self.layout.max_distance, documents).blocks, self.layout.blocks + 1)
             advice = (f"lookups meet {measured:,.0f} candidates on average: the archive has outgrown its layout; "
@@ -379,7 +415,8 @@ class Index:
             "batches": [dict(row._mapping) for row in batches],
             "settings": self.settings.summary(),
             "layout": self.layout.describe(),
-            "expected_candidates_per_lookup": round(self.layout.expected_candidates(documents), 2),
+            "expected_candidates_per_lookup": round(self.layout.expected_candidates(documents), 2)
+            if self.method == "simhash" else None,
             "measured_candidates_per_lookup": round(measured, 2),
             "largest_key_buckets": [{"key": column, "value": value, "documents": n}
                                     for n, column, value in sorted(largest, reverse=True)[:5]],

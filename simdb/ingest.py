@@ -37,15 +37,18 @@ from pathlib import Path
 import numpy as np
 import sqlalchemy as sa
 
+from . import minhash
 from .bits import to_signed_array
 from .clusters import merge_clusters
 from .blocks import BlockLayout
 from .errors import BatchError, IncompatibleIndex, InputError
-from .fingerprint import FingerprintSettings
 from .inputs import Document
-from .matching import candidate_sql, collect, copy_in, copy_out_int64, earliest_matches, verified_pairs
+from .matching import collect, copy_in, copy_out_int64, earliest_matches, pairs_between
 from .migrate import lock
 from .parallel import Fingerprinted, fingerprint_stream
+from .sketch import Recipe
+
+Layout = BlockLayout | minhash.MinHashSettings
 
 DEFAULT_CHUNK_SIZE = 100_000
 DEFAULT_MAX_CHARS = 5_000_000
@@ -77,10 +80,13 @@ class IngestOptions:
 
 @dataclass
 class FingerprintedBatch:
-    """A chunk ready for the database: one entry per document, in input order."""
+    """A chunk ready for the database: one entry per document, in input order.
+
+    ``sketches`` are unsigned SimHash fingerprints or MinHash signature bytes.
+    """
 
     external_ids: list[str] = field(default_factory=list)
-    simhashes: list[int] = field(default_factory=list)
+    sketches: list[int | bytes] = field(default_factory=list)
     content_hashes: list[bytes] = field(default_factory=list)
     lengths: list[int] = field(default_factory=list)
     metadata: list[dict] = field(default_factory=list)
@@ -89,10 +95,10 @@ class FingerprintedBatch:
     def __len__(self) -> int:
         return len(self.external_ids)
 
-    def append(self, external_id: str, simhash: int, digest: bytes, length: int, metadata: dict,
+    def append(self, external_id: str, sketch: int | bytes, digest: bytes, length: int, metadata: dict,
                origin: str) -> None:
         self.external_ids.append(external_id)
-        self.simhashes.append(simhash)
+        self.sketches.append(sketch)
         self.content_hashes.append(digest)
         self.lengths.append(length)
         self.metadata.append(metadata)
@@ -135,9 +141,23 @@ EXACT_DUPLICATES_SQL = (
     "AND e.id < s.id)")
 
 
-def create_staging(connection: sa.Connection, layout: BlockLayout) -> list[tuple[str, str]]:
+def sketch_column(layout: Layout) -> tuple[str, str]:
+    """The documents column (and its type) that holds the sketch: ``simhash`` or ``signature``."""
+    return ("signature", "bytea") if isinstance(layout, minhash.MinHashSettings) else ("simhash", "int8")
+
+
+def keys_and_values(layout: Layout, sketches: list[int | bytes]) -> tuple[np.ndarray, list]:
+    """``(keys (n, key columns) int64, the sketches as stored)`` for a list of sketches."""
+    if isinstance(layout, minhash.MinHashSettings):
+        rows = np.frombuffer(b"".join(sketches), dtype="<u4").reshape(len(sketches), layout.num_perm)
+        return minhash.band_keys_array(rows, layout), list(sketches)
+    fingerprints = np.array(sketches, dtype=np.uint64)
+    return layout.block_keys_array(fingerprints), to_signed_array(fingerprints).tolist()
+
+
+def create_staging(connection: sa.Connection, layout: Layout) -> list[tuple[str, str]]:
     """The transaction's temporary staging table; returns its (column, type) list."""
-    columns = ([("id", "int8"), ("external_id", "text"), ("simhash", "int8")]
+    columns = ([("id", "int8"), ("external_id", "text"), sketch_column(layout)]
                + [(name, "int8") for name in layout.key_columns]
                + [("content_hash", "bytea"), ("length", "int4"), ("metadata", "jsonb")])
     connection.exec_driver_sql(
@@ -145,8 +165,10 @@ def create_staging(connection: sa.Connection, layout: BlockLayout) -> list[tuple
     return columns
 
 
-def check_layout(connection: sa.Connection, layout: BlockLayout) -> None:
+def check_layout(connection: sa.Connection, layout: Layout) -> None:
     """Under the ingest lock: refuse to write keys of a layout the index no longer has."""
+    if isinstance(layout, minhash.MinHashSettings):
+        return  # bands are fixed at creation
     stored = dict(connection.execute(sa.text(
         "SELECT name, value FROM settings WHERE name IN ('blocks', 'first_key')")).all())
     if (stored.get("blocks"), stored.get("first_key", 0)) != (layout.blocks, layout.first_key):
@@ -176,7 +198,7 @@ class ChunkResult:
     stored: int
 
 
-def ingest_chunk(connection: sa.Connection, schema: str, layout: BlockLayout, chunk: FingerprintedBatch, *,
+def ingest_chunk(connection: sa.Connection, schema: str, layout: Layout, chunk: FingerprintedBatch, *,
                  name: str, source: str, first: bool, final: bool, position: int, rejected: int,
                  skip_errors: bool) -> ChunkResult:
     """Match and insert one chunk inside the caller's transaction; update the batch's counts."""
@@ -188,18 +210,16 @@ def ingest_chunk(connection: sa.Connection, schema: str, layout: BlockLayout, ch
         "SELECT pg_get_serial_sequence('documents', 'id')::regclass::oid")).scalar_one()
     ids = collect(copy_out_int64(connection, f"SELECT nextval({int(sequence)}::oid::regclass) "
                                              f"FROM generate_series(1, {int(count)})", 1), 1)[:, 0]
-    simhashes = np.array(chunk.simhashes, dtype=np.uint64)
-    keys = layout.block_keys_array(simhashes)
-    signed = to_signed_array(simhashes)
+    keys, stored_sketches = keys_and_values(layout, chunk.sketches)
 
     columns = create_staging(connection, layout)
     column_list = ", ".join(name for name, _ in columns)
     cursor = connection.connection.dbapi_connection.cursor()
     with cursor.copy(f"COPY staging ({column_list}) FROM STDIN (FORMAT BINARY)") as copy:
         copy.set_types([t for _, t in columns])
-        id_list, signed_list, key_rows = ids.tolist(), signed.tolist(), keys.tolist()
+        id_list, key_rows = ids.tolist(), keys.tolist()
         for i in range(count):
-            copy.write_row((id_list[i], chunk.external_ids[i], signed_list[i], *key_rows[i],
+            copy.write_row((id_list[i], chunk.external_ids[i], stored_sketches[i], *key_rows[i],
                             chunk.content_hashes[i], chunk.lengths[i], chunk.metadata[i]))
 
     errors, unstored = _stored_ids(connection, chunk, ids, batch_id)
@@ -210,9 +230,9 @@ def ingest_chunk(connection: sa.Connection, schema: str, layout: BlockLayout, ch
     connection.exec_driver_sql("ANALYZE staging")
 
     k = layout.max_distance
-    sql = (candidate_sql(layout, "staging", "documents", k) + "\nUNION ALL\n"
-           + candidate_sql(layout, "staging", "staging", k, earlier_only=True))
-    pairs = collect(verified_pairs(connection, sql, k))  # (new id, earlier id, distance), every pair
+    pairs = collect(itertools.chain(  # (new id, earlier id, distance), every pair
+        pairs_between(connection, layout, "staging", "documents", k),
+        pairs_between(connection, layout, "staging", "staging", k, earlier_only=True)))
     duplicates = earliest_matches(pairs)
     clusters = merge_clusters(connection, pairs, ids)
     exact = len(connection.execute(sa.text(EXACT_DUPLICATES_SQL)).all())
@@ -320,7 +340,7 @@ def _resume_position(engine: sa.Engine, name: str, resume: bool) -> tuple[int, i
     return row.position, row.rejected
 
 
-def ingest(engine: sa.Engine, schema: str, layout: BlockLayout, settings: FingerprintSettings,
+def ingest(engine: sa.Engine, schema: str, layout: Layout, settings: Recipe,
            items: Iterable[Document | InputError], options: IngestOptions,
            progress: Callable[[int], None] | None = None) -> BatchSummary:
     """Ingest a batch in atomic chunks; see the module docstring."""
@@ -361,7 +381,7 @@ def ingest(engine: sa.Engine, schema: str, layout: BlockLayout, settings: Finger
                 else:
                     seen[document.external_id] = document.origin
                     ordinals.append(consumed)
-                    chunk.append(document.external_id, item.simhash, item.content_hash, len(document.text),
+                    chunk.append(document.external_id, item.sketch, item.content_hash, len(document.text),
                                  document.metadata, document.origin)
             if isinstance(item, InputError):
                 if not skip_errors:

@@ -15,7 +15,6 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
-from .blocks import BlockLayout
 
 
 def migrations_path() -> Path:
@@ -27,12 +26,14 @@ def migrations_path() -> Path:
                        f"{package.parent / 'migrations'}); reinstall simdb")
 
 
-def alembic_config(connection: sa.Connection, schema: str, *, layout: BlockLayout | None = None,
-                   new_index_settings: dict | None = None) -> Config:
+def alembic_config(connection: sa.Connection, schema: str, *, layout=None, new_index_settings: dict | None = None,
+                   new_index_idf_terms: dict | None = None) -> Config:
+    """``layout`` is the index's key layout (env.py builds the metadata from it); a new index also passes its
+    settings rows and, with tfidf weighting, its IDF table."""
     config = Config()
     config.set_main_option("script_location", str(migrations_path()))
     config.attributes.update(connection=connection, schema=schema, layout=layout,
-                             new_index_settings=new_index_settings)
+                             new_index_settings=new_index_settings, new_index_idf_terms=new_index_idf_terms)
     return config
 
 
@@ -61,10 +62,10 @@ def lock(connection: sa.Connection, schema: str, purpose: str) -> None:
                        {"key": f"simdb {purpose} {schema}"})
 
 
-def upgrade(connection: sa.Connection, schema: str, *, layout: BlockLayout | None = None,
-            new_index_settings: dict | None = None, revision: str = "head") -> None:
-    command.upgrade(alembic_config(connection, schema, layout=layout, new_index_settings=new_index_settings),
-                    revision)
+def upgrade(connection: sa.Connection, schema: str, *, layout=None, new_index_settings: dict | None = None,
+            new_index_idf_terms: dict | None = None, revision: str = "head") -> None:
+    command.upgrade(alembic_config(connection, schema, layout=layout, new_index_settings=new_index_settings,
+                                   new_index_idf_terms=new_index_idf_terms), revision)
 
 
 def downgrade(connection: sa.Connection, schema: str, revision: str = "base") -> None:

@@ -1,9 +1,10 @@
 """Text -> normalized text.
 
 Unicode NFKC (which also folds full-width forms to half-width), case folding,
-punctuation and symbols turned into spaces, runs of whitespace collapsed. The
-result is what the tokenizers see; the exact-content hash is taken of the raw
-text, not of this.
+traditional Chinese characters converted to simplified ones (OpenCC's ``t2s``
+conversion, phrase-aware), punctuation and symbols turned into spaces, runs of
+whitespace collapsed. The result is what the tokenizers and shinglers see; the
+exact-content hash is taken of the raw text, not of this.
 """
 
 from __future__ import annotations
@@ -14,6 +15,20 @@ import sys
 import unicodedata
 
 _WHITESPACE = re.compile(r"\s+")
+_HAN = re.compile("[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f]")
+
+
+@functools.cache
+def _t2s():
+    """OpenCC's traditional -> simplified converter, loaded once per process."""
+    import opencc
+
+    return opencc.OpenCC("t2s.json")
+
+
+def simplify(text: str) -> str:
+    """Traditional Chinese -> simplified (OpenCC ``t2s``); text without Han characters is returned as is."""
+    return _t2s().convert(text) if _HAN.search(text) else text
 
 
 @functools.cache
@@ -33,6 +48,6 @@ def fold(text: str) -> str:
 
 
 def normalize(text: str) -> str:
-    """Fold, drop punctuation and symbols, collapse whitespace, strip."""
-    text = fold(text).translate(_punctuation_table())
+    """Fold, simplify, drop punctuation and symbols, collapse whitespace, strip."""
+    text = simplify(fold(text)).translate(_punctuation_table())
     return _WHITESPACE.sub(" ", text).strip()

@@ -20,8 +20,9 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 
 from .errors import InputError
-from .fingerprint import FingerprintSettings, content_hash, fingerprint
+from .fingerprint import content_hash
 from .inputs import Document
+from .sketch import Recipe, sketch, sketch_many
 
 #: Documents per task sent to a worker: large enough to amortise the inter-process
 #: round trip, small enough to keep every core busy and memory low.
@@ -32,7 +33,7 @@ TASKS_IN_FLIGHT_PER_WORKER = 4
 @dataclass(frozen=True)
 class Fingerprinted:
     document: Document
-    simhash: int
+    sketch: int | bytes  # SimHash fingerprint or MinHash signature bytes
     content_hash: bytes
 
 
@@ -43,24 +44,19 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-_settings: FingerprintSettings | None = None
+_settings: Recipe | None = None
 
 
-def _start_worker(settings: FingerprintSettings) -> None:
+def _start_worker(settings: Recipe) -> None:
     global _settings
     _settings = settings
-    fingerprint("预热 jieba", settings)  # load the dictionary now, once per worker
+    sketch("预热 jieba 與 OpenCC", settings)  # load jieba's dictionary and OpenCC now, once per worker
 
 
-def _fingerprint_texts(texts: list[str]) -> list[tuple[int, bytes] | tuple[str, str | None]]:
-    """(simhash, content hash) per text, or (reason, hint) for a text that has no fingerprint."""
-    results: list = []
-    for text in texts:
-        try:
-            results.append((fingerprint(text, _settings), content_hash(text)))
-        except InputError as exc:
-            results.append((exc.reason, exc.hint))
-    return results
+def _fingerprint_texts(texts: list[str]) -> list[tuple[int | bytes, bytes] | tuple[str, str | None]]:
+    """(sketch, content hash) per text, or (reason, hint) for a text that has no sketch."""
+    return [(result.reason, result.hint) if isinstance(result, InputError) else (result, content_hash(text))
+            for text, result in zip(texts, sketch_many(texts, _settings))]
 
 
 def _chunks(items: Iterable, size: int) -> Iterator[list]:
@@ -74,7 +70,7 @@ def _chunks(items: Iterable, size: int) -> Iterator[list]:
         yield chunk
 
 
-def fingerprint_stream(items: Iterable[Document | InputError], settings: FingerprintSettings, *,
+def fingerprint_stream(items: Iterable[Document | InputError], settings: Recipe, *,
                        workers: int | None = None) -> Iterator[Fingerprinted | InputError]:
     """Fingerprint documents in input order; read errors pass through, fingerprint errors become InputErrors."""
     workers = default_workers() if workers is None else workers

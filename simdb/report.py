@@ -89,14 +89,14 @@ def _label(name: str, width: int = 18) -> str:
     return name.replace("$", r"\$")
 
 
-def _figure(width: float, height: float):
+def new_figure(width: float, height: float):
     from matplotlib.figure import Figure  # lazy: only `simdb report` pays for importing matplotlib
 
     return Figure(figsize=(width, height), dpi=100, layout="constrained")
 
 
 @contextlib.contextmanager
-def _chart_style():
+def chart_style():
     """Text as paths, stable SVG ids, and CJK fonts after DejaVu Sans where installed (else boxes, quietly)."""
     import matplotlib
     from matplotlib import font_manager
@@ -164,7 +164,7 @@ def _growth(batches, batch: str | None) -> str:
     names = [row.name for row in batches]
     added = [row.stored for row in batches]
     before = [sum(added[:i]) for i in range(len(added))]
-    figure = _figure(11, 3.6)
+    figure = new_figure(11, 3.6)
     axes = figure.subplots()
     positions = range(len(names))
     axes.bar(positions, before, color=COLORS["before"], label="stored before the batch")
@@ -182,7 +182,7 @@ def _growth(batches, batch: str | None) -> str:
 def _duplicates(batches, batch: str | None) -> str:
     names = [row.name for row in batches]
     positions = range(len(names))
-    figure = _figure(11, 3.8)
+    figure = new_figure(11, 3.8)
     kinds, where = figure.subplots(1, 2, sharex=True)
     bottom = [0] * len(names)
     for column, label in (("new", "new"), ("exact_duplicates", "exact duplicates"),
@@ -236,7 +236,7 @@ def _distances(counts: list[int], sampled: int, k: int, batch: str | None) -> st
     if not pairs:
         content = '<p class="empty">No sampled document shares a block key with another document.</p>'
     else:
-        figure = _figure(11, 3.6)
+        figure = new_figure(11, 3.6)
         axes = figure.subplots()
         axes.bar(range(65), counts, width=0.85, color=COLORS["histogram"])
         _log_counts(axes, "candidate pairs (log scale)")
@@ -273,7 +273,7 @@ def _cluster_sizes(sizes, singletons: int, batch: str | None) -> str:
     if not sizes:
         content = '<p class="empty">No clusters: no document has a near-duplicate.</p>'
     else:
-        figure = _figure(11, 3.2)
+        figure = new_figure(11, 3.2)
         axes = figure.subplots()
         labels, counts = _size_bins(sizes)
         bars = axes.bar(range(len(labels)), counts, width=0.8, color=COLORS["clusters"])
@@ -366,7 +366,7 @@ def build_report(index, batch: str | None = None) -> str:
         body = ('<p class="empty">Nothing to report yet: the index has no documents. Add a batch with '
                 "<code>simdb ingest FILE --batch NAME</code>, then run <code>simdb report</code> again.</p>")
     else:
-        with _chart_style():
+        with chart_style():
             body = "\n".join([_growth(batches, batch), _duplicates(batches, batch),
                               _distances(data["counts"], data["sampled"], layout.max_distance, batch),
                               _cluster_sizes(data["sizes"], data["singletons"], batch),

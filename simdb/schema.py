@@ -8,7 +8,8 @@ hold several indexes.
 
 ``documents`` has one column per block key (``key_0`` .. ``key_{n-1}``), each
 with its own B-tree index that also carries ``simhash`` and ``id``, so a
-lookup is an index-only scan.
+lookup is an index-only scan. A MinHash index stores its signature in
+``signature`` (``simhash`` stays NULL) and one key column per band.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 
 from .blocks import BlockLayout
+from .minhash import MinHashSettings
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -32,7 +34,7 @@ BATCH_STATUSES = ("running", "complete")
 
 
 @functools.cache
-def build_metadata(layout: BlockLayout) -> sa.MetaData:
+def build_metadata(layout: BlockLayout | MinHashSettings) -> sa.MetaData:
     metadata = sa.MetaData(naming_convention=NAMING_CONVENTION)
     sa.Table(
         "settings", metadata,
@@ -65,7 +67,8 @@ def build_metadata(layout: BlockLayout) -> sa.MetaData:
         sa.Column("id", sa.BigInteger, sa.Identity(), primary_key=True),
         sa.Column("external_id", sa.Text, nullable=False, unique=True),
         sa.Column("batch_id", sa.Integer, sa.ForeignKey("batches.id"), nullable=False, index=True),
-        sa.Column("simhash", sa.BigInteger, nullable=False),
+        sa.Column("simhash", sa.BigInteger),
+        sa.Column("signature", sa.LargeBinary),
         *key_columns,
         sa.Column("content_hash", sa.LargeBinary, nullable=False, index=True),
         sa.Column("length", sa.Integer, nullable=False),
@@ -74,6 +77,7 @@ def build_metadata(layout: BlockLayout) -> sa.MetaData:
         sa.Column("duplicate_of", sa.BigInteger, sa.ForeignKey("documents.id"), index=True),
         sa.Column("duplicate_distance", sa.SmallInteger),
         sa.Column("cluster_id", sa.BigInteger, nullable=False, index=True),
+        sa.CheckConstraint(sa.text("(simhash IS NULL) <> (signature IS NULL)"), name="one_sketch"),
         comment="One row per document: fingerprint (signed BIGINT), block keys, and the earliest near-duplicate.",
     )
     for name in layout.key_columns:
@@ -90,10 +94,17 @@ def build_metadata(layout: BlockLayout) -> sa.MetaData:
         sa.CheckConstraint(sa.text("a_id < b_id"), name="ordered"),
         comment="Every near-duplicate pair found at ingest: a was stored before b; batch is b's.",
     )
+    sa.Table(
+        "idf_terms", metadata,
+        sa.Column("term", sa.Text, primary_key=True),
+        sa.Column("documents", sa.Integer, nullable=False),
+        comment="SimHash with tfidf weighting: sample documents containing each term, frozen at creation "
+                "(digest in settings.idf).",
+    )
     return metadata
 
 
-def tables(layout: BlockLayout) -> tuple[sa.Table, sa.Table, sa.Table]:
+def tables(layout: BlockLayout | MinHashSettings) -> tuple[sa.Table, sa.Table, sa.Table]:
     """(settings, batches, documents) for an index with ``layout``."""
     metadata = build_metadata(layout)
     return metadata.tables["settings"], metadata.tables["batches"], metadata.tables["documents"]

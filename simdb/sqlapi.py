@@ -16,9 +16,12 @@ from psycopg import sql
 
 from .blocks import BlockLayout
 from .errors import SimdbError
+from .minhash import MinHashSettings
 
 FUNCTIONS = ("simdb_hamming(bigint, bigint)", "simdb_fingerprint_hex(bigint)", "simdb_fingerprint_from_hex(text)",
-             "simdb_check_distance(integer)", "simdb_near(bigint, integer)")
+             "simdb_check_distance(integer)", "simdb_near(bigint, integer)",
+             "simdb_similarity(bytea, bytea)", "simdb_band_keys(bytea)", "simdb_check_similarity(real)",
+             "simdb_similar(bytea, real)")
 VIEWS = ("near_duplicate_pairs", "duplicate_clusters", "batch_summary")
 
 
@@ -27,9 +30,12 @@ def _run(connection: sa.Connection, statement: str) -> None:
     connection.connection.dbapi_connection.execute(statement)
 
 
-def create_functions(connection: sa.Connection, schema: str, layout: BlockLayout) -> None:
+def create_functions(connection: sa.Connection, schema: str, layout: BlockLayout | MinHashSettings) -> None:
     from .relayout import key_expression
 
+    if isinstance(layout, MinHashSettings):
+        _create_minhash_functions(connection, schema, layout)
+        return
     k = layout.max_distance
     statements = [
         f"""CREATE OR REPLACE FUNCTION {schema}.simdb_hamming(a bigint, b bigint) RETURNS integer
@@ -85,12 +91,65 @@ def create_functions(connection: sa.Connection, schema: str, layout: BlockLayout
         _run(connection, f"COMMENT ON FUNCTION {schema}.{signature} IS " + sql.Literal(comment).as_string())
 
 
-def create_views(connection: sa.Connection, schema: str) -> None:
+def _create_minhash_functions(connection: sa.Connection, schema: str, settings: MinHashSettings) -> None:
+    width, bands, threshold = 4 * settings.rows, settings.bands, settings.threshold
+    band_key = "('x' || substr(md5(substr(signature, {i} * %d + 1, %d)), 1, 16))::bit(64)::bigint" % (width, width)
+    lookups = "\n                UNION\n".join(
+        f"                SELECT id, signature AS s FROM {schema}.documents WHERE {column} = {band_key.format(i=i)}"
+        for i, column in enumerate(settings.key_columns))
+    statements = [
+        f"""CREATE OR REPLACE FUNCTION {schema}.simdb_similarity(a bytea, b bytea) RETURNS real
+            LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
+            SELECT count(*) FILTER (WHERE substr(a, 4 * i + 1, 4) = substr(b, 4 * i + 1, 4))::real
+                   / (length(a) / 4)
+            FROM generate_series(0, length(a) / 4 - 1) AS i
+            $$""",
+        f"""CREATE OR REPLACE FUNCTION {schema}.simdb_band_keys(signature bytea) RETURNS bigint[]
+            LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
+            SELECT array_agg({band_key.format(i='i')} ORDER BY i) FROM generate_series(0, {bands - 1}) AS i
+            $$""",
+        f"""CREATE OR REPLACE FUNCTION {schema}.simdb_check_similarity(min_similarity real) RETURNS boolean
+            LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+            BEGIN
+                IF min_similarity IS NULL OR min_similarity < {threshold} OR min_similarity > 1 THEN
+                    RAISE EXCEPTION 'simdb_similar: min_similarity must be between {threshold} (the index''s '
+                                    'threshold) and 1, not %', min_similarity USING ERRCODE = 'invalid_parameter_value';
+                END IF;
+                RETURN true;
+            END $$""",
+        f"""CREATE OR REPLACE FUNCTION {schema}.simdb_similar(signature bytea, min_similarity real DEFAULT {threshold})
+            RETURNS TABLE (document_id bigint, similarity real)
+            LANGUAGE sql STABLE PARALLEL SAFE AS $$
+            SELECT c.id, {schema}.simdb_similarity(c.s, signature)
+            FROM (
+{lookups}
+            ) c
+            WHERE {schema}.simdb_check_similarity(min_similarity)
+              AND {schema}.simdb_similarity(c.s, signature) >= min_similarity
+            $$""",
+    ]
+    comments = {
+        "simdb_similarity(bytea, bytea)": "Estimated Jaccard similarity of two MinHash signatures: the share of "
+                                          "positions where they agree.",
+        "simdb_band_keys(bytea)": "The LSH band keys of a signature, as stored in key_0, key_1, ...",
+        "simdb_similar(bytea, real)": f"Documents whose estimated Jaccard similarity to a signature is at least "
+                                      f"min_similarity (default and at least {threshold}), found through the band "
+                                      "indexes.",
+    }
+    for statement in statements:
+        _run(connection, statement)
+    for signature, comment in comments.items():
+        _run(connection, f"COMMENT ON FUNCTION {schema}.{signature} IS " + sql.Literal(comment).as_string())
+
+
+def create_views(connection: sa.Connection, schema: str, layout: BlockLayout | MinHashSettings | None = None) -> None:
+    similarity = (f"(1 - p.distance::real / {layout.num_perm})" if isinstance(layout, MinHashSettings)
+                  else "NULL::real")
     connection.exec_driver_sql(f"""
         CREATE OR REPLACE VIEW {schema}.near_duplicate_pairs AS
         SELECT p.a_id, a.external_id AS a_external_id, p.b_id, b.external_id AS b_external_id, p.distance,
                a.content_hash = b.content_hash AS exact, bt.name AS batch, p.found_at,
-               a.metadata AS a_metadata, b.metadata AS b_metadata
+               a.metadata AS a_metadata, b.metadata AS b_metadata, {similarity} AS similarity
         FROM {schema}.near_duplicates p
         JOIN {schema}.documents a ON a.id = p.a_id
         JOIN {schema}.documents b ON b.id = p.b_id
@@ -113,7 +172,9 @@ def create_views(connection: sa.Connection, schema: str) -> None:
                b.within_batch, b.already_stored, b.rejected
         FROM {schema}.batches b""")
     for view, comment in {
-        "near_duplicate_pairs": "Every near-duplicate pair found at ingest (a stored first), with both documents' metadata.",
+        "near_duplicate_pairs": "Every near-duplicate pair found at ingest (a stored first), with both documents' "
+                                "metadata. distance: differing bits (SimHash) or signature positions (MinHash); "
+                                "similarity: the Jaccard estimate (MinHash only).",
         "duplicate_clusters": "Groups of near-duplicates (connected components), canonical = earliest document.",
         "batch_summary": "Per batch: documents, new, exact and near duplicates (against the archive / within "
                          "the batch), already stored, rejected, duration.",

@@ -37,7 +37,7 @@ def test_parallel_fingerprints_equal_serial_ones_in_order():
     serial = list(fingerprint_stream(items, settings, workers=1))
     parallel = list(fingerprint_stream(items, settings, workers=2))
     assert [type(x) for x in parallel] == [type(x) for x in serial]
-    assert [(x.simhash, x.content_hash) for x in parallel if isinstance(x, Fingerprinted)] == \
+    assert [(x.sketch, x.content_hash) for x in parallel if isinstance(x, Fingerprinted)] == \
         [(fingerprint(d.text), content_hash(d.text)) for d in documents]
     assert str(parallel[10]) == "f:3: bad record"
     assert str(parallel[-1]) == "the text is empty or only whitespace (give every document some text)"

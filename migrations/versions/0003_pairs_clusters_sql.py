@@ -23,12 +23,17 @@ depends_on = None
 def upgrade() -> None:
     from simdb.clusters import UnionFind
     from simdb.matching import candidate_sql
-    from simdb.settings import IndexSettings
+    from simdb.blocks import BlockLayout
     from simdb.sqlapi import create_functions, create_views
 
     schema = context.config.attributes["schema"]
     connection = op.get_bind()
-    layout = IndexSettings.from_rows(dict(connection.execute(sa.text("SELECT name, value FROM settings")).all())).layout
+    rows = dict(connection.execute(sa.text("SELECT name, value FROM settings")).all())
+    # A MinHash index is only ever created at a later head, empty: it has nothing to backfill here, and 0004
+    # creates its functions. (Only the layout is read here: the IDF table arrives with 0004.)
+    minhash_index = rows.get("method") == "minhash"
+    layout = None if minhash_index else BlockLayout(max_distance=rows["max_distance"], blocks=rows["blocks"],
+                                                    first_key=rows.get("first_key", 0))
 
     op.create_table(
         "near_duplicates",
@@ -52,7 +57,8 @@ def upgrade() -> None:
     op.add_column("documents", sa.Column("cluster_id", sa.BigInteger))
 
     # what is already stored: its pairs from the block keys, its clusters from the pairs
-    pairs = candidate_sql(layout, "documents", "documents", layout.max_distance, earlier_only=True)
+    pairs = "SELECT 1, 1, 1, 1 WHERE false" if minhash_index else \
+        candidate_sql(layout, "documents", "documents", layout.max_distance, earlier_only=True)
     connection.exec_driver_sql(
         "INSERT INTO near_duplicates (a_id, b_id, distance, batch_id, found_at) "
         "SELECT DISTINCT c.t_id, c.p_id, bit_count((c.ps # c.ts)::bit(64)), d.batch_id, d.created_at "
@@ -73,8 +79,9 @@ def upgrade() -> None:
     op.alter_column("documents", "cluster_id", nullable=False)
     op.create_index("ix_documents_cluster_id", "documents", ["cluster_id"])
 
-    create_functions(connection, schema, layout)
-    create_views(connection, schema)
+    if not minhash_index:
+        create_functions(connection, schema, layout)
+        create_views(connection, schema)
 
 
 def downgrade() -> None:

@@ -1,0 +1,190 @@
+"""Labelled pairs -> precision and recall of every setting -> a recommendation.
+
+``simdb calibrate`` reads pairs of texts that a person (or an exact measure)
+has labelled near-duplicate or not, and scores each pair the way an index
+would: the SimHash distance in bits (default recipe) and the MinHash estimate
+of Jaccard similarity (default shingles, 128 permutations). Sweeping the
+distance ``k`` and the threshold ``t`` gives precision, recall and F1 for
+every setting; the best F1 of each method becomes the recommended ``simdb
+init`` command, and a plot shows the curves.
+
+The decision for one pair is exactly the index's: a SimHash index finds every
+pair within ``k`` bits, and a MinHash index verifies every candidate by the
+same estimate (it can miss a pair at the threshold with the small probability
+its band layout states).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import minhash
+from .bits import hamming
+from .errors import InputError
+from .fingerprint import FingerprintSettings, fingerprint
+
+DISTANCES = tuple(range(0, 17))
+THRESHOLDS = tuple(round(0.5 + 0.025 * i, 3) for i in range(19))  # 0.5 .. 0.95
+
+
+@dataclass(frozen=True)
+class LabelledPair:
+    a: str
+    b: str
+    duplicate: bool
+    origin: str
+
+
+@dataclass(frozen=True)
+class Point:
+    setting: float
+    precision: float
+    recall: float
+    f1: float
+    flagged: int
+
+
+@dataclass(frozen=True)
+class Calibration:
+    pairs: int
+    positives: int
+    simhash: list[Point]
+    minhash: list[Point]
+
+    def best(self, method: str) -> Point:
+        points = self.simhash if method == "simhash" else self.minhash
+        # highest F1; among equals the stricter setting (fewer flagged pairs)
+        return max(points, key=lambda p: (p.f1, -p.flagged))
+
+    def recommendation(self) -> str:
+        sh, mh = self.best("simhash"), self.best("minhash")
+        lines = [f"SimHash: best F1 {sh.f1:.3f} at --max-distance {int(sh.setting)} "
+                 f"(precision {sh.precision:.3f}, recall {sh.recall:.3f})",
+                 f"MinHash: best F1 {mh.f1:.3f} at --threshold {mh.setting:g} "
+                 f"(precision {mh.precision:.3f}, recall {mh.recall:.3f})"]
+        if mh.f1 >= sh.f1:
+            lines.append(f"recommended: simdb init --method minhash --threshold {mh.setting:g}")
+        else:
+            lines.append(f"recommended: simdb init --max-distance {int(sh.setting)}")
+        return "\n".join(lines)
+
+
+def read_pairs(path: str | Path, *, documents: str | Path | None = None, label_field: str = "duplicate",
+               id_field: str = "id", text_field: str = "text") -> Iterator[LabelledPair]:
+    """Labelled pairs from JSON lines: ``{"a": ..., "b": ..., "<label_field>": true|false}``.
+
+    ``a`` and ``b`` are the two texts, or, with ``documents`` (JSON lines of
+    ``{"id": ..., "text": ...}``), the two documents' ids.
+    """
+    texts = None
+    if documents is not None:
+        texts = {}
+        for line_number, record in _json_lines(documents):
+            try:
+                texts[str(record[id_field])] = str(record[text_field])
+            except KeyError as exc:
+                raise InputError(f"the document has no {exc.args[0]!r} field", path=str(documents),
+                                 line=line_number, hint="use --id-field / --text-field") from None
+    for line_number, record in _json_lines(path):
+        missing = [name for name in ("a", "b", label_field) if name not in record]
+        if missing:
+            raise InputError(f"the pair has no {', '.join(map(repr, missing))} field", path=str(path),
+                             line=line_number, hint='each line needs "a", "b" and the label (--label-field)')
+        label = record[label_field]
+        if not isinstance(label, bool):
+            raise InputError(f"the label {label_field!r} is {label!r}, not true or false", path=str(path),
+                             line=line_number, hint="label each pair with a JSON boolean")
+        a, b = str(record["a"]), str(record["b"])
+        if texts is not None:
+            unknown = [i for i in (a, b) if i not in texts]
+            if unknown:
+                raise InputError(f"no document with id {unknown[0]!r} in {documents}", path=str(path),
+                                 line=line_number, hint="pass the documents file the pairs refer to")
+            a, b = texts[a], texts[b]
+        yield LabelledPair(a, b, label, f"{path}:{line_number}")
+
+
+def _json_lines(path: str | Path) -> Iterator[tuple[int, dict]]:
+    try:
+        handle = open(path, encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"cannot read it: {exc.strerror}", path=str(path), hint="check the path") from None
+    with handle:
+        for line_number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise InputError(f"not valid JSON ({exc.msg})", path=str(path), line=line_number,
+                                 hint="one JSON object per line") from None
+            if not isinstance(record, dict):
+                raise InputError("not a JSON object", path=str(path), line=line_number,
+                                 hint="one JSON object per line")
+            yield line_number, record
+
+
+def _curve(scores: np.ndarray, labels: np.ndarray, settings, flagged_by) -> list[Point]:
+    positives = labels.sum()
+    points = []
+    for setting in settings:
+        flagged = flagged_by(scores, setting)
+        tp = int((flagged & labels).sum())
+        n = int(flagged.sum())
+        precision = tp / n if n else 1.0
+        recall = tp / positives if positives else 1.0
+        f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+        points.append(Point(setting, precision, recall, f1, n))
+    return points
+
+
+def calibrate(pairs: list[LabelledPair], simhash_settings: FingerprintSettings = FingerprintSettings(),
+              minhash_settings: minhash.MinHashSettings = minhash.MinHashSettings()) -> Calibration:
+    if not pairs:
+        raise InputError("there are no labelled pairs", hint="give at least one pair of each label")
+    labels = np.array([p.duplicate for p in pairs])
+    if labels.all() or not labels.any():
+        raise InputError("every pair has the same label: precision and recall need both kinds",
+                         hint="add pairs that are not near-duplicates (or ones that are)")
+    texts = sorted({t for p in pairs for t in (p.a, p.b)})
+    position = {t: i for i, t in enumerate(texts)}
+    fingerprints = [fingerprint(t, simhash_settings) for t in texts]
+    signatures = minhash.signatures([minhash.shingle_hashes(t, minhash_settings) for t in texts], minhash_settings)
+    a = np.array([position[p.a] for p in pairs])
+    b = np.array([position[p.b] for p in pairs])
+    distances = np.array([hamming(fingerprints[i], fingerprints[j]) for i, j in zip(a, b)])
+    estimates = minhash.similarity_rows(signatures[a], signatures[b])
+    return Calibration(
+        pairs=len(pairs), positives=int(labels.sum()),
+        simhash=_curve(distances, labels, DISTANCES, lambda s, k: s <= k),
+        minhash=_curve(estimates, labels, THRESHOLDS, lambda s, t: s >= t - 1e-9))
+
+
+def plot(result: Calibration, path: str | Path) -> None:
+    """Precision, recall and F1 against the setting, one panel per method (SVG or PNG by extension)."""
+    from .report import chart_style, new_figure
+
+    with chart_style():
+        _plot(result, path, new_figure(9.0, 3.6))
+
+
+def _plot(result: Calibration, path: str | Path, fig) -> None:
+    for index, (name, points, label) in enumerate((("SimHash", result.simhash, "max distance k (bits)"),
+                                                   ("MinHash", result.minhash, "threshold t (Jaccard estimate)"))):
+        axes = fig.add_subplot(1, 2, index + 1)
+        x = [p.setting for p in points]
+        for field, style in (("precision", "-"), ("recall", "--"), ("f1", "-")):
+            axes.plot(x, [getattr(p, field) for p in points], style, label=field, linewidth=2 if field == "f1" else 1)
+        best = result.best(name.lower())
+        axes.axvline(best.setting, color="grey", linewidth=0.8)
+        axes.set_title(f"{name}: best F1 {best.f1:.3f} at {best.setting:g}")
+        axes.set_xlabel(label)
+        axes.set_ylim(0, 1.02)
+        axes.legend(loc="lower left" if name == "SimHash" else "lower right")
+    fig.suptitle(f"{result.pairs:,} labelled pairs, {result.positives:,} near-duplicates")
+    fig.savefig(path)

@@ -1,0 +1,266 @@
+"""Text -> shingles -> MinHash signature -> LSH band keys (Broder 1997; MMDS ch. 3).
+
+The MinHash mode estimates the Jaccard similarity of two documents' shingle
+sets, which is what "near-duplicate" means for most archives:
+
+* **Shingles.** A text is normalized (see :mod:`simdb.normalize`). A text
+  written mostly without spaces (Chinese, Japanese, Thai: at least a quarter
+  of its letters) is shingled into overlapping character n-grams with spaces
+  removed (default 5); any other text into overlapping word n-grams (default
+  3). A text shorter than one shingle is one shingle.
+* **Hashing, vectorised.** A character n-gram is hashed from its code points
+  with a polynomial over 64-bit words and a splitmix64 finaliser; a word
+  n-gram likewise from its words' xxh3-64 hashes. No Python loop runs per
+  shingle for Chinese text.
+* **Signature.** ``num_perm`` min-wise hashes: for each ``i``, the minimum over
+  the shingles of the top 32 bits of ``a_i * h + b_i`` (mod 2**64; ``a_i`` odd),
+  a multiply-shift hash family. ``a`` and ``b`` come from a seeded numpy
+  generator, so they are the same on every machine. Two signatures agree in
+  position ``i`` with probability equal to the Jaccard similarity; the share
+  of agreeing positions is the estimate. Signatures are stored as ``num_perm``
+  little-endian uint32 values (``bytea``).
+* **Bands.** The signature is cut into ``bands`` bands of ``rows`` values; a
+  band's key is the first 8 bytes of the MD5 of its bytes, as a signed BIGINT.
+  PostgreSQL computes the same key with ``md5()``, so SQL can look up a
+  signature too. Two documents of similarity ``s`` share at least one band
+  key with probability ``1 - (1 - s**rows)**bands`` (the S-curve);
+  :func:`choose_bands` picks the layout that keeps that probability at or
+  above :data:`CANDIDATE_RECALL` at the threshold with the fewest false
+  candidates.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+import xxhash
+
+from .errors import InputError
+from .normalize import fold, normalize
+
+#: Names the text -> signature recipe; bump on any change that can change a signature.
+ALGORITHM = "minhash32-v1"
+DEFAULT_SEED = 0x51D8_5EED
+#: Band layouts are chosen so that a pair exactly at the threshold becomes a candidate at least this often.
+CANDIDATE_RECALL = 0.995
+MAX_BANDS = 64
+
+_NO_SPACES = re.compile("[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f"
+                        "\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u3040-\u30ff\u31f0-\u31ff]")
+_POLY = np.uint64(0x9E37_79B9_7F4A_7C15)
+_SPLITMIX = (np.uint64(30), np.uint64(0xBF58_476D_1CE4_E5B9), np.uint64(27), np.uint64(0x94D0_49BB_1331_11EB),
+             np.uint64(31))
+
+
+def candidate_probability(similarity: float, bands: int, rows: int) -> float:
+    """The LSH S-curve: chance that two documents of Jaccard ``similarity`` share a band key."""
+    return 1.0 - (1.0 - similarity ** rows) ** bands
+
+
+def choose_bands(threshold: float, num_perm: int, recall: float = CANDIDATE_RECALL) -> tuple[int, int]:
+    """``(bands, rows)`` with ``bands * rows <= num_perm``: the most rows per band (fewest false
+    candidates) whose S-curve still reaches ``recall`` at ``threshold``, using as many bands as fit.
+
+    Misses at the candidate stage cannot be recovered, false candidates are only verified and
+    dropped, so recall at the threshold comes first.
+    """
+    if not 0.0 < threshold < 1.0:
+        raise ValueError(f"the threshold must be between 0 and 1 (exclusive), not {threshold}")
+    best = None
+    for rows in range(1, num_perm + 1):
+        bands = min(num_perm // rows, MAX_BANDS)
+        if bands < 1:
+            break
+        if candidate_probability(threshold, bands, rows) >= recall:
+            best = (bands, rows)
+    if best is None:
+        raise ValueError(f"{num_perm} permutations cannot reach candidate recall {recall} at threshold "
+                         f"{threshold} with at most {MAX_BANDS} bands: use more permutations or a higher threshold")
+    return best
+
+
+@dataclass(frozen=True)
+class MinHashSettings:
+    """Everything that decides a text's signature and its band keys; stored with the index."""
+
+    threshold: float = 0.8
+    num_perm: int = 128
+    bands: int = 0
+    rows: int = 0
+    char_ngram: int = 5
+    word_ngram: int = 3
+    seed: int = DEFAULT_SEED
+    algorithm: str = ALGORITHM
+
+    def __post_init__(self) -> None:
+        if not 16 <= self.num_perm <= 1024 or self.num_perm % 4:
+            raise ValueError(f"the number of permutations must be a multiple of 4 from 16 to 1024, not {self.num_perm}")
+        if not 0.0 < self.threshold < 1.0:
+            raise ValueError(f"the threshold must be between 0 and 1 (exclusive), not {self.threshold}")
+        for name in ("char_ngram", "word_ngram"):
+            if not 1 <= getattr(self, name) <= 16:
+                raise ValueError(f"{name.replace('_', ' ')} size must be between 1 and 16, not {getattr(self, name)}")
+        if not self.bands and not self.rows:
+            bands, rows = choose_bands(self.threshold, self.num_perm)
+            object.__setattr__(self, "bands", bands)
+            object.__setattr__(self, "rows", rows)
+        if self.bands < 1 or self.rows < 1 or self.bands * self.rows > self.num_perm or self.bands > MAX_BANDS:
+            raise ValueError(f"{self.bands} bands of {self.rows} rows do not fit {self.num_perm} permutations "
+                             f"(at most {MAX_BANDS} bands)")
+        if not 0 <= self.seed < 2**64:
+            raise ValueError("the seed must be an unsigned 64-bit integer")
+
+    @cached_property
+    def permutations(self) -> tuple[np.ndarray, np.ndarray]:
+        """The ``a`` (odd) and ``b`` multipliers of the hash family, from the seed."""
+        generator = np.random.Generator(np.random.PCG64(self.seed))
+        a = generator.integers(0, 2**64, size=self.num_perm, dtype=np.uint64, endpoint=False) | np.uint64(1)
+        b = generator.integers(0, 2**64, size=self.num_perm, dtype=np.uint64, endpoint=False)
+        return a, b
+
+    @property
+    def signature_bytes(self) -> int:
+        return 4 * self.num_perm
+
+    # The index treats the bands like SimHash block keys: one BIGINT column and B-tree per band.
+    first_key = 0
+
+    @property
+    def max_distance(self) -> int:
+        """Signature positions that may differ at the threshold: ``num_perm - ceil(threshold * num_perm)``."""
+        return self.num_perm - matching_positions_needed(self)
+
+    @cached_property
+    def keys(self) -> tuple[tuple[int, ...], ...]:
+        """For each band, the signature positions it is made of."""
+        return tuple(tuple(range(b * self.rows, (b + 1) * self.rows)) for b in range(self.bands))
+
+    @property
+    def key_columns(self) -> list[str]:
+        return [f"key_{i}" for i in range(self.bands)]
+
+    def similarity_of(self, distance: int) -> float:
+        """The Jaccard estimate of a pair whose signatures differ in ``distance`` positions."""
+        return 1.0 - distance / self.num_perm
+
+    def describe(self) -> str:
+        return (f"MinHash, {self.num_perm} permutations, {self.bands} bands of {self.rows} rows, "
+                f"threshold {self.threshold:g} (a pair at the threshold is a candidate with probability "
+                f"{candidate_probability(self.threshold, self.bands, self.rows):.4f})")
+
+
+def _mix(values: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser: spreads the bits of a polynomial hash over all 64."""
+    s1, m1, s2, m2, s3 = _SPLITMIX
+    values = values ^ (values >> s1)
+    values = values * m1
+    values = values ^ (values >> s2)
+    values = values * m2
+    return values ^ (values >> s3)
+
+
+def _ngram_hashes(units: np.ndarray, n: int) -> np.ndarray:
+    """uint64 hashes of every run of ``n`` consecutive units (the whole array when it is shorter)."""
+    count = max(len(units) - n + 1, 1)
+    n = min(n, len(units))
+    hashes = np.zeros(count, dtype=np.uint64)
+    for offset in range(n):
+        hashes = hashes * _POLY + units[offset:offset + count]
+    return _mix(hashes + np.uint64(n))
+
+
+def writes_without_spaces(text: str) -> bool:
+    """True when at least a quarter of the letters belong to scripts written without spaces."""
+    letters = sum(1 for c in text if c.isalpha())
+    return letters > 0 and 4 * len(_NO_SPACES.findall(text)) >= letters
+
+
+def shingle_hashes(text: str, settings: MinHashSettings) -> np.ndarray:
+    """The uint64 hashes of a text's shingles (with repeats)."""
+    normalized = normalize(text)
+    if not normalized:  # only punctuation or symbols: shingle the folded characters themselves
+        normalized = " ".join(fold(text).split())
+    if not normalized:
+        raise InputError("the text is empty or only whitespace", hint="give every document some text")
+    if writes_without_spaces(normalized):
+        characters = normalized.replace(" ", "")
+        units = np.frombuffer(characters.encode("utf-32-le"), dtype="<u4").astype(np.uint64)
+        return _ngram_hashes(units, settings.char_ngram)
+    words = normalized.split()
+    units = np.fromiter((xxhash.xxh3_64_intdigest(w.encode("utf-8"), settings.seed) for w in words),
+                        dtype=np.uint64, count=len(words))
+    return _ngram_hashes(units, settings.word_ngram) ^ np.uint64(0x5157_4F52_4453)  # words never equal characters
+
+
+def signatures(hash_sets: list[np.ndarray], settings: MinHashSettings) -> np.ndarray:
+    """Signatures of many shingle-hash arrays at once: ``(len(hash_sets), num_perm)`` uint32.
+
+    The documents' hashes are laid end to end and every permutation is one
+    vectorised pass with a segmented minimum (``np.minimum.reduceat``).
+    """
+    out = np.empty((len(hash_sets), settings.num_perm), dtype=np.uint32)
+    if not hash_sets:
+        return out
+    a, b = settings.permutations
+    lengths = np.fromiter((len(h) for h in hash_sets), dtype=np.int64, count=len(hash_sets))
+    if (lengths == 0).any():
+        raise ValueError("every document needs at least one shingle")
+    values = np.concatenate(hash_sets)
+    starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+    shift = np.uint64(32)
+    for i in range(settings.num_perm):
+        permuted = (values * a[i] + b[i]) >> shift
+        out[:, i] = np.minimum.reduceat(permuted, starts)
+    return out
+
+
+def signature(text: str, settings: MinHashSettings) -> np.ndarray:
+    """One text's signature: ``num_perm`` uint32 values."""
+    return signatures([shingle_hashes(text, settings)], settings)[0]
+
+
+def to_bytes(signature_row: np.ndarray) -> bytes:
+    """The stored form: little-endian uint32 values."""
+    return np.ascontiguousarray(signature_row, dtype="<u4").tobytes()
+
+
+def from_bytes(data: bytes, settings: MinHashSettings) -> np.ndarray:
+    if len(data) != settings.signature_bytes:
+        raise ValueError(f"a signature of this index has {settings.signature_bytes} bytes, not {len(data)}")
+    return np.frombuffer(data, dtype="<u4")
+
+
+def band_keys(signature_row: np.ndarray, settings: MinHashSettings) -> tuple[int, ...]:
+    """One signed 64-bit key per band: the first 8 bytes of the MD5 of the band's bytes."""
+    data = to_bytes(signature_row)
+    width = 4 * settings.rows
+    return tuple(int.from_bytes(hashlib.md5(data[i * width:(i + 1) * width]).digest()[:8], "big", signed=True)
+                 for i in range(settings.bands))
+
+
+def band_keys_array(signature_rows: np.ndarray, settings: MinHashSettings) -> np.ndarray:
+    """Band keys of many signatures: ``(n, num_perm)`` uint32 -> ``(n, bands)`` int64."""
+    out = np.empty((len(signature_rows), settings.bands), dtype=np.int64)
+    for row, values in enumerate(signature_rows):
+        out[row] = band_keys(values, settings)
+    return out
+
+
+def similarity(a: np.ndarray, b: np.ndarray) -> float:
+    """The signatures' estimate of Jaccard similarity: the share of equal positions."""
+    return float(np.count_nonzero(a == b)) / len(a)
+
+
+def similarity_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise :func:`similarity` of two ``(n, num_perm)`` arrays."""
+    return np.count_nonzero(a == b, axis=1) / a.shape[1]
+
+
+def matching_positions_needed(settings: MinHashSettings) -> int:
+    """Equal positions needed to reach the threshold: ``ceil(threshold * num_perm)``."""
+    return math.ceil(settings.threshold * settings.num_perm - 1e-9)
