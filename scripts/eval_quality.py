@@ -3,14 +3,18 @@
 For each category of the devset (``../shared/devset``: long-zh, long-en,
 short-zh), in one run:
 
-* simdb: the documents are ingested through the normal API into a fresh
-  schema, and ``Index.pairs()`` is the prediction;
+* simdb, in three configurations: SimHash with default settings; SimHash with
+  IDF weights learned from the category's documents (``simdb init
+  --idf-from``, the way an archive would learn them from a sample of itself);
+  and MinHash-LSH (``simdb init --method minhash``, threshold 0.8, 128
+  permutations). Each ingests the documents through the normal API into a
+  fresh schema, and ``Index.pairs()`` is the prediction;
 * the PyPI ``simhash`` package: ``SimhashIndex(k=3)`` over jieba tokens
   (Chinese) or ``\\w+`` words (English), term-frequency weights;
 * ``datasketch``: ``MinHashLSH(threshold=0.8, num_perm=128)`` over the shingles
   the labels are made of (character 5-grams of NFKC, lower-cased text without
-  punctuation, symbols and spaces for Chinese; word 3-grams for English;
-  without OpenCC's traditional-to-simplified step, which simdb does not ship).
+  punctuation, symbols and spaces, traditional characters simplified by
+  OpenCC t2s, for Chinese; word 3-grams for English).
 
 Every prediction is scored by the devset's own ``score.py`` (near-duplicate =
 Jaccard >= 0.8). It prints a table per category and, for simdb, per pair type.
@@ -35,6 +39,8 @@ import sqlalchemy as sa
 
 from simdb import Index
 from simdb.database import postgres_url
+from simdb.fingerprint import learn_idf
+from simdb.normalize import simplify
 
 ROOT = Path(__file__).resolve().parent.parent
 CATEGORIES = ("long-zh", "long-en", "short-zh")
@@ -50,13 +56,13 @@ def load(devset: Path, category: str) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def simdb_pairs(url: str, category: str, documents: list[dict], workers: int) -> list[dict]:
+def simdb_pairs(url: str, category: str, documents: list[dict], workers: int, **settings) -> list[dict]:
     schema = "simdb_eval_" + category.replace("-", "_")
     admin = sa.create_engine(postgres_url(url), isolation_level="AUTOCOMMIT")
     with admin.connect() as connection:
         connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
     try:
-        with Index.create(url, schema=schema) as index:
+        with Index.create(url, schema=schema, **settings) as index:
             index.add_many(documents, batch=category, workers=workers)
             return [pair.to_json() for pair in index.pairs()]
     finally:
@@ -87,6 +93,7 @@ def simhash_peer(category: str, documents: list[dict]) -> list[dict]:
 def label_shingles(category: str, text: str) -> set[str]:
     text = unicodedata.normalize("NFKC", text).lower()
     if category.endswith("-zh"):
+        text = simplify(text)
         chars = "".join(c for c in text if not c.isspace() and unicodedata.category(c)[0] not in "PS")
         return {chars[i:i + 5] for i in range(max(len(chars) - 4, 1))}
     words = re.findall(r"\w+", text)
@@ -139,8 +146,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as directory:
         for category in args.categories.split(","):
             documents = load(args.devset, category)
-            for method, run in (("simdb (SimHash, default settings)",
+            texts = [d["text"] for d in documents]
+            for method, run in (("simdb SimHash, default settings",
                                  lambda: simdb_pairs(args.database_url, category, documents, args.workers)),
+                                ("simdb SimHash, IDF from the archive (top 8 features)",
+                                 lambda: simdb_pairs(args.database_url, category, documents, args.workers,
+                                                     idf=learn_idf(texts))),
+                                ("simdb MinHash-LSH (0.8, 128)",
+                                 lambda: simdb_pairs(args.database_url, category, documents, args.workers,
+                                                     method="minhash")),
                                 ("PyPI simhash SimhashIndex(k=3)", lambda: simhash_peer(category, documents)),
                                 ("datasketch MinHashLSH(0.8, 128)", lambda: datasketch_peer(category, documents))):
                 started = time.perf_counter()
@@ -152,17 +166,23 @@ def main() -> None:
                                 len(pairs), seconds))
                 log(f"{category} {method}: F1 {fmt(overall['f1'])} ({len(pairs):,} pairs, {seconds:.1f} s)")
                 if method.startswith("simdb"):
-                    per_type[category] = result["per_pair_type"]
+                    per_type.setdefault(category, {})[method] = result["per_pair_type"]
     print(f"devset: {args.devset}; near-duplicate = Jaccard >= 0.8; scored by the devset's score.py\n")
     print("| category | method | precision | recall | F1 | pairs | seconds |\n|---|---|---:|---:|---:|---:|---:|")
     for category, method, p, r, f, n, s in summary:
         print(f"| {category} | {method} | {fmt(p)} | {fmt(r)} | {fmt(f)} | {n:,} | {s:.1f} |")
-    for category, rows in per_type.items():
-        print(f"\nsimdb on {category}, per pair type\n\n| pair type | TP | FP | FN | precision | recall | F1 |\n"
-              "|---|---:|---:|---:|---:|---:|---:|")
-        for name, m in rows.items():
-            print(f"| {name} | {m['tp']} | {m['fp']} | {m['fn']} | {fmt(m['precision'])} | {fmt(m['recall'])} "
-                  f"| {fmt(m['f1'])} |")
+    for category, methods in per_type.items():
+        names = list(methods)
+        print(f"\nsimdb on {category}, recall per pair type (positives found / positives)\n\n| pair type | "
+              + " | ".join(names) + " |\n|---|" + "---:|" * len(names))
+        types = sorted({t for rows in methods.values() for t in rows})
+        for t in types:
+            cells = []
+            for name in names:
+                m = methods[name].get(t)
+                cells.append("-" if m is None or not (m["tp"] + m["fn"]) else
+                             f"{m['tp']}/{m['tp'] + m['fn']} ({fmt(m['recall'])})")
+            print(f"| {t} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

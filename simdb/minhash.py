@@ -212,10 +212,14 @@ def signatures(hash_sets: list[np.ndarray], settings: MinHashSettings) -> np.nda
         raise ValueError("every document needs at least one shingle")
     values = np.concatenate(hash_sets)
     starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
-    shift = np.uint64(32)
-    for i in range(settings.num_perm):
-        permuted = (values * a[i] + b[i]) >> shift
-        out[:, i] = np.minimum.reduceat(permuted, starts)
+    permuted = np.empty_like(values)
+    minima = np.empty((settings.num_perm, len(hash_sets)), dtype=np.uint64)
+    for i in range(settings.num_perm):  # two in-place passes and a segmented minimum per permutation
+        np.multiply(values, a[i], out=permuted)
+        np.add(permuted, b[i], out=permuted)
+        np.minimum.reduceat(permuted, starts, out=minima[i])
+    # the top 32 bits of the minimum are the minimum of the top 32 bits (shifting keeps the order)
+    out[:] = (minima >> np.uint64(32)).T
     return out
 
 

@@ -31,7 +31,8 @@ from string import Template
 
 import sqlalchemy as sa
 
-from .matching import candidate_sql
+from .matching import band_candidate_sql, band_pairs, candidate_sql
+from .minhash import MinHashSettings
 
 #: Documents whose candidates are measured for the distance histogram.
 SAMPLE_SIZE = 2000
@@ -218,6 +219,15 @@ def _distance_sample(connection, layout, batch_id: int | None, population: int) 
     ids = connection.execute(sa.text(
         f"SELECT id FROM documents {sampling}" + ("WHERE batch_id = :batch " if batch_id is not None else "")
         + f"ORDER BY random() LIMIT {SAMPLE_SIZE}"), {"batch": batch_id}).scalars().all()
+    if isinstance(layout, MinHashSettings):  # distances in signature positions, verified like ingest does
+        columns = ", ".join(["id", "signature", *layout.key_columns])
+        sql = (f"WITH report_sample AS MATERIALIZED (SELECT {columns} FROM documents WHERE id = ANY(%(ids)s)) "
+               + band_candidate_sql(layout, "report_sample", "documents", where="t.id <> p.id"))
+        counts = [0] * (layout.num_perm + 1)
+        for rows in band_pairs(connection, layout, sql, layout.num_perm, {"ids": list(ids)}):
+            for distance in rows[:, 2].tolist():
+                counts[distance] += 1
+        return counts, len(ids)
     columns = ", ".join(["id", "simhash", *layout.key_columns])
     candidates = candidate_sql(layout, "report_sample", "documents", 64, where="t.id <> p.id")
     rows = connection.execute(sa.text(
@@ -232,27 +242,32 @@ def _distance_sample(connection, layout, batch_id: int | None, population: int) 
 
 def _distances(counts: list[int], sampled: int, k: int, batch: str | None) -> str:
     pairs = sum(counts)
+    top = len(counts) - 1
+    minhash = top != 64
+    unit = f"of {top} signature positions" if minhash else "bits"
     whose = f"documents of batch <b>{_e(batch)}</b>" if batch else "documents"
     if not pairs:
         content = '<p class="empty">No sampled document shares a block key with another document.</p>'
     else:
         figure = new_figure(11, 3.6)
         axes = figure.subplots()
-        axes.bar(range(65), counts, width=0.85, color=COLORS["histogram"])
+        axes.bar(range(top + 1), counts, width=0.85, color=COLORS["histogram"])
         _log_counts(axes, "candidate pairs (log scale)")
-        axes.set_xlim(-1, 65)
+        axes.set_xlim(-1, top + 1)
         axes.set_ylim(top=max(counts) * 6)  # headroom for the threshold's label
         axes.axvspan(-1, k + 0.5, color=COLORS["threshold"], alpha=0.08, zorder=0)
         axes.axvline(k + 0.5, color=COLORS["threshold"], linewidth=2, linestyle="--")
-        axes.text(k + 1, 0.98, f"k = {k}: at most {k} bits apart = near-duplicate", color=COLORS["threshold"],
+        axes.text(k + 1, 0.98, f"k = {k}: at most {k} {unit} apart = near-duplicate", color=COLORS["threshold"],
                   transform=axes.get_xaxis_transform(), va="top", fontsize=10)
-        axes.set_xlabel("Hamming distance between a sampled document and a candidate (bits)")
-        content = _embed(figure, "histogram of Hamming distances among candidate pairs")
+        axes.set_xlabel(f"{'Signature positions that differ' if minhash else 'Hamming distance'} between a "
+                        f"sampled document and a candidate ({'1 - estimated Jaccard, x ' + str(top) if minhash else 'bits'})")
+        content = _embed(figure, "histogram of distances among candidate pairs")
     near = sum(counts[:k + 1])
     caption = (f"A random sample of {sampled:,} {whose}, each compared with every stored document that shares at "
-               f"least one block key with it (the candidates a lookup reads): {pairs:,} candidate pairs, "
-               f"{near:,} of them within k = {k} (left of the dashed line).")
-    return _section("Hamming distances among candidate pairs", content, caption)
+               f"least one {'band' if minhash else 'block'} key with it (the candidates a lookup reads): "
+               f"{pairs:,} candidate pairs, {near:,} of them within k = {k} (left of the dashed line).")
+    return _section("Distances among candidate pairs" if minhash else "Hamming distances among candidate pairs",
+                    content, caption)
 
 
 def _size_bins(sizes) -> tuple[list[str], list[int]]:

@@ -123,3 +123,18 @@ def test_an_installed_wheel_finds_and_runs_its_migrations(tmp_path, database_url
     migrations, package = out.stdout.split()
     assert migrations == str(site / "simdb" / "migrations")
     assert package.startswith(str(site))
+
+
+def test_a_minhash_index_matches_the_models_and_cannot_be_downgraded_below_it(database_url, schema):
+    settings = IndexSettings.new(method="minhash", threshold=0.85)
+    database = Database.connect(database_url, schema=schema)
+    try:
+        with database.engine.begin() as connection:
+            connection.exec_driver_sql(f"CREATE SCHEMA {schema}")
+            migrate.upgrade(connection, schema, layout=settings.layout, new_index_settings=settings.to_rows())
+            command.check(migrate.alembic_config(connection, schema, layout=settings.layout))
+        with pytest.raises(RuntimeError, match="cannot be downgraded"):
+            with database.engine.begin() as connection:
+                migrate.downgrade(connection, schema, "0003")
+    finally:
+        database.close()

@@ -215,5 +215,9 @@ def test_minhash_through_the_cli(run, tmp_path):
     assert wrong.exit_code != 0 and "MinHash index" in wrong.output
     stats = run("stats")
     assert "method=minhash" in stats.output
+    report = tmp_path / "report.html"
+    assert run("report", "--output", str(report)).exit_code == 0
+    page = report.read_text()
+    assert "Distances among candidate pairs" in page and "within k = 38" in page
     mixed = run("init", "--method", "minhash", "--blocks", "5")
     assert mixed.exit_code != 0 and "SimHash options" in mixed.output
