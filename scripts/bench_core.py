@@ -105,7 +105,7 @@ def make_data(documents: int, queries: int, k: int, seed: int) -> Data:
     ids = [f"doc-{i:07d}" for i in range(documents)]
     digests = rng.bytes(16 * documents)
     batch = FingerprintedBatch(
-        external_ids=ids, simhashes=fps.tolist(),
+        external_ids=ids, sketches=fps.tolist(),
         content_hashes=[digests[16 * i:16 * i + 16] for i in range(documents)],
         lengths=rng.integers(200, 5000, documents).tolist(), metadata=[{}] * documents, origins=ids)
 
@@ -128,7 +128,7 @@ def expected_duplicates(fps: np.ndarray, truth: list[set[int]], k: int) -> int:
 def slices(batch: FingerprintedBatch, size: int):
     for start in range(0, len(batch), size):
         part = slice(start, start + size)
-        yield start, FingerprintedBatch(batch.external_ids[part], batch.simhashes[part], batch.content_hashes[part],
+        yield start, FingerprintedBatch(batch.external_ids[part], batch.sketches[part], batch.content_hashes[part],
                                         batch.lengths[part], batch.metadata[part], batch.origins[part])
 
 

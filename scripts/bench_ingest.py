@@ -213,7 +213,7 @@ def fingerprinted_batch(rng: np.random.Generator, fps: np.ndarray, prefix: str) 
     n = len(fps)
     ids = [f"{prefix}-{i:09d}" for i in range(n)]
     digests = rng.bytes(16 * n)
-    return FingerprintedBatch(external_ids=ids, simhashes=fps.tolist(),
+    return FingerprintedBatch(external_ids=ids, sketches=fps.tolist(),
                               content_hashes=[digests[16 * i:16 * i + 16] for i in range(n)],
                               lengths=rng.integers(200, 5000, n).tolist(), metadata=[{}] * n, origins=ids)
 

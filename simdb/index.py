@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-import numpy as np
 import sqlalchemy as sa
 
 from . import migrate
@@ -279,7 +278,7 @@ class Index:
         if not self.layout.threshold <= min_similarity <= 1:
             raise SimdbError(f"--min-similarity must be between the index's threshold {self.layout.threshold:g} "
                              f"and 1, not {min_similarity:g}")
-        return int(self.layout.num_perm - np.ceil(min_similarity * self.layout.num_perm - 1e-9))
+        return self.layout.distance_for(min_similarity)
 
     def query(self, text: str, max_distance: int | None = None) -> list[Match]:
         """Stored documents within ``max_distance`` of ``text``, nearest first."""

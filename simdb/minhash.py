@@ -132,8 +132,13 @@ class MinHashSettings:
 
     @property
     def max_distance(self) -> int:
-        """Signature positions that may differ at the threshold: ``num_perm - ceil(threshold * num_perm)``."""
-        return self.num_perm - matching_positions_needed(self)
+        """Signature positions that may differ at the threshold."""
+        return self.distance_for(self.threshold)
+
+    def distance_for(self, similarity: float) -> int:
+        """The most positions two signatures may differ in for an estimate of at least ``similarity``:
+        ``num_perm - ceil(similarity * num_perm)``."""
+        return self.num_perm - math.ceil(similarity * self.num_perm - 1e-9)
 
     @cached_property
     def keys(self) -> tuple[tuple[int, ...], ...]:
@@ -263,8 +268,3 @@ def similarity(a: np.ndarray, b: np.ndarray) -> float:
 def similarity_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Row-wise :func:`similarity` of two ``(n, num_perm)`` arrays."""
     return np.count_nonzero(a == b, axis=1) / a.shape[1]
-
-
-def matching_positions_needed(settings: MinHashSettings) -> int:
-    """Equal positions needed to reach the threshold: ``ceil(threshold * num_perm)``."""
-    return math.ceil(settings.threshold * settings.num_perm - 1e-9)

@@ -240,10 +240,10 @@ def _distance_sample(connection, layout, batch_id: int | None, population: int) 
     return counts, len(ids)
 
 
-def _distances(counts: list[int], sampled: int, k: int, batch: str | None) -> str:
+def _distances(counts: list[int], sampled: int, k: int, batch: str | None, minhash: bool) -> str:
+    """Histogram of candidate distances: bits (SimHash, 0..64) or differing signature positions (MinHash)."""
     pairs = sum(counts)
     top = len(counts) - 1
-    minhash = top != 64
     unit = f"of {top} signature positions" if minhash else "bits"
     whose = f"documents of batch <b>{_e(batch)}</b>" if batch else "documents"
     if not pairs:
@@ -383,7 +383,8 @@ def build_report(index, batch: str | None = None) -> str:
     else:
         with chart_style():
             body = "\n".join([_growth(batches, batch), _duplicates(batches, batch),
-                              _distances(data["counts"], data["sampled"], layout.max_distance, batch),
+                              _distances(data["counts"], data["sampled"], layout.max_distance, batch,
+                                         minhash=isinstance(layout, MinHashSettings)),
                               _cluster_sizes(data["sizes"], data["singletons"], batch),
                               _largest(data["clusters"], data["members"], batch)])
     header_html = "".join(f"<dt>{_e(key)}</dt><dd>{_e(value)}</dd>" for key, value in header.items())

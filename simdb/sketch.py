@@ -56,11 +56,6 @@ def sketch_many(texts: list[str], recipe: Recipe) -> list[int | bytes | InputErr
     return [minhash.to_bytes(next(rows)) if result is None else result for result in results]
 
 
-def display(value: int | bytes) -> str:
-    """The text form the CLI prints: 16 hex digits, or the signature's hex."""
-    return value.hex() if isinstance(value, bytes) else format_fingerprint(value)
-
-
 def digest(value: int | bytes) -> str:
     """A short, stable name for a sketch (canaries): the fingerprint, or a hash of the signature."""
     return xxhash.xxh3_64_hexdigest(value) if isinstance(value, bytes) else format_fingerprint(value)
