@@ -34,6 +34,8 @@ from .tokenize import TokenizerSettings, tokenize
 #: tokenization, weighting or hashing that can change a fingerprint must bump
 #: it, so that indexes built by the old recipe refuse to open under the new one.
 ALGORITHM = "simhash64-v2"  # v2: traditional Chinese folded to simplified (OpenCC t2s)
+#: Every recipe this simdb can still compute: indexes built by an earlier release keep their answers.
+ALGORITHMS = ("simhash64-v1", ALGORITHM)
 WEIGHTINGS = ("sublinear_tf", "tf", "binary", "tfidf")
 DEFAULT_SEED = 0x51D8_5EED
 #: Features kept per document under ``tfidf`` weighting (measured on the devset: see README, Quality).
@@ -100,6 +102,9 @@ class FingerprintSettings:
     top_features: int = 0
 
     def __post_init__(self) -> None:
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"unknown fingerprint algorithm {self.algorithm!r}: this simdb computes "
+                             f"{', '.join(ALGORITHMS)}")
         if self.weighting not in WEIGHTINGS:
             raise ValueError(f"unknown weighting {self.weighting!r}: choose one of {', '.join(WEIGHTINGS)}")
         if (self.weighting == "tfidf") != (self.idf is not None):
@@ -150,7 +155,7 @@ def tokens_for(text: str, settings: FingerprintSettings) -> list[str]:
     back to its folded characters, so that it still gets a fingerprint; a text
     with nothing but whitespace has none and is an error.
     """
-    tokens = tokenize(normalize(text), settings.tokenizer)
+    tokens = tokenize(normalize(text, simplify_script=settings.algorithm != "simhash64-v1"), settings.tokenizer)
     if not tokens:
         tokens = [c for c in fold(text) if not c.isspace()]
     if not tokens:

@@ -47,7 +47,11 @@ def fold(text: str) -> str:
     return unicodedata.normalize("NFKC", text).casefold()
 
 
-def normalize(text: str) -> str:
-    """Fold, simplify, drop punctuation and symbols, collapse whitespace, strip."""
-    text = simplify(fold(text)).translate(_punctuation_table())
+def normalize(text: str, simplify_script: bool = True) -> str:
+    """Fold, simplify (unless ``simplify_script`` is off, as for ``simhash64-v1`` indexes), drop
+    punctuation and symbols, collapse whitespace, strip."""
+    text = fold(text)
+    if simplify_script:
+        text = simplify(text)
+    text = text.translate(_punctuation_table())
     return _WHITESPACE.sub(" ", text).strip()

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from . import minhash
 from .blocks import BlockLayout
 from .errors import IncompatibleIndex
-from .fingerprint import ALGORITHM, DEFAULT_TOP_FEATURES, FingerprintSettings, IdfTable
+from .fingerprint import ALGORITHM, ALGORITHMS, DEFAULT_TOP_FEATURES, FingerprintSettings, IdfTable
 from .sketch import Recipe, digest, sketch
 from .tokenize import TokenizerSettings
 
@@ -146,10 +146,11 @@ class IndexSettings:
                 raise IncompatibleIndex(
                     "the stored block layout is not the one this simdb version derives from "
                     f"{rows['blocks']} blocks at distance {rows['max_distance']}; upgrade simdb")
-            if rows["algorithm"] != ALGORITHM:
+            if rows["algorithm"] not in ALGORITHMS:
                 raise IncompatibleIndex(
                     f"the index was built with fingerprint algorithm {rows['algorithm']!r}, "
-                    f"this simdb computes {ALGORITHM!r}: use the simdb version that built it "
+                    f"this simdb computes {', '.join(ALGORITHMS)} (new indexes: {ALGORITHM}): use the simdb version "
+                    "that built it "
                     f"({rows.get('created_with', {}).get('simdb', 'unknown')}) or rebuild the index")
             if rows["hash"].get("function") != "xxh3_64":
                 raise IncompatibleIndex(f"unknown feature hash {rows['hash']!r}: upgrade simdb")

@@ -77,3 +77,22 @@ def test_init_learns_from_files_and_reports_bad_input(run, tmp_path, schema, adm
     assert created.exit_code == 0, created.output
     assert "IDF weights: 200 sample documents" in created.output
     assert "weighting=tfidf" in run("stats").output
+
+
+def test_indexes_built_by_the_previous_recipe_keep_their_fingerprints(database_url, schema, admin_engine):
+    """simhash64-v1 (before OpenCC) is still computed for the indexes that were built with it."""
+    from simdb.settings import compute_canaries
+
+    v1 = FingerprintSettings(algorithm="simhash64-v1")
+    assert fingerprint("頭髮乾燥，後來發現", v1) != fingerprint("头发干燥，后来发现", v1)
+    assert fingerprint("頭髮乾燥，後來發現") == fingerprint("头发干燥，后来发现")
+    with Index.create(database_url, schema=schema):
+        pass
+    with admin_engine.begin() as connection:  # what an index written by the previous release stores
+        connection.execute(sa.text(f"UPDATE {schema}.settings SET value = to_jsonb(CAST(:v AS text)) "
+                                   "WHERE name = 'algorithm'"), {"v": "simhash64-v1"})
+        connection.execute(sa.text(f"UPDATE {schema}.settings SET value = CAST(:c AS jsonb) WHERE name = 'canaries'"),
+                           {"c": json.dumps(compute_canaries(v1))})
+    with Index.open(database_url, schema=schema) as old:
+        assert old.settings.fingerprints.algorithm == "simhash64-v1"
+        assert old.fingerprint("頭髮乾燥，後來發現") == fingerprint("頭髮乾燥，後來發現", v1)
