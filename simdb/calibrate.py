@@ -16,7 +16,6 @@ its band layout states).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ from . import minhash
 from .bits import hamming
 from .errors import InputError
 from .fingerprint import FingerprintSettings, fingerprint
+from .inputs import check_paths, json_records, read_documents
 
 DISTANCES = tuple(range(0, 17))
 THRESHOLDS = tuple(round(0.5 + 0.025 * i, 3) for i in range(19))  # 0.5 .. 0.95
@@ -78,55 +78,32 @@ def read_pairs(path: str | Path, *, documents: str | Path | None = None, label_f
                id_field: str = "id", text_field: str = "text") -> Iterator[LabelledPair]:
     """Labelled pairs from JSON lines: ``{"a": ..., "b": ..., "<label_field>": true|false}``.
 
-    ``a`` and ``b`` are the two texts, or, with ``documents`` (JSON lines of
-    ``{"id": ..., "text": ...}``), the two documents' ids.
+    ``a`` and ``b`` are the two texts, or, with ``documents`` (any file ``simdb ingest``
+    reads), the two documents' ids.
     """
+    path = str(path)
+    check_paths([path, *([str(documents)] if documents is not None else [])])
     texts = None
     if documents is not None:
-        texts = {}
-        for line_number, record in _json_lines(documents):
-            try:
-                texts[str(record[id_field])] = str(record[text_field])
-            except KeyError as exc:
-                raise InputError(f"the document has no {exc.args[0]!r} field", path=str(documents),
-                                 line=line_number, hint="use --id-field / --text-field") from None
-    for line_number, record in _json_lines(path):
+        texts = {d.external_id: d.text for d in read_documents([str(documents)], id_field=id_field,
+                                                               text_field=text_field)}
+    for line_number, record in json_records(path):
         missing = [name for name in ("a", "b", label_field) if name not in record]
         if missing:
-            raise InputError(f"the pair has no {', '.join(map(repr, missing))} field", path=str(path),
+            raise InputError(f"the pair has no {', '.join(map(repr, missing))} field", path=path,
                              line=line_number, hint='each line needs "a", "b" and the label (--label-field)')
         label = record[label_field]
         if not isinstance(label, bool):
-            raise InputError(f"the label {label_field!r} is {label!r}, not true or false", path=str(path),
+            raise InputError(f"the label {label_field!r} is {label!r}, not true or false", path=path,
                              line=line_number, hint="label each pair with a JSON boolean")
         a, b = str(record["a"]), str(record["b"])
         if texts is not None:
             unknown = [i for i in (a, b) if i not in texts]
             if unknown:
-                raise InputError(f"no document with id {unknown[0]!r} in {documents}", path=str(path),
+                raise InputError(f"no document with id {unknown[0]!r} in {documents}", path=path,
                                  line=line_number, hint="pass the documents file the pairs refer to")
             a, b = texts[a], texts[b]
         yield LabelledPair(a, b, label, f"{path}:{line_number}")
-
-
-def _json_lines(path: str | Path) -> Iterator[tuple[int, dict]]:
-    try:
-        handle = open(path, encoding="utf-8")
-    except OSError as exc:
-        raise InputError(f"cannot read it: {exc.strerror}", path=str(path), hint="check the path") from None
-    with handle:
-        for line_number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InputError(f"not valid JSON ({exc.msg})", path=str(path), line=line_number,
-                                 hint="one JSON object per line") from None
-            if not isinstance(record, dict):
-                raise InputError("not a JSON object", path=str(path), line=line_number,
-                                 hint="one JSON object per line")
-            yield line_number, record
 
 
 def _curve(scores: np.ndarray, labels: np.ndarray, settings, flagged_by) -> list[Point]:

@@ -117,7 +117,8 @@ def _missing(field_name: str, role: str, available: Iterable[str], path: str, li
                       hint=f"name the {role} field with {flag}")
 
 
-def _jsonl_document(raw: bytes, path: str, line: int, id_field: str, text_field: str) -> Document | None:
+def _json_record(raw: bytes, path: str, line: int) -> dict | None:
+    """The JSON object on one line, or None for a blank line."""
     content = _decode(raw, path, line).rstrip("\r\n")
     if not content.strip():
         return None
@@ -128,6 +129,21 @@ def _jsonl_document(raw: bytes, path: str, line: int, id_field: str, text_field:
                          line=line, hint="each line must be one JSON object") from None
     if not isinstance(record, dict):
         raise InputError(f"expected a JSON object, got {type(record).__name__}", path=path, line=line)
+    return record
+
+
+def json_records(path: str) -> Iterator[tuple[int, dict]]:
+    """(line number, object) for every non-blank line of a JSON-lines file (``.gz`` read through gzip)."""
+    for line, raw in _raw_lines(path, None):
+        record = _json_record(raw, path, line)
+        if record is not None:
+            yield line, record
+
+
+def _jsonl_document(raw: bytes, path: str, line: int, id_field: str, text_field: str) -> Document | None:
+    record = _json_record(raw, path, line)
+    if record is None:
+        return None
     if id_field not in record:
         raise _missing(id_field, "id", record, path, line, "--id-field")
     if text_field not in record:
