@@ -22,14 +22,13 @@ from .blocks import BlockLayout
 from .bits import format_fingerprint, hamming, to_signed, to_unsigned
 from .database import Database
 from .errors import IncompatibleIndex, IndexNotFound, InputError, SimdbError
-from .ingest import (BatchSummary, FingerprintedBatch, IngestOptions, ingest, ingest_chunk, keys_and_values,
-                     sketch_column)
+from .ingest import BatchSummary, FingerprintedBatch, IngestOptions, ingest, ingest_chunk
 from .inputs import Document, check_text
 from .matching import collect, copy_in, pairs_between
 from .relayout import relayout
 from .remove import RemovalSummary, remove
 from .settings import IndexSettings
-from .sketch import sketch
+from .sketch import keys_and_values, sketch, sketch_column
 from .sqlapi import grant_reader
 
 

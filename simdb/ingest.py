@@ -38,17 +38,13 @@ import numpy as np
 import sqlalchemy as sa
 
 from . import minhash
-from .bits import to_signed_array
 from .clusters import merge_clusters
-from .blocks import BlockLayout
 from .errors import BatchError, IncompatibleIndex, InputError
 from .inputs import Document
 from .matching import collect, copy_in, copy_out_int64, earliest_matches, pairs_between
 from .migrate import lock
 from .parallel import Fingerprinted, fingerprint_stream
-from .sketch import Recipe
-
-Layout = BlockLayout | minhash.MinHashSettings
+from .sketch import Layout, Recipe, keys_and_values, sketch_column
 
 DEFAULT_CHUNK_SIZE = 100_000
 DEFAULT_MAX_CHARS = 5_000_000
@@ -139,20 +135,6 @@ EXACT_DUPLICATES_SQL = (
     "UNION "
     "SELECT s.id FROM staging s WHERE EXISTS (SELECT 1 FROM staging e WHERE e.content_hash = s.content_hash "
     "AND e.id < s.id)")
-
-
-def sketch_column(layout: Layout) -> tuple[str, str]:
-    """The documents column (and its type) that holds the sketch: ``simhash`` or ``signature``."""
-    return ("signature", "bytea") if isinstance(layout, minhash.MinHashSettings) else ("simhash", "int8")
-
-
-def keys_and_values(layout: Layout, sketches: list[int | bytes]) -> tuple[np.ndarray, list]:
-    """``(keys (n, key columns) int64, the sketches as stored)`` for a list of sketches."""
-    if isinstance(layout, minhash.MinHashSettings):
-        rows = np.frombuffer(b"".join(sketches), dtype="<u4").reshape(len(sketches), layout.num_perm)
-        return minhash.band_keys_array(rows, layout), list(sketches)
-    fingerprints = np.array(sketches, dtype=np.uint64)
-    return layout.block_keys_array(fingerprints), to_signed_array(fingerprints).tolist()
 
 
 def create_staging(connection: sa.Connection, layout: Layout) -> list[tuple[str, str]]:

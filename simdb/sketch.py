@@ -15,14 +15,19 @@ bits that differ, or signature positions that differ.
 
 from __future__ import annotations
 
+import numpy as np
 import xxhash
 
 from . import minhash
-from .bits import format_fingerprint
+from .bits import format_fingerprint, to_signed_array
+from .blocks import BlockLayout
 from .errors import InputError
 from .fingerprint import FingerprintSettings, fingerprint
 
+#: What turns a text into a sketch.
 Recipe = FingerprintSettings | minhash.MinHashSettings
+#: What turns a sketch into key columns (for MinHash, the same MinHashSettings object).
+Layout = BlockLayout | minhash.MinHashSettings
 
 
 def sketch(text: str, recipe: Recipe) -> int | bytes:
@@ -59,3 +64,17 @@ def sketch_many(texts: list[str], recipe: Recipe) -> list[int | bytes | InputErr
 def digest(value: int | bytes) -> str:
     """A short, stable name for a sketch (canaries): the fingerprint, or a hash of the signature."""
     return xxhash.xxh3_64_hexdigest(value) if isinstance(value, bytes) else format_fingerprint(value)
+
+
+def sketch_column(layout: Layout) -> tuple[str, str]:
+    """The documents column (and its type) that holds the sketch: ``simhash`` or ``signature``."""
+    return ("signature", "bytea") if isinstance(layout, minhash.MinHashSettings) else ("simhash", "int8")
+
+
+def keys_and_values(layout: Layout, sketches: list[int | bytes]) -> tuple[np.ndarray, list]:
+    """``(keys (n, key columns) int64, the sketches as stored)`` for a list of sketches."""
+    if isinstance(layout, minhash.MinHashSettings):
+        rows = np.frombuffer(b"".join(sketches), dtype="<u4").reshape(len(sketches), layout.num_perm)
+        return minhash.band_keys_array(rows, layout), list(sketches)
+    fingerprints = np.array(sketches, dtype=np.uint64)
+    return layout.block_keys_array(fingerprints), to_signed_array(fingerprints).tolist()
