@@ -41,7 +41,7 @@ def merge_clusters(connection: sa.Connection, pairs: np.ndarray, new_ids: np.nda
 
     ``pairs`` are verified ``(new id, matched id, distance)`` rows; matched ids
     below ``new_ids[0]`` are stored documents. Returns {new id: cluster id} for
-    new documents in a pair (the others are their own cluster).
+    new documents in a pair, on either side (the others are their own cluster).
     """
     if not len(pairs):
         return {}
@@ -57,7 +57,10 @@ def merge_clusters(connection: sa.Connection, pairs: np.ndarray, new_ids: np.nda
         copy_in(connection, "cluster_relabel (old, new)", ["int8", "int8"], relabel, create=True)
         connection.exec_driver_sql("UPDATE documents d SET cluster_id = r.new FROM cluster_relabel r "
                                    "WHERE d.cluster_id = r.old")
-    return {new: forest.find(new) for new in {int(p) for p in pairs[:, 0]}}
+    # every new document the pairs touch, on either side: one that is only ever the earlier side of a
+    # pair (matched by a later document of its chunk) still joins the merged cluster
+    touched = {int(node) for node in pairs[:, :2].ravel() if first_new is not None and node >= first_new}
+    return {new: forest.find(new) for new in touched}
 
 
 def recluster(connection: sa.Connection, cluster_ids: list[int]) -> int:

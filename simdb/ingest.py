@@ -218,12 +218,16 @@ def ingest_chunk(connection: sa.Connection, schema: str, layout: Layout, chunk: 
     duplicates = earliest_matches(pairs)
     clusters = merge_clusters(connection, pairs, ids)
     exact = len(connection.execute(sa.text(EXACT_DUPLICATES_SQL)).all())
-    copy_in(connection, "staging_duplicates (id, duplicate_of, distance, cluster_id)", ["int8", "int8", "int2", "int8"],
-            ((probe, match, distance, clusters[probe]) for probe, match, distance in duplicates.tolist()), create=True)
+    copy_in(connection, "staging_duplicates (id, duplicate_of, distance)", ["int8", "int8", "int2"],
+            duplicates.tolist(), create=True)
+    # every new document a pair touches gets its merged cluster, including one that is only the earlier
+    # side of its pairs (it has no duplicate_of, yet a later document may link it to another cluster)
+    copy_in(connection, "staging_clusters (id, cluster_id)", ["int8", "int8"], clusters.items(), create=True)
     connection.exec_driver_sql(
         f"INSERT INTO documents ({column_list}, batch_id, duplicate_of, duplicate_distance, cluster_id) "
         f"SELECT {', '.join('s.' + n for n, _ in columns)}, {int(batch_id)}, m.duplicate_of, m.distance, "
-        f"coalesce(m.cluster_id, s.id) FROM staging s LEFT JOIN staging_duplicates m USING (id) ORDER BY s.id")
+        f"coalesce(c.cluster_id, s.id) FROM staging s LEFT JOIN staging_duplicates m USING (id) "
+        f"LEFT JOIN staging_clusters c USING (id) ORDER BY s.id")
     copy_in(connection, "near_duplicates (b_id, a_id, distance, batch_id)", ["int8", "int8", "int2", "int4"],
             ((probe, match, distance, batch_id) for probe, match, distance in pairs.tolist()))
     within = connection.execute(sa.text(

@@ -13,7 +13,7 @@ from simdb.bits import hamming_array, to_signed
 from simdb.fingerprint import content_hash
 from simdb.ingest import EXACT_DUPLICATES_SQL, FingerprintedBatch, create_staging
 from simdb.samples import sections
-from tests.conftest import count_rows
+from tests.conftest import assert_consistent, count_rows
 
 
 def make_batch(fingerprints, prefix):
@@ -238,3 +238,14 @@ def test_exact_duplicate_search_is_two_hash_semi_joins(index):
         found = connection.exec_driver_sql(EXACT_DUPLICATES_SQL).scalars().all()
     assert "SubPlan" not in plan and "Semi Join" in plan
     assert len(found) == 5000 - 900
+
+
+def test_a_document_linking_two_earlier_ones_in_its_chunk_joins_their_clusters(index, admin_engine):
+    """Regression (issue 9): y is within 3 bits of p and of x, which are 6 bits apart; all three are one
+    cluster. merge_clusters relabelled only the later side of each pair, so x kept its own cluster."""
+    index.add_fingerprinted(make_batch([0, 0b111111, 0b111], "c"), batch="c")
+    with admin_engine.connect() as connection:
+        clusters = connection.execute(sa.text(
+            f"SELECT external_id, cluster_id FROM {index.database.schema}.documents ORDER BY id")).all()
+    assert len({cluster for _, cluster in clusters}) == 1
+    assert_consistent(admin_engine, index.database.schema)
