@@ -247,11 +247,16 @@ def ingest(database_url, schema, data_dir, paths, input_format, id_field, text_f
     progress = Progress(f"ingest {options.batch or ''}".strip(), total_bytes(paths))
     try:
         documents = read_documents(paths, format=input_format, id_field=id_field, text_field=text_field,
-                                   skip_errors=on_error == "skip", progress=progress.add_bytes)
+                                   skip_errors=on_error == "skip", max_chars=max_chars,
+                                   progress=progress.add_bytes)
         with open_index(database_url, schema, data_dir) as index:
             summary = index.ingest(documents, options, progress.add_documents)
     finally:
         progress.close()
+    if not summary.recorded:
+        click.echo(f"warning: {', '.join(paths)} held no records; nothing was stored and no batch was created",
+                   err=True)
+        return
     click.echo(str(dataclasses.replace(summary, seconds=time.perf_counter() - started)))
 
 

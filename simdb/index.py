@@ -23,7 +23,7 @@ from .bits import format_fingerprint, hamming, to_signed, to_unsigned
 from .database import Database
 from .errors import IncompatibleIndex, IndexNotFound, InputError, SimdbError
 from .ingest import BatchSummary, FingerprintedBatch, IngestOptions, ingest, ingest_chunk
-from .inputs import Document, check_text
+from .inputs import Document, check_text, checks
 from .matching import collect, copy_in, pairs_between
 from .relayout import relayout
 from .remove import RemovalSummary, remove
@@ -73,12 +73,15 @@ def _as_document(item: Document | Mapping, index: int) -> Document:
     where = f"document #{index + 1}"
     if not isinstance(item, Mapping) or "id" not in item or "text" not in item:
         raise InputError(f"{where} must be a Document or a mapping with 'id' and 'text'")
-    external_id = item["id"]
-    if isinstance(external_id, bool) or not isinstance(external_id, (str, int)) or not str(external_id).strip():
-        raise InputError(f"{where}: the id must be a non-empty string or an integer, not {external_id!r}")
-    text = check_text(item["text"], None, None)
-    metadata = dict(item.get("metadata") or {k: v for k, v in item.items() if k not in ("id", "text")})
-    return Document(str(external_id), text, metadata)
+    try:
+        external_id = checks.external_id(item["id"], "id", None, None)
+        text = check_text(item["text"], None, None)
+        given = item.get("metadata")  # an explicit metadata mapping is kept whole, "id" and "text" included
+        metadata = checks.metadata(dict(given), None, None, None, None) if given else \
+            checks.metadata(dict(item), "id", "text", None, None)
+    except InputError as error:
+        raise InputError(f"{where}: {error.reason}", hint=error.hint) from None
+    return Document(external_id, text, metadata)
 
 
 #: Mean candidates per lookup above which ``stats`` advises more blocks.
@@ -223,7 +226,7 @@ class Index:
         started = time.perf_counter()
         with self.database.engine.begin() as connection:
             result = ingest_chunk(connection, self.database.schema, self.layout, fingerprinted, name=batch,
-                                  source=source, first=True, final=True, position=len(fingerprinted), rejected=0,
+                                  source=source, first=True, final=True, position=len(fingerprinted),
                                   skip_errors=False)
             row = connection.execute(sa.text("SELECT * FROM batches WHERE name = :name"), {"name": batch}).one()
         return BatchSummary(name=batch, documents=result.stored, new=row.new, exact_duplicates=row.exact_duplicates,

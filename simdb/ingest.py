@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -40,14 +41,13 @@ import sqlalchemy as sa
 from . import minhash
 from .clusters import merge_clusters
 from .errors import BatchError, IncompatibleIndex, InputError
-from .inputs import Document
+from .inputs import DEFAULT_MAX_CHARS, Document
 from .matching import collect, copy_in, copy_out_int64, earliest_matches, pairs_between
 from .migrate import lock
 from .parallel import Fingerprinted, fingerprint_stream
 from .sketch import Layout, Recipe, keys_and_values, sketch_column
 
 DEFAULT_CHUNK_SIZE = 100_000
-DEFAULT_MAX_CHARS = 5_000_000
 ON_ERROR = ("stop", "skip")
 
 
@@ -87,18 +87,21 @@ class FingerprintedBatch:
     lengths: list[int] = field(default_factory=list)
     metadata: list[dict] = field(default_factory=list)
     origins: list[str] = field(default_factory=list)
+    #: Each document's 1-based position among the batch's input records (default: 1, 2, 3, ...).
+    positions: list[int] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.external_ids)
 
     def append(self, external_id: str, sketch: int | bytes, digest: bytes, length: int, metadata: dict,
-               origin: str) -> None:
+               origin: str, position: int | None = None) -> None:
         self.external_ids.append(external_id)
         self.sketches.append(sketch)
         self.content_hashes.append(digest)
         self.lengths.append(length)
         self.metadata.append(metadata)
         self.origins.append(origin)
+        self.positions.append(len(self.positions) + 1 if position is None else position)
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,8 @@ class BatchSummary:
     already_stored: int = 0
     rejected: int = 0
     rejects_path: str | None = None
+    #: False when the input held no record at all: no batch was created.
+    recorded: bool = True
 
     def __str__(self) -> str:
         text = (f"batch {self.name!r}: {self.documents:,} documents: {self.new:,} new, "
@@ -143,7 +148,8 @@ def create_staging(connection: sa.Connection, layout: Layout) -> list[tuple[str,
                + [(name, "int8") for name in layout.key_columns]
                + [("content_hash", "bytea"), ("length", "int4"), ("metadata", "jsonb")])
     connection.exec_driver_sql(
-        "CREATE TEMPORARY TABLE staging (" + ", ".join(f"{n} {t} NOT NULL" for n, t in columns) + ") ON COMMIT DROP")
+        "CREATE TEMPORARY TABLE staging (" + ", ".join(f"{n} {t} NOT NULL" for n, t in columns)
+        + ", position int8) ON COMMIT DROP")  # position: the record's place in the batch's input
     return columns
 
 
@@ -176,14 +182,15 @@ def _open_batch(connection: sa.Connection, name: str, source: str, first: bool) 
 
 @dataclass
 class ChunkResult:
-    rejected: list[tuple[int, InputError]]  # (position in the chunk, error)
+    rejected: list[tuple[int, InputError]]  # (position in the batch's input, error), in input order
     stored: int
 
 
 def ingest_chunk(connection: sa.Connection, schema: str, layout: Layout, chunk: FingerprintedBatch, *,
-                 name: str, source: str, first: bool, final: bool, position: int, rejected: int,
-                 skip_errors: bool) -> ChunkResult:
-    """Match and insert one chunk inside the caller's transaction; update the batch's counts."""
+                 name: str, source: str, first: bool, final: bool, position: int,
+                 rejects: list[tuple[int, InputError]] = (), skip_errors: bool) -> ChunkResult:
+    """Match and insert one chunk inside the caller's transaction; record every input record's outcome
+    (``rejects`` are the reader's, by position) and update the batch's counts."""
     lock(connection, schema, "ingest")
     check_layout(connection, layout)
     batch_id = _open_batch(connection, name, source, first)
@@ -197,14 +204,14 @@ def ingest_chunk(connection: sa.Connection, schema: str, layout: Layout, chunk: 
     columns = create_staging(connection, layout)
     column_list = ", ".join(name for name, _ in columns)
     cursor = connection.connection.dbapi_connection.cursor()
-    with cursor.copy(f"COPY staging ({column_list}) FROM STDIN (FORMAT BINARY)") as copy:
-        copy.set_types([t for _, t in columns])
+    with cursor.copy(f"COPY staging ({column_list}, position) FROM STDIN (FORMAT BINARY)") as copy:
+        copy.set_types([t for _, t in columns] + ["int8"])
         id_list, key_rows = ids.tolist(), keys.tolist()
         for i in range(count):
             copy.write_row((id_list[i], chunk.external_ids[i], stored_sketches[i], *key_rows[i],
-                            chunk.content_hashes[i], chunk.lengths[i], chunk.metadata[i]))
+                            chunk.content_hashes[i], chunk.lengths[i], chunk.metadata[i], chunk.positions[i]))
 
-    errors, unstored = _stored_ids(connection, chunk, ids, batch_id)
+    errors, unstored, already = _stored_ids(connection, chunk, ids, batch_id)
     if errors and not skip_errors:
         raise errors[0][1]
     if unstored:
@@ -217,7 +224,8 @@ def ingest_chunk(connection: sa.Connection, schema: str, layout: Layout, chunk: 
         pairs_between(connection, layout, "staging", "staging", k, earlier_only=True)))
     duplicates = earliest_matches(pairs)
     clusters = merge_clusters(connection, pairs, ids)
-    exact = len(connection.execute(sa.text(EXACT_DUPLICATES_SQL)).all())
+    exact = connection.exec_driver_sql(
+        f"CREATE TEMPORARY TABLE staging_exact ON COMMIT DROP AS {EXACT_DUPLICATES_SQL}").rowcount
     copy_in(connection, "staging_duplicates (id, duplicate_of, distance)", ["int8", "int8", "int2"],
             duplicates.tolist(), create=True)
     # every new document a pair touches gets its merged cluster, including one that is only the earlier
@@ -234,8 +242,21 @@ def ingest_chunk(connection: sa.Connection, schema: str, layout: Layout, chunk: 
         "SELECT count(*) FROM staging_duplicates m JOIN documents o ON o.id = m.duplicate_of "
         "WHERE o.batch_id = :batch"), {"batch": batch_id}).scalar_one()
 
+    # what became of every input record of the chunk, in the same transaction as the documents
+    connection.exec_driver_sql(
+        "INSERT INTO records (batch_id, position, status, external_id, document_id, duplicate_of, distance) "
+        f"SELECT {int(batch_id)}, s.position, CASE WHEN e.id IS NOT NULL THEN 'exact' "
+        "WHEN m.id IS NOT NULL THEN 'near' ELSE 'new' END, s.external_id, s.id, m.duplicate_of, m.distance "
+        "FROM staging s LEFT JOIN staging_duplicates m USING (id) LEFT JOIN staging_exact e USING (id)")
+    rejected = sorted([*rejects, *errors], key=lambda pair: pair[0])
+    copy_in(connection, "records (batch_id, position, status, external_id, document_id, path, line, reason, hint)",
+            ["int4", "int8", "text", "text", "int8", "text", "int8", "text", "text"],
+            [*((batch_id, chunk.positions[i], "already_stored", chunk.external_ids[i], document, None, None, None,
+                None) for i, document in already),
+             *((batch_id, at, "rejected", getattr(error, "external_id", None), None, error.path, error.line,
+                error.reason, error.hint) for at, error in rejected)])
+
     stored = count - len(unstored)
-    already = len(unstored) - len(errors)
     connection.execute(sa.text(
         "UPDATE batches SET documents = documents + :stored, new = new + :new, "
         "exact_duplicates = exact_duplicates + :exact, near_duplicates = near_duplicates + :near, "
@@ -244,35 +265,41 @@ def ingest_chunk(connection: sa.Connection, schema: str, layout: Layout, chunk: 
         "status = CASE WHEN :final THEN 'complete' ELSE status END, "
         "finished_at = CASE WHEN :final THEN clock_timestamp() END WHERE id = :id"),
         {"stored": stored, "new": stored - len(duplicates), "exact": exact, "near": len(duplicates) - exact,
-         "within": within, "already": already, "rejected": rejected + len(errors), "position": position,
+         "within": within, "already": len(already), "rejected": len(rejected), "position": position,
          "final": final, "id": batch_id})
-    return ChunkResult(rejected=errors, stored=stored)
+    return ChunkResult(rejected=rejected, stored=stored)
 
 
-def _stored_ids(connection: sa.Connection, chunk: FingerprintedBatch, ids: np.ndarray,
-                batch_id: int) -> tuple[list[tuple[int, InputError]], list[int]]:
-    """Staged ids that are already stored: (errors for the conflicting ones, every staging id to leave out).
+def _stored_ids(connection: sa.Connection, chunk: FingerprintedBatch, ids: np.ndarray, batch_id: int
+                ) -> tuple[list[tuple[int, InputError]], list[int], list[tuple[int, int]]]:
+    """Staged ids that are already stored: (rejects by input position, every staging id to leave out,
+    (chunk index, stored document id) of the ones already stored with the same text).
 
     The same id with the same text in another batch is a re-run: skipped. In this
     batch, or with another text, it is an error.
     """
     rows = connection.execute(sa.text(
-        "SELECT s.id, d.batch_id = :batch AS same_batch, d.content_hash = s.content_hash AS same_text, b.name "
-        "FROM staging s JOIN documents d USING (external_id) JOIN batches b ON b.id = d.batch_id ORDER BY s.id"),
-        {"batch": batch_id}).all()
-    errors, unstored = [], []
+        "SELECT s.id, d.id AS stored_id, d.batch_id = :batch AS same_batch, d.content_hash = s.content_hash "
+        "AS same_text, b.name FROM staging s JOIN documents d USING (external_id) JOIN batches b "
+        "ON b.id = d.batch_id ORDER BY s.id"), {"batch": batch_id}).all()
+    errors, unstored, already = [], [], []
     for row in rows:
         i = int(np.searchsorted(ids, row.id))
         unstored.append(row.id)
         origin, external_id = chunk.origins[i], chunk.external_ids[i]
         if row.same_batch:
-            errors.append((i, _error_at(origin, f"id {external_id!r} appears twice in this batch (first in an earlier "
-                                            "chunk)", "ids must be unique; fix or drop one of them")))
+            error = _error_at(origin, f"id {external_id!r} appears twice in this batch (first in an earlier "
+                                      "chunk)", "ids must be unique; fix or drop one of them")
         elif not row.same_text:
-            errors.append((i, _error_at(origin, f"id {external_id!r} is already stored with a different text "
-                                                f"(batch {row.name!r})",
-                                        "give the new document a new id, or remove the old one with simdb remove")))
-    return errors, unstored
+            error = _error_at(origin, f"id {external_id!r} is already stored with a different text "
+                                      f"(batch {row.name!r})",
+                              "give the new document a new id, or remove the old one with simdb remove")
+        else:
+            already.append((i, row.stored_id))
+            continue
+        error.external_id = external_id
+        errors.append((chunk.positions[i], error))
+    return errors, unstored, already
 
 
 def _error_at(origin: str, message: str, hint: str) -> InputError:
@@ -285,27 +312,50 @@ def _error_at(origin: str, message: str, hint: str) -> InputError:
 # -- the whole batch ---------------------------------------------------------------------------------
 
 class Rejects:
-    """The rejects file: one JSON object per rejected record, written after its chunk commits."""
+    """The rejects file, one JSON object per rejected record, written from the ``records`` table.
 
-    def __init__(self, path: str | Path, append: bool) -> None:
+    After each chunk commits, its rejects are read back from the database and appended; a resumed
+    batch first rewrites the file whole from there. So the file never holds a reject the database
+    lacks, and after a kill it is made complete again by ``resume`` (or by ``simdb verdicts``).
+    """
+
+    def __init__(self, path: str | Path, engine: sa.Engine, batch: str) -> None:
         self.path = str(path)
-        self._file = open(path, "a" if append else "w", encoding="utf-8")
+        self.engine = engine
+        self.batch = batch
+        self.written = 0  # rejects up to this input position are in the file
+        self.started = False
+        folder = os.path.dirname(os.path.abspath(self.path))
+        if not os.path.isdir(folder):
+            raise InputError("cannot write the rejects file there: the folder does not exist", path=self.path,
+                             hint="create the folder, or choose another rejects file")
+        if os.path.isdir(self.path) or not os.access(self.path if os.path.exists(self.path) else folder, os.W_OK):
+            raise InputError("cannot write the rejects file there", path=self.path,
+                             hint="check the permissions, or choose another rejects file")
 
-    def write(self, errors: Iterable[InputError]) -> None:
-        for error in errors:
-            self._file.write(json.dumps({"path": error.path, "line": error.line, "reason": error.reason,
-                                         "hint": error.hint}, ensure_ascii=False) + "\n")
-        self._file.flush()
-
-    def close(self) -> None:
-        self._file.close()
+    def sync(self, position: int) -> None:
+        """Append the rejects of input positions up to ``position`` that the file does not hold yet."""
+        with self.engine.connect() as connection:
+            rows = connection.execute(sa.text(
+                "SELECT r.position, r.external_id, r.path, r.line, r.reason, r.hint FROM records r "
+                "JOIN batches b ON b.id = r.batch_id WHERE b.name = :batch AND r.status = 'rejected' "
+                "AND r.position > :after AND r.position <= :upto ORDER BY r.position"),
+                {"batch": self.batch, "after": self.written, "upto": position}).all()
+        with open(self.path, "a" if self.started else "w", encoding="utf-8") as file:
+            for row in rows:
+                file.write(json.dumps({"path": row.path, "line": row.line, "reason": row.reason, "hint": row.hint,
+                                       "position": row.position, "id": row.external_id}, ensure_ascii=False) + "\n")
+        self.started = True
+        self.written = position
 
 
 def _size_checked(items: Iterable[Document | InputError], max_chars: int) -> Iterator[Document | InputError]:
     for item in items:
         if isinstance(item, Document) and len(item.text) > max_chars:
-            item = InputError(f"the text is {len(item.text):,} characters, over the limit of {max_chars:,}",
-                              path=item.path, line=item.line, hint="raise --max-chars or split the document")
+            error = InputError(f"the text is {len(item.text):,} characters, over the limit of {max_chars:,}",
+                               path=item.path, line=item.line, hint="raise --max-chars or split the document")
+            error.external_id = item.external_id
+            item = error
         yield item
 
 
@@ -333,28 +383,27 @@ def ingest(engine: sa.Engine, schema: str, layout: Layout, settings: Recipe,
     started = time.perf_counter()
     name = options.batch_name
     resumed = _resume_position(engine, name, options.resume)
-    position, rejected = resumed if resumed else (0, 0)
+    position = resumed[0] if resumed else 0
     skip_errors = options.on_error == "skip"
-    rejects = Rejects(options.rejects or f"rejects-{name}.jsonl", append=resumed is not None) if skip_errors else None
+    rejects = Rejects(options.rejects or f"rejects-{name}.jsonl", engine, name) if skip_errors else None
+    if rejects is not None and resumed is not None:
+        rejects.sync(position)  # the file as the database has it, whatever a kill left behind
     first = resumed is None
     try:
         stream = fingerprint_stream(_size_checked(itertools.islice(items, position, None), options.max_chars),
                                     settings, workers=options.workers)
-        chunk, chunk_errors, seen, ordinals = FingerprintedBatch(), [], {}, []
+        chunk, chunk_errors, seen = FingerprintedBatch(), [], {}
         consumed = position
 
         def commit(final: bool) -> None:
-            nonlocal chunk, chunk_errors, seen, ordinals, first, rejected
+            nonlocal chunk, chunk_errors, seen, first
             with engine.begin() as connection:
-                result = ingest_chunk(connection, schema, layout, chunk, name=name, source=options.source,
-                                      first=first, final=final, position=consumed, rejected=len(chunk_errors),
-                                      skip_errors=skip_errors)
-            errors = chunk_errors + [(ordinals[i], error) for i, error in result.rejected]
+                ingest_chunk(connection, schema, layout, chunk, name=name, source=options.source, first=first,
+                             final=final, position=consumed, rejects=chunk_errors, skip_errors=skip_errors)
             if rejects is not None:
-                rejects.write(error for _, error in sorted(errors, key=lambda pair: pair[0]))
-            rejected += len(errors)
+                rejects.sync(consumed)
             first = False
-            chunk, chunk_errors, seen, ordinals = FingerprintedBatch(), [], {}, []
+            chunk, chunk_errors, seen = FingerprintedBatch(), [], {}
 
         for item in stream:
             consumed += 1
@@ -364,11 +413,11 @@ def ingest(engine: sa.Engine, schema: str, layout: Layout, settings: Recipe,
                     item = InputError(f"id {document.external_id!r} appears twice in this batch "
                                       f"(first at {seen[document.external_id]})", path=document.path,
                                       line=document.line, hint="ids must be unique; fix or drop one of them")
+                    item.external_id = document.external_id
                 else:
                     seen[document.external_id] = document.origin
-                    ordinals.append(consumed)
                     chunk.append(document.external_id, item.sketch, item.content_hash, len(document.text),
-                                 document.metadata, document.origin)
+                                 document.metadata, document.origin, consumed)
             if isinstance(item, InputError):
                 if not skip_errors:
                     raise _stopped(item, name, first)
@@ -377,12 +426,12 @@ def ingest(engine: sa.Engine, schema: str, layout: Layout, settings: Recipe,
                 progress(1)
             if len(chunk) >= options.chunk_size:
                 commit(final=False)
+        if first and consumed == 0:
+            return BatchSummary(name=name, documents=0, new=0, exact_duplicates=0, near_duplicates=0,
+                                within_batch=0, seconds=time.perf_counter() - started, recorded=False)
         commit(final=True)
     except (InputError, BatchError) as error:
         raise _stopped(error, name, first) from None
-    finally:
-        if rejects is not None:
-            rejects.close()
     with engine.connect() as connection:
         row = connection.execute(sa.text("SELECT * FROM batches WHERE name = :name"), {"name": name}).one()
     return BatchSummary(name=name, documents=row.documents, new=row.new, exact_duplicates=row.exact_duplicates,

@@ -95,6 +95,24 @@ def build_metadata(layout: BlockLayout | MinHashSettings) -> sa.MetaData:
         comment="Every near-duplicate pair found at ingest: a was stored before b; batch is b's.",
     )
     sa.Table(
+        "records", metadata,
+        sa.Column("batch_id", sa.Integer, sa.ForeignKey("batches.id", ondelete="CASCADE"), primary_key=True),
+        sa.Column("position", sa.BigInteger, primary_key=True),
+        sa.Column("status", sa.Text, nullable=False),
+        sa.Column("external_id", sa.Text),
+        sa.Column("document_id", sa.BigInteger),
+        sa.Column("duplicate_of", sa.BigInteger),
+        sa.Column("distance", sa.SmallInteger),
+        sa.Column("path", sa.Text),
+        sa.Column("line", sa.BigInteger),
+        sa.Column("reason", sa.Text),
+        sa.Column("hint", sa.Text),
+        sa.CheckConstraint(sa.text("status IN ('new', 'exact', 'near', 'already_stored', 'rejected')"),
+                           name="status"),
+        comment="One row per input record of a batch, in input order: what became of it (new, exact, near, "
+                "already_stored, rejected), written with its chunk.",
+    )
+    sa.Table(
         "idf_terms", metadata,
         sa.Column("term", sa.Text, primary_key=True),
         sa.Column("documents", sa.Integer, nullable=False),

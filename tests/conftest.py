@@ -157,4 +157,49 @@ def assert_consistent(engine: sa.Engine, schema: str, max_distance: int = 3) -> 
         earlier.append((row.id, row.external_id, fingerprint))
     assert stored_pairs == pairs
     assert {row.id: row.cluster_id for row in rows} == {row.id: forest.find(row.id) for row in rows}
+    assert_records_consistent(engine, schema, max_distance)
     return [(row.external_id, row.dup) for row in rows]
+
+
+def assert_records_consistent(engine: sa.Engine, schema: str, max_distance: int = 3) -> None:
+    """The per-record outcomes agree with the batches and documents (for batches that have them).
+
+    Each batch's counts are its records' statuses; every stored document has one record, with its
+    batch, id and duplicate_of (as at ingest, unless that document was removed since); positions run 1..position without a gap; a duplicate's
+    duplicate_of, while both are stored, is a stored pair within the distance.
+    """
+    with engine.connect() as connection:
+        batches = connection.execute(sa.text(
+            f"SELECT b.id, b.position, b.documents, b.new, b.exact_duplicates, b.near_duplicates, b.already_stored, "
+            f"b.rejected, count(r.*) AS records FROM {schema}.batches b LEFT JOIN {schema}.records r "
+            f"ON r.batch_id = b.id GROUP BY b.id")).all()
+        statuses = {(row.batch_id, row.status): row.n for row in connection.execute(sa.text(
+            f"SELECT batch_id, status, count(*) AS n FROM {schema}.records GROUP BY 1, 2"))}
+        positions = {row.batch_id: (row.low, row.high, row.n) for row in connection.execute(sa.text(
+            f"SELECT batch_id, min(position) AS low, max(position) AS high, count(*) AS n FROM {schema}.records "
+            "GROUP BY 1"))}
+        unmatched = connection.execute(sa.text(
+            f"SELECT count(*) FROM {schema}.documents d JOIN {schema}.batches b ON b.id = d.batch_id "
+            f"WHERE EXISTS (SELECT 1 FROM {schema}.records x WHERE x.batch_id = b.id AND x.position = 1) "
+            f"AND NOT EXISTS "
+            f"(SELECT 1 FROM {schema}.records r WHERE r.document_id = d.id AND r.batch_id = d.batch_id "
+            f"AND r.external_id = d.external_id AND r.status IN ('new', 'exact', 'near') "
+            # duplicate_of as at ingest: it changes only when that document is removed (and it is re-pointed)
+            f"AND (r.duplicate_of IS NOT DISTINCT FROM d.duplicate_of OR (r.duplicate_of IS NOT NULL AND NOT EXISTS "
+            f"(SELECT 1 FROM {schema}.documents o WHERE o.id = r.duplicate_of))))")).scalar_one()
+        far = connection.execute(sa.text(
+            f"SELECT count(*) FROM {schema}.records r JOIN {schema}.documents a ON a.id = r.duplicate_of "
+            f"JOIN {schema}.documents b ON b.id = r.document_id LEFT JOIN {schema}.near_duplicates p "
+            f"ON p.a_id = a.id AND p.b_id = b.id WHERE p.a_id IS NULL OR p.distance > {max_distance}")).scalar_one()
+    for batch in batches:
+        if not batch.records:
+            continue  # ingested before records were kept
+        low, high, n = positions[batch.id]
+        assert (high, high - low + 1) == (batch.position, n)  # no gap up to the batch's position
+        if low > 1:
+            continue  # begun before records were kept, resumed after: its counts include the earlier part
+        count = lambda status: statuses.get((batch.id, status), 0)  # noqa: E731
+        assert (count("new"), count("exact"), count("near"), count("already_stored"), count("rejected")) == \
+            (batch.new, batch.exact_duplicates, batch.near_duplicates, batch.already_stored, batch.rejected)
+    assert unmatched == 0
+    assert far == 0

@@ -150,10 +150,11 @@ def test_metadata_named_like_export_fields_is_kept(index):
                       "metadata.simhash": "0"}
 
 
-def test_an_empty_batch_is_recorded(index):
+def test_an_empty_input_records_nothing(index):
+    """Issue 9: an empty input made a complete 0-document batch without a word; now it records nothing."""
     summary = index.add_many([], batch="nothing-today")
-    assert (summary.documents, summary.new) == (0, 0)
-    assert [b["name"] for b in index.stats()["batches"]] == ["nothing-today"]
+    assert (summary.documents, summary.new, summary.recorded) == (0, 0, False)
+    assert index.stats()["batches"] == []
 
 
 def test_reopening_gives_the_same_answers(database_url, schema):

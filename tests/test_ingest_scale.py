@@ -10,6 +10,7 @@ import time
 import sqlalchemy as sa
 
 from simdb import Index, InputError
+from simdb.ingest import IngestOptions
 from simdb.fingerprint import FingerprintSettings, content_hash, fingerprint
 from simdb.inputs import Document
 from simdb.parallel import TASK_SIZE, Fingerprinted, fingerprint_stream
@@ -205,3 +206,82 @@ def test_concurrent_ingests_find_every_pair(database_url, admin_engine, schema, 
         exported = [(e["id"], int(e["simhash"], 16)) for e in index.export()]
     expected = {(a, b) for i, (a, fa) in enumerate(exported) for b, fb in exported[i + 1:] if (fa ^ fb).bit_count() <= 3}
     assert found == expected
+
+
+def test_rejects_are_as_durable_as_stored_rows_across_sigkill(database_url, admin_engine, schema, tmp_path):
+    """Regression (issue 9): the rejects file was written after its chunk committed, so a kill in
+    between lost rejects the batch counted. Now they are kept in the chunk's transaction and the
+    file is rebuilt from the database: it never holds a reject the database lacks, and after the
+    resume it holds exactly the database's."""
+    rng = random.Random(9)
+    lines, bad = [], []
+    for copy in range(4):
+        for i, record in enumerate(CORPUS):
+            if (copy * len(CORPUS) + i) % 7 == 3:
+                lines.append('{"id": "broken-%d-%d", "text": ' % (copy, i))
+                bad.append(len(lines))
+            else:
+                lines.append(json.dumps({**record, "id": f"{record['id']}-{copy}"}))
+    path = tmp_path / "in.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    rejects = tmp_path / "rejects.jsonl"
+    subprocess.run(simdb_command(database_url, schema, "init"), check=True, capture_output=True)
+    command = simdb_command(database_url, schema, "ingest", str(path), "--batch", "b", "--chunk-size", "40",
+                            "--workers", "1", "--on-error", "skip", "--rejects", str(rejects))
+
+    def stored_rejects():
+        with admin_engine.connect() as connection:
+            return connection.execute(sa.text(
+                f"SELECT line FROM {schema}.records WHERE status = 'rejected' ORDER BY position")).scalars().all()
+
+    def status():
+        with admin_engine.connect() as connection:
+            return connection.execute(sa.text(f"SELECT status FROM {schema}.batches")).scalar()
+
+    for attempt in range(5):
+        current = status()
+        if current == "complete":
+            break
+        process = subprocess.Popen(command + (["--resume"] if current == "running" else []),
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        time.sleep(rng.uniform(1.0, 3.0))
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        wait_for_backends_to_finish(admin_engine)
+        in_file = [json.loads(line)["line"] for line in rejects.read_text().splitlines()] if rejects.exists() else []
+        in_database = stored_rejects()
+        assert in_file == in_database[:len(in_file)]  # the file never runs ahead of the database
+        state(admin_engine, schema)  # batch counts == record statuses, documents == their records
+    if status() != "complete":
+        subprocess.run(command + (["--resume"] if status() == "running" else []), check=True, capture_output=True)
+    assert [json.loads(line)["line"] for line in rejects.read_text().splitlines()] == stored_rejects() == bad
+    assert count_rows(admin_engine, schema) == (len(lines) - len(bad), 1)
+    state(admin_engine, schema)
+
+
+def test_a_resume_rewrites_the_rejects_file_from_the_database(database_url, schema, tmp_path, monkeypatch):
+    """A process that dies after its chunk commits but before the file is written loses nothing."""
+    from simdb.ingest import Rejects
+
+    documents = [Document(r["id"], r["text"]) for r in CORPUS[:120]]
+    items = [InputError(f"bad record {i}", path="in", line=i) if i % 10 == 5 else d for i, d in enumerate(documents)]
+    rejects = tmp_path / "rejects.jsonl"
+    options = dict(batch="b", on_error="skip", rejects=str(rejects), chunk_size=30)
+    real_sync = Rejects.sync
+
+    def dies_after_its_first_commit(self, position):
+        if position:
+            raise KeyboardInterrupt  # as a SIGKILL would, before the file is written
+        real_sync(self, position)
+
+    with Index.create(database_url, schema=schema) as index:
+        monkeypatch.setattr(Rejects, "sync", dies_after_its_first_commit)
+        try:
+            index.ingest(items, IngestOptions(**options))
+        except KeyboardInterrupt:
+            pass
+        monkeypatch.setattr(Rejects, "sync", real_sync)
+        assert not rejects.exists() or rejects.read_text() == ""
+        summary = index.ingest(items, IngestOptions(**options, resume=True))
+    assert summary.rejected == 12
+    assert [json.loads(line)["line"] for line in rejects.read_text().splitlines()] == list(range(5, 120, 10))

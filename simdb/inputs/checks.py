@@ -1,0 +1,83 @@
+"""What every record must be before simdb stores it, whatever file it came from.
+
+A text or an id is a string PostgreSQL can store: no NUL character, no unpaired surrogate (a
+JSON ``"\\ud800"`` decodes to one, and UTF-8 cannot encode it), and a text is not only
+whitespace. Metadata is what ``jsonb`` can store: no NUL, no unpaired surrogate, no NaN or
+infinite number.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+from ..errors import InputError
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def check_string(value: str, path: str | None, line: int | None, what: str) -> str:
+    if "\x00" in value:
+        raise InputError(f"the {what} contains a NUL character, which PostgreSQL cannot store",
+                         path=path, line=line, hint="remove NUL bytes from the input")
+    surrogate = _SURROGATE.search(value)
+    if surrogate:
+        raise InputError(f"the {what} contains an unpaired surrogate U+{ord(surrogate.group()):04X} at character "
+                         f"{surrogate.start() + 1:,}, which UTF-8 cannot encode", path=path, line=line,
+                         hint="fix the escape sequence (a \\ud800-\\udfff escape must be half of a pair)")
+    return value
+
+
+def check_text(text: object, path: str | None, line: int | None, what: str = "text") -> str:
+    if not isinstance(text, str):
+        raise InputError(f"the {what} must be a string, not {type(text).__name__}", path=path, line=line)
+    check_string(text, path, line, what)
+    if what == "text" and not text.strip():
+        raise InputError("the text is empty or only whitespace", path=path, line=line,
+                         hint="drop the document or give it text")
+    return text
+
+
+def external_id(value: object, id_field: str, path: str | None, line: int | None) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        shown = json.dumps(value) if isinstance(value, (type(None), float, list, dict)) else repr(value)
+        raise InputError(f"the id field {id_field!r} must be a string or an integer, not {shown}",
+                         path=path, line=line)
+    text = str(value)
+    if not text.strip():
+        raise InputError(f"the id field {id_field!r} is empty", path=path, line=line)
+    return check_string(text, path, line, what="id")
+
+
+def metadata(record: dict, id_field: str | None, text_field: str | None, path: str | None, line: int | None) -> dict:
+    """The record's other fields, checked to be storable as ``jsonb``."""
+    found = {k: v for k, v in record.items() if k not in (id_field, text_field)}
+    if not found:
+        return found
+    try:
+        encoded = json.dumps(found, ensure_ascii=False, allow_nan=False)
+        encoded.encode("utf-8")
+    except ValueError as exc:  # NaN or an infinite float (UnicodeEncodeError is a ValueError too)
+        if isinstance(exc, UnicodeEncodeError):
+            raise InputError("a metadata field contains an unpaired surrogate, which UTF-8 cannot encode",
+                             path=path, line=line, hint="fix the escape sequence in the input") from None
+        raise InputError("a metadata field holds NaN or an infinite number, which JSON cannot store",
+                         path=path, line=line, hint="write such values as strings or null") from None
+    if "\\u0000" in encoded or "\x00" in encoded:
+        raise InputError("a metadata field contains a NUL character, which PostgreSQL cannot store",
+                         path=path, line=line, hint="remove NUL characters from the input")
+    return found
+
+
+def finite_float(text: str) -> float:
+    """``json.loads``'s float parser, refusing numbers too large for a double (1e400 would be infinity)."""
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"the number {text[:40]} is too large for a double")
+    return value
+
+
+def no_constant(name: str):
+    """``json.loads``'s parser for NaN, Infinity and -Infinity, which JSON does not have."""
+    raise ValueError(f"{name} is not a JSON value")

@@ -1,0 +1,20 @@
+"""A document as read from an input: its id, text, metadata, and where it came from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Document:
+    external_id: str
+    text: str
+    metadata: dict = field(default_factory=dict)
+    path: str | None = None
+    line: int | None = None
+
+    @property
+    def origin(self) -> str:
+        if self.path is None:
+            return f"document {self.external_id!r}"
+        return f"{self.path}:{self.line}" if self.line is not None else self.path
