@@ -23,6 +23,8 @@ import numpy as np
 from .bits import BITS
 
 MAX_KEY_BITS = 62  # keys are stored as non-negative BIGINT
+#: The largest distance any layout can guarantee (16 blocks, keys of one block).
+MAX_DISTANCE = 15
 
 
 @dataclass(frozen=True)
@@ -60,10 +62,14 @@ class BlockLayout:
         Fewer blocks mean fewer key columns (less storage, faster ingest); the
         target keeps a lookup to well under a millisecond of index reads.
         """
-        for layout, candidates in layouts_for(max_distance, documents, choices=8):
+        choices = layouts_for(max_distance, documents, choices=8)
+        if not choices:
+            raise ValueError(f"no block layout reaches a maximum distance of {max_distance} with at most 16 blocks "
+                             f"and 64 keys: the maximum distance must be between 1 and {MAX_DISTANCE}")
+        for layout, candidates in choices:
             if candidates <= target:
                 return layout
-        return layouts_for(max_distance, documents, choices=8)[-1][0]
+        return choices[-1][0]
 
     @cached_property
     def block_ranges(self) -> tuple[tuple[int, int], ...]:

@@ -11,18 +11,20 @@ import dataclasses
 import functools
 import json
 import os
+import shlex
 import sys
 import time
 from datetime import timezone
 
 import click
+import psycopg
 import sqlalchemy as sa
 
 from . import __version__
 from .bits import format_fingerprint, parse_fingerprint
-from .blocks import BlockLayout, layouts_for
-from .database import DEFAULT_SCHEMA
-from .errors import DatabaseUnavailable, SimdbError
+from .blocks import MAX_DISTANCE, BlockLayout, layouts_for
+from .database import DEFAULT_SCHEMA, redact, translate
+from .errors import SimdbError
 from .fingerprint import FingerprintSettings, fingerprint, learn_idf as learn_idf_from_texts, tokens_for
 from .index import Index
 from .ingest import DEFAULT_CHUNK_SIZE, DEFAULT_MAX_CHARS, ON_ERROR, IngestOptions
@@ -47,18 +49,33 @@ def database_options(command):
 
 
 def user_errors(function):
-    """Turn simdb's errors (and lost connections) into ClickException's one-line message and exit 1."""
+    """Turn simdb's errors (and the database's) into ClickException's one-line message and exit 1."""
     @functools.wraps(function)
     def wrapper(*args, **kwargs):
         try:
             return function(*args, **kwargs)
         except SimdbError as exc:
             raise click.ClickException(str(exc)) from None
-        except sa.exc.OperationalError as exc:
-            reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
-            raise click.ClickException(str(DatabaseUnavailable(
-                f"lost the database connection: {reason}; nothing from the interrupted operation was kept"))) from None
+        except (sa.exc.DBAPIError, psycopg.Error) as exc:
+            raise click.ClickException(str(translate(exc))) from None
     return wrapper
+
+
+def resume_command(context: click.Context, batch: str) -> str:
+    """The exact command that resumes this ingest: its own arguments, ``--batch`` and ``--resume``."""
+    words = ["simdb", "ingest", *context.params["paths"]]
+    for parameter in context.command.params:
+        name = parameter.name
+        if name in ("paths", "batch_name", "resume") or \
+                context.get_parameter_source(name) is not click.core.ParameterSource.COMMANDLINE:
+            continue
+        value = context.params[name]
+        flag = parameter.opts[0]
+        if isinstance(parameter, click.Option) and parameter.is_flag:
+            words.append(flag if value else parameter.secondary_opts[0])
+        else:
+            words += [flag, redact(value) if name == "database_url" else str(value)]
+    return shlex.join([*words, "--batch", batch, "--resume"])
 
 
 def open_index(database_url, schema, data_dir) -> Index:
@@ -132,7 +149,7 @@ cli.add_command(fingerprint_command, name="fingerprint")
 
 @cli.command()
 @database_options
-@click.option("--max-distance", type=click.IntRange(1, 16), default=3, show_default=True,
+@click.option("--max-distance", type=click.IntRange(1, MAX_DISTANCE), default=3, show_default=True,
               help="Largest Hamming distance that counts as a near-duplicate (k).")
 @click.option("--blocks", type=click.IntRange(1, 16), default=None,
               help="Blocks the 64 bits are cut into (m); keys are made of m - k blocks "
@@ -175,16 +192,25 @@ def init(database_url, schema, data_dir, max_distance, blocks, tokenizer, jieba_
         simdb init --idf-from sample.jsonl
         simdb init --method minhash --threshold 0.8
     """
+    context = click.get_current_context()
+    given = {name for name in context.params
+             if context.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE}
     if method == "minhash":
+        simhash_only = sorted(given & {"idf_paths", "weighting", "top_features", "blocks", "max_distance",
+                                       "tokenizer", "jieba_hmm", "shingle_size", "stopwords", "expected_size"})
+        if simhash_only:
+            raise click.UsageError("these are SimHash options, not for --method minhash: " + ", ".join(
+                "--" + name.replace("_paths", "-from").replace("_", "-") for name in simhash_only))
         options = {"method": "minhash", "threshold": threshold, "num_perm": num_perm}
-        if idf_paths or weighting or top_features is not None or blocks is not None:
-            raise click.UsageError("--idf-from, --weighting, --top-features and --blocks are SimHash options")
     else:
-        if blocks is None:
-            blocks = BlockLayout.for_size(max_distance, expected_size).blocks
-        options = {"max_distance": max_distance, "blocks": blocks, "tokenizer": tokenizer, "jieba_hmm": jieba_hmm,
-                   "shingle_size": shingle_size, "stopwords": stopwords, "weighting": weighting,
-                   "top_features": top_features}
+        if given & {"threshold", "num_perm"}:
+            raise click.UsageError("--threshold and --num-perm are MinHash options (add --method minhash)")
+        # only what was asked for goes to the library (its defaults are these options' defaults), so an
+        # existing index is compared with the settings asked for and with nothing else
+        values = {"max_distance": max_distance, "blocks": blocks, "tokenizer": tokenizer, "jieba_hmm": jieba_hmm,
+                  "shingle_size": shingle_size, "stopwords": stopwords, "weighting": weighting,
+                  "top_features": top_features, "expected_size": expected_size}
+        options = {name: value for name, value in values.items() if name in given}
         if idf_paths:
             check_paths(idf_paths)
             options["idf"] = learn_idf(idf_paths, TokenizerSettings(name=tokenizer, jieba_hmm=jieba_hmm,
@@ -200,7 +226,7 @@ def init(database_url, schema, data_dir, max_distance, blocks, tokenizer, jieba_
             click.echo(f"IDF weights: {idf.documents:,} sample documents, {len(idf.terms):,} terms, top "
                        f"{index.fingerprint_settings.top_features} features per document")
         click.echo(f"expected candidates per lookup at {expected_size:,} documents (random fingerprints):")
-        for layout, candidates in layouts_for(max_distance, expected_size):
+        for layout, candidates in layouts_for(index.layout.max_distance, expected_size):
             mark = "  <- this index" if layout == index.layout else ""
             click.echo(f"  --blocks {layout.blocks}: {len(layout.keys):>3} keys, {candidates:>12,.2f}{mark}")
 
@@ -251,6 +277,12 @@ def ingest(database_url, schema, data_dir, paths, input_format, id_field, text_f
                                    progress=progress.add_bytes)
         with open_index(database_url, schema, data_dir) as index:
             summary = index.ingest(documents, options, progress.add_documents)
+    except SimdbError as exc:
+        if exc.kept is None:
+            raise
+        name = exc.kept.batch
+        raise click.ClickException(f"{exc}: `{resume_command(click.get_current_context(), name)}` resumes it, "
+                                   f"`simdb remove --batch {shlex.quote(name)}` removes it") from None
     finally:
         progress.close()
     if not summary.recorded:
@@ -467,10 +499,6 @@ def relayout(database_url, schema, data_dir, blocks):
         simdb relayout --blocks 5
     """
     with open_index(database_url, schema, data_dir) as index:
-        if blocks is None:
-            with index.database.engine.connect() as connection:
-                documents = connection.execute(sa.text("SELECT count(*) FROM documents")).scalar_one()
-            blocks = BlockLayout.for_size(index.layout.max_distance, documents).blocks
         before = index.layout.describe()
         index.relayout(blocks, progress=lambda message: click.echo(message, err=True))
         click.echo(f"relaid out from {before} to {index.layout.describe()}")

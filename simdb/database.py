@@ -20,11 +20,12 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+import psycopg
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import URL, make_url
 
-from .errors import DatabaseUnavailable, SimdbError
+from .errors import DatabaseUnavailable, PermissionDenied, SimdbError
 
 DEFAULT_SCHEMA = "simdb"
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -34,6 +35,9 @@ def check_schema_name(schema: str) -> str:
     if not _SCHEMA_NAME.match(schema or ""):
         raise SimdbError(f"invalid schema name {schema!r}: use lower-case letters, digits and underscores, "
                          "starting with a letter or underscore (at most 63 characters)")
+    if schema.startswith("pg_") or schema == "information_schema":
+        raise SimdbError(f"the schema name {schema!r} is reserved by PostgreSQL (pg_dump leaves "
+                         "information_schema out of backups): choose another name")
     return schema
 
 
@@ -138,3 +142,32 @@ class Database:
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+#: SQLSTATE classes and codes -> what they mean for the person running simdb.
+_READ_ONLY = "25006"
+_PRIVILEGE = "42501"
+
+
+def translate(error: sa.exc.DBAPIError | psycopg.Error, url: str | URL | None = None) -> SimdbError:
+    """A database error (through SQLAlchemy or straight from psycopg) as a :class:`SimdbError` whose
+    message says what happened and what to do."""
+    original = error if isinstance(error, psycopg.Error) else error.orig
+    state = getattr(original, "sqlstate", None) or ""
+    message = (str(original) if original is not None else str(error)).strip().splitlines()[0]
+    role = make_url(url).username if url is not None else None
+    who = f"the database role {role!r}" if role else "this database role"
+    if state == _READ_ONLY:
+        return PermissionDenied(f"{who} is read-only ({message}): it can query the index but not change it; "
+                                "run this as the role that owns the index")
+    if state == _PRIVILEGE:
+        return PermissionDenied(f"{who} lacks a privilege this needs: {message}; run it as the role that owns "
+                                "the index, or have the owner grant it (simdb grant-reader grants reading only)")
+    if isinstance(error, (sa.exc.OperationalError, psycopg.OperationalError)) or state.startswith(("08", "57P")):
+        return DatabaseUnavailable(f"lost the database connection: {message}")
+    if state.startswith("53"):
+        return DatabaseUnavailable(f"the database server ran out of resources: {message}; free disk space or "
+                                   "memory on the server, then run the command again")
+    if state in ("40001", "40P01", "55P03"):
+        return SimdbError(f"the database gave up waiting for another session: {message}; run the command again")
+    return SimdbError(f"PostgreSQL refused the operation: {message} (SQLSTATE {state or 'unknown'})")

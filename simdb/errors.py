@@ -7,9 +7,16 @@ non-zero; nothing else is needed to act on it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 
 class SimdbError(Exception):
-    """Base class: the message is meant for the person running simdb."""
+    """Base class: the message is meant for the person running simdb.
+
+    ``kept`` is set on an error that stopped an ingest after some of its chunks were committed.
+    """
+
+    kept: "KeptBatch | None" = None
 
 
 class InputError(SimdbError):
@@ -47,3 +54,20 @@ class IncompatibleIndex(SimdbError):
 
 class BatchError(SimdbError):
     """A batch cannot be ingested as given (name taken, ids already stored, ...)."""
+
+
+class PermissionDenied(SimdbError):
+    """The database role may not do this (a read-only role asked to write, a schema it was not granted)."""
+
+
+@dataclass(frozen=True)
+class KeptBatch:
+    """What an interrupted ingest left stored: its batch goes on from ``position`` when resumed."""
+
+    batch: str
+    position: int  # input records consumed by the committed chunks
+    documents: int  # documents the batch holds
+
+    def describe(self) -> str:
+        return (f"batch {self.batch!r} keeps what its committed chunks stored ({self.documents:,} documents from "
+                f"the first {self.position:,} input records): it can be resumed once the cause is fixed, or removed")

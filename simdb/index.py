@@ -84,6 +84,9 @@ def _as_document(item: Document | Mapping, index: int) -> Document:
     return Document(external_id, text, metadata)
 
 
+#: Setting names of Index.create -> the names IndexSettings.summary() compares them by.
+_SUMMARY_NAMES = {"idf": ("idf_documents", "weighting"), "expected_size": ()}
+
 #: Mean candidates per lookup above which ``stats`` advises more blocks.
 OUTGROWN_CANDIDATES = 256
 
@@ -126,7 +129,11 @@ class Index:
             if exists and not exist_ok:
                 raise SimdbError(f"an index already exists in schema {schema!r} of {database.display_url}; "
                                  "use it as it is, or choose another --schema")
-            index = cls._open(database, wanted.summary() if exists else {})
+            # an existing index is compared with the settings asked for, not with defaults it was not asked about
+            summary = wanted.summary()
+            asked = {name: summary.get(name) for given, value in settings.items() if value is not None
+                     for name in _SUMMARY_NAMES.get(given, (given,))}
+            index = cls._open(database, asked if exists else {})
             index.created = not exists
             return index
         except BaseException:
@@ -249,11 +256,16 @@ class Index:
         finally:
             connection.close()
 
-    def relayout(self, blocks: int, progress: Callable[[str], None] | None = None) -> None:
-        """Rebuild the key columns for ``blocks`` blocks, online (see :mod:`simdb.relayout`)."""
+    def relayout(self, blocks: int | None = None, progress: Callable[[str], None] | None = None) -> None:
+        """Rebuild the key columns for ``blocks`` blocks (default: the fewest that suit the archive's size),
+        online (see :mod:`simdb.relayout`)."""
         if self.method != "simhash":
             raise SimdbError("relayout changes SimHash block layouts; a MinHash index's bands are fixed when it is "
                              "created: create a new index with other --threshold/--num-perm and ingest again")
+        if blocks is None:
+            with self.database.engine.connect() as connection:
+                documents = connection.execute(sa.text("SELECT count(*) FROM documents")).scalar_one()
+            blocks = BlockLayout.for_size(self.layout.max_distance, documents).blocks
         self.settings = relayout(self.database.engine, self.database.schema, self.settings, blocks,
                                  progress=progress)
         self.layout = self.settings.layout
@@ -346,11 +358,15 @@ class Index:
         reads the ``near_duplicates`` table.
         """
         limit = self._max_distance(max_distance)
-        with self.database.engine.connect() as connection:
-            condition, params = "p.distance <= :limit", {"limit": limit}
-            if batch is not None:
-                condition += " AND (a.batch_id = :batch OR b.batch_id = :batch)"
+        condition, params = "p.distance <= :limit", {"limit": limit}
+        if batch is not None:  # checked now, before the caller writes anything
+            with self.database.engine.connect() as connection:
                 params["batch"] = self._batch_id(connection, batch)
+            condition += " AND (a.batch_id = :batch OR b.batch_id = :batch)"
+        return self._pairs(condition, params)
+
+    def _pairs(self, condition: str, params: dict) -> Iterator[Pair]:
+        with self.database.engine.connect() as connection:
             result = connection.execution_options(yield_per=10_000).execute(sa.text(
                 "SELECT a.external_id AS a, b.external_id AS b, p.distance FROM near_duplicates p "
                 "JOIN documents a ON a.id = p.a_id JOIN documents b ON b.id = p.b_id "
@@ -395,7 +411,7 @@ class Index:
             means, largest = [], []
             for column in self.layout.key_columns:
                 means.append(connection.execute(sa.text(
-                    f"SELECT coalesce(sum(n * n)::float8 / nullif(sum(n), 0), 0) "
+                    f"SELECT coalesce(sum(n * (n - 1))::float8 / nullif(sum(n), 0), 0) "  # other documents in its bucket
                     f"FROM (SELECT count(*) AS n FROM documents GROUP BY {column}) b")).scalar_one())
                 largest += [(row.n, column, row.value) for row in connection.execute(sa.text(
                     f"SELECT {column} AS value, count(*) AS n FROM documents GROUP BY {column} "

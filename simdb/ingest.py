@@ -40,7 +40,8 @@ import sqlalchemy as sa
 
 from . import minhash
 from .clusters import merge_clusters
-from .errors import BatchError, IncompatibleIndex, InputError
+from .database import translate
+from .errors import BatchError, IncompatibleIndex, InputError, KeptBatch, SimdbError
 from .inputs import DEFAULT_MAX_CHARS, Document
 from .matching import collect, copy_in, copy_out_int64, earliest_matches, pairs_between
 from .migrate import lock
@@ -360,9 +361,9 @@ def _size_checked(items: Iterable[Document | InputError], max_chars: int) -> Ite
 
 
 def _resume_position(engine: sa.Engine, name: str, resume: bool) -> tuple[int, int] | None:
-    """(records consumed, rejected so far) of an interrupted batch to resume, or None for a new batch."""
+    """(records consumed, documents stored) of an interrupted batch to resume, or None for a new batch."""
     with engine.connect() as connection:
-        row = connection.execute(sa.text("SELECT status, position, rejected FROM batches WHERE name = :name"),
+        row = connection.execute(sa.text("SELECT status, position, documents FROM batches WHERE name = :name"),
                                  {"name": name}).first()
     if row is None:
         if resume:
@@ -373,7 +374,7 @@ def _resume_position(engine: sa.Engine, name: str, resume: bool) -> tuple[int, i
     if not resume:
         raise BatchError(f"batch {name!r} was interrupted after {row.position:,} input records; continue it "
                          f"with --resume, or remove what it stored with `simdb remove --batch {name}`")
-    return row.position, row.rejected
+    return row.position, row.documents
 
 
 def ingest(engine: sa.Engine, schema: str, layout: Layout, settings: Recipe,
@@ -389,6 +390,7 @@ def ingest(engine: sa.Engine, schema: str, layout: Layout, settings: Recipe,
     if rejects is not None and resumed is not None:
         rejects.sync(position)  # the file as the database has it, whatever a kill left behind
     first = resumed is None
+    kept = KeptBatch(name, position, resumed[1]) if resumed else None  # what the committed chunks hold
     try:
         stream = fingerprint_stream(_size_checked(itertools.islice(items, position, None), options.max_chars),
                                     settings, workers=options.workers)
@@ -396,10 +398,12 @@ def ingest(engine: sa.Engine, schema: str, layout: Layout, settings: Recipe,
         consumed = position
 
         def commit(final: bool) -> None:
-            nonlocal chunk, chunk_errors, seen, first
+            nonlocal chunk, chunk_errors, seen, first, kept
             with engine.begin() as connection:
-                ingest_chunk(connection, schema, layout, chunk, name=name, source=options.source, first=first,
-                             final=final, position=consumed, rejects=chunk_errors, skip_errors=skip_errors)
+                result = ingest_chunk(connection, schema, layout, chunk, name=name, source=options.source,
+                                      first=first, final=final, position=consumed, rejects=chunk_errors,
+                                      skip_errors=skip_errors)
+            kept = KeptBatch(name, consumed, (kept.documents if kept else 0) + result.stored)
             if rejects is not None:
                 rejects.sync(consumed)
             first = False
@@ -420,7 +424,7 @@ def ingest(engine: sa.Engine, schema: str, layout: Layout, settings: Recipe,
                                  document.metadata, document.origin, consumed)
             if isinstance(item, InputError):
                 if not skip_errors:
-                    raise _stopped(item, name, first)
+                    raise item
                 chunk_errors.append((consumed, item))
             if progress is not None:
                 progress(1)
@@ -430,8 +434,10 @@ def ingest(engine: sa.Engine, schema: str, layout: Layout, settings: Recipe,
             return BatchSummary(name=name, documents=0, new=0, exact_duplicates=0, near_duplicates=0,
                                 within_batch=0, seconds=time.perf_counter() - started, recorded=False)
         commit(final=True)
-    except (InputError, BatchError) as error:
-        raise _stopped(error, name, first) from None
+    except SimdbError as error:
+        raise _kept(error, kept) from None
+    except sa.exc.DBAPIError as error:
+        raise _kept(translate(error, engine.url), kept) from None
     with engine.connect() as connection:
         row = connection.execute(sa.text("SELECT * FROM batches WHERE name = :name"), {"name": name}).one()
     return BatchSummary(name=name, documents=row.documents, new=row.new, exact_duplicates=row.exact_duplicates,
@@ -441,15 +447,9 @@ def ingest(engine: sa.Engine, schema: str, layout: Layout, settings: Recipe,
                         seconds=time.perf_counter() - started)
 
 
-def _stopped(error: InputError | BatchError, name: str, first: bool) -> InputError | BatchError:
-    """The error, saying what became of the batch when earlier chunks were already stored."""
-    if first or getattr(error, "_stopped", False):
-        return error
-    note = (f"; the earlier chunks of batch {name!r} are stored: fix the input and run the same command with "
-            f"--resume, or remove them with `simdb remove --batch {name}`")
-    if isinstance(error, InputError):
-        wrapped = InputError(error.reason, path=error.path, line=error.line, hint=(error.hint or "") + note)
-    else:
-        wrapped = BatchError(str(error) + note)
-    wrapped._stopped = True
-    return wrapped
+def _kept(error: SimdbError, kept: KeptBatch | None) -> SimdbError:
+    """The error, saying what its batch keeps when earlier chunks were committed."""
+    if kept is not None and error.kept is None:
+        error.kept = kept
+        error.args = (f"{error}; {kept.describe()}",)
+    return error

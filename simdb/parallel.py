@@ -14,6 +14,9 @@ from __future__ import annotations
 import itertools
 import multiprocessing
 import os
+import signal
+import threading
+import time
 from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -47,8 +50,30 @@ def default_workers() -> int:
 _settings: Recipe | None = None
 
 
-def _start_worker(settings: Recipe) -> None:
+def _exit_with_parent(parent: int) -> None:
+    """End this worker when the process that started it dies, even by SIGKILL.
+
+    Linux delivers SIGKILL to a child whose parent dies once asked (``PR_SET_PDEATHSIG``); a
+    watcher thread covers other systems and the moment before the request took effect.
+    """
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="simdb-parent-watch", daemon=True).start()
+
+
+def _start_worker(settings: Recipe, parent: int) -> None:
     global _settings
+    _exit_with_parent(parent)
     _settings = settings
     sketch("预热 jieba 與 OpenCC", settings)  # load jieba's dictionary and OpenCC now, once per worker
 
@@ -89,7 +114,7 @@ def fingerprint_stream(items: Iterable[Document | InputError], settings: Recipe,
 
     context = multiprocessing.get_context("spawn")  # no inherited locks, connections or threads
     with ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker,
-                             initargs=(settings,)) as pool:
+                             initargs=(settings, os.getpid())) as pool:
         pending: deque[tuple[list, Future]] = deque()
         for chunk in _chunks(items, TASK_SIZE):
             texts = [d.text for d in chunk if isinstance(d, Document)]

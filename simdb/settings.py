@@ -67,6 +67,7 @@ class IndexSettings:
 
     @classmethod
     def new(cls, *, method: str = "simhash", max_distance: int = 3, blocks: int | None = None,
+            expected_size: int = 1_000_000,
             tokenizer: str = "auto", jieba_hmm: bool = False, shingle_size: int = 3, stopwords: bool = True,
             weighting: str | None = None, idf: IdfTable | None = None, top_features: int | None = None,
             threshold: float = 0.8, num_perm: int = 128, char_ngram: int = 5,
@@ -83,8 +84,8 @@ class IndexSettings:
                                              word_ngram=word_ngram)
             return cls(layout=recipe, fingerprints=recipe, created_with=created_with,
                        canaries=compute_canaries(recipe))
-        layout = BlockLayout(max_distance=max_distance,
-                             blocks=blocks if blocks is not None else max_distance + 1)
+        layout = BlockLayout(max_distance=max_distance, blocks=blocks) if blocks is not None else \
+            BlockLayout.for_size(max_distance, expected_size)
         if weighting is None:
             weighting = "tfidf" if idf is not None else "sublinear_tf"
         if top_features is None:

@@ -247,3 +247,14 @@ def test_bad_schema_name():
     result = CliRunner().invoke(cli, ["stats", "--schema", "Robert'); DROP"])
     assert result.exit_code == 1
     assert result.output.startswith("Error: invalid schema name")
+
+
+def test_an_empty_input_warns_and_records_nothing(run, tmp_path, admin_engine, schema):
+    """Issue 9: an empty input made a complete 0-document batch without a word."""
+    run("init")
+    (tmp_path / "empty.jsonl").write_text("\n\n")
+    result = run("ingest", str(tmp_path / "empty.jsonl"), "--batch", "nothing")
+    assert result.exit_code == 0 and result.stdout == ""
+    assert result.stderr == (f"warning: {tmp_path / 'empty.jsonl'} held no records; nothing was stored and no batch "
+                             "was created\n")
+    assert count_rows(admin_engine, schema) == (0, 0)

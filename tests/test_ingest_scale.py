@@ -1,6 +1,7 @@
 """Archive-scale ingest: parallel fingerprints, chunks, rejects, resume, SIGKILL, concurrent processes."""
 
 import json
+import os
 import random
 import signal
 import subprocess
@@ -94,10 +95,12 @@ def test_stop_after_stored_chunks_says_how_to_resume(run, tmp_path, admin_engine
     path.write_text("\n".join(lines) + "\n")
     result = run("ingest", str(path), "--batch", "b", "--chunk-size", "100", "--workers", "1")
     assert result.exit_code == 1
-    assert result.output == (f"Error: {path}:600: the text is empty or only whitespace (drop the document or give "
-                             "it text; the earlier chunks of batch 'b' are stored: fix the input and run the same "
-                             "command with --resume, or remove them with `simdb remove --batch b`)\n")
     stored, _ = count_rows(admin_engine, schema)
+    assert result.output == (  # issue 9: says what was kept and the exact command that resumes
+        f"Error: {path}:600: the text is empty or only whitespace (drop the document or give it text); batch 'b' "
+        f"keeps what its committed chunks stored ({stored} documents from the first {stored} input records): it "
+        f"can be resumed once the cause is fixed, or removed: `simdb ingest {path} --workers 1 --chunk-size 100 "
+        "--batch b --resume` resumes it, `simdb remove --batch b` removes it\n")
     assert stored in (300, 400, 500)  # whole chunks only; how many depends on the read-ahead
     assert run("ingest", str(path), "--batch", "b").output == (
         f"Error: batch 'b' was interrupted after {stored} input records; continue it with --resume, or remove what "
@@ -285,3 +288,43 @@ def test_a_resume_rewrites_the_rejects_file_from_the_database(database_url, sche
         summary = index.ingest(items, IngestOptions(**options, resume=True))
     assert summary.rejected == 12
     assert [json.loads(line)["line"] for line in rejects.read_text().splitlines()] == list(range(5, 120, 10))
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    if int(stat.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        found.append(int(entry))
+            except (OSError, IndexError, ValueError):
+                pass
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_fingerprinting_workers_exit_when_the_ingest_is_killed(database_url, schema, tmp_path):
+    """Regression (issue 9): after kill -9 of `simdb ingest` its workers (~150 MB each) lived on."""
+    path = write_jsonl(tmp_path / "in.jsonl", [{**r, "id": f"{r['id']}-{copy}"} for copy in range(60) for r in CORPUS])
+    subprocess.run(simdb_command(database_url, schema, "init"), check=True, capture_output=True)
+    process = subprocess.Popen(simdb_command(database_url, schema, "ingest", path, "--batch", "b", "--workers", "2"),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while len(children_of(process.pid)) < 3 and time.monotonic() < deadline:  # 2 workers and the resource tracker
+        time.sleep(0.1)
+    children = children_of(process.pid)
+    assert len(children) >= 2, "the ingest never started its worker pool"
+    process.kill()
+    process.wait()
+    deadline = time.monotonic() + 10
+    while any(alive(child) for child in children) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [child for child in children if alive(child)]

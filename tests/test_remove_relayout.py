@@ -134,7 +134,7 @@ def test_stats_advises_relayout_when_buckets_grow(index):
     rng = random.Random(9)
     index.add_fingerprinted(make_batch([(rng.getrandbits(48) << 16) | 0xBEEF for _ in range(400)], "s"), batch="s")
     stats = index.stats()
-    assert stats["measured_candidates_per_lookup"] > 400
+    assert stats["measured_candidates_per_lookup"] >= 399  # the 399 others in its bucket
     assert stats["largest_key_buckets"][0] == {"key": "key_0", "value": 0xBEEF, "documents": 400}
     assert stats["advice"] == (f"lookups meet {stats['measured_candidates_per_lookup']:,.0f} candidates on average: the archive has outgrown its layout; "
                                "run `simdb relayout --blocks 5`")

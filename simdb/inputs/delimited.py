@@ -6,8 +6,8 @@ The rule (docs/cli.md states it for users; tests/test_input_fuzz.py checks it):
    the delimiter; a field that begins with ``"`` is quoted: it ends at the next ``"`` that is not
    doubled (``""`` is a quote inside it), and it may hold the delimiter and line breaks, so a
    record may span lines. A ``"`` anywhere else is an ordinary character.
-2. A record is malformed when a quoted field is not closed before the end of the file, or runs
-   past ``max_chars`` characters; when a closing quote is followed by anything but the delimiter or
+2. A record is malformed when a quoted field is not closed before the end of the file, or holds
+   more than ``max_chars`` characters; when a closing quote is followed by anything but the delimiter or
    the end of its line; when it has another number of fields than the header; or when its lines
    hold invalid UTF-8 or a NUL byte.
 3. A malformed record is an error at the line where it began. When errors are skipped it becomes
@@ -91,7 +91,7 @@ def parse_record(first: Line, more: Callable[[], Line | None], delimiter: str, l
         if text.startswith('"', pos):
             opened, column = lines[-1].number, pos + 1
             pos += 1
-            parts, size = [], 0
+            parts, size = [], 0  # size: the field's characters so far, as it will be stored
             while True:
                 quote = text.find('"', pos)
                 if quote < 0:  # the field goes on past this line
@@ -110,6 +110,7 @@ def parse_record(first: Line, more: Callable[[], Line | None], delimiter: str, l
                 size += quote - pos
                 if text.startswith('"', quote + 1):  # a doubled quote is a quote
                     parts.append('"')
+                    size += 1
                     pos = quote + 2
                     continue
                 pos = quote + 1
@@ -173,7 +174,7 @@ def read_delimited(path: str, id_field: str, text_field: str, delimiter: str, sk
 
     try:
         first = more()
-        while first is not None and not first.content.strip() and first.newline:
+        while first is not None and not first.content and first.bad_utf8 is None:  # blank lines
             first = more()
         if first is None:
             return
@@ -184,7 +185,7 @@ def read_delimited(path: str, id_field: str, text_field: str, delimiter: str, sk
                              hint="the first line must name the fields") from None
         problem = _content_problem(header, len(header.fields))
         if problem:
-            raise _error(problem, path, header.lines)
+            raise _error(f"bad {kind} header: {problem}", path, header.lines)
         names = header.fields
         for name, role, flag in ((id_field, "id", "--id-field"), (text_field, "text", "--text-field")):
             if name not in names:

@@ -1,0 +1,266 @@
+"""Every command under every failure we know of: a short error, the right exit status, nothing written.
+
+Each case runs one CLI command against a prepared archive (a SimHash index with a batch, a
+MinHash index, a read-only role) and asserts what a user and an ingest script rely on: exit
+status 2 for a usage error and 1 for any other, one short message on stderr that starts with
+``Error:`` (click's usage errors add their ``Usage:`` lines), no traceback, and nothing written:
+the archive's tables, the set of schemas in the database and the files in the working
+directory are exactly as before.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import uuid
+
+import pytest
+import sqlalchemy as sa
+from click.testing import CliRunner
+
+from simdb import Index
+from simdb.cli import cli
+from simdb.database import postgres_url
+
+UNREACHABLE = "postgresql://simdb:secret@127.0.0.1:1/archive"
+GOOD = '{"id": "new-1", "text": "a fresh document about something else entirely"}\n'
+
+#: name -> bytes of the bad input files the cases refer to
+FILES = {
+    "good.jsonl": GOOD.encode(),
+    "bad-utf8.jsonl": b'{"id": "a", "text": "caf\xe9"}\n',
+    "bad-json.jsonl": b'{"id": "a", "text": \n',
+    "nan.jsonl": b'{"id": "a", "text": "x", "score": NaN}\n',
+    "surrogate.jsonl": b'{"id": "a", "text": "lone \\ud800"}\n',
+    "surrogate-id.jsonl": b'{"id": "\\ud800", "text": "x"}\n',
+    "digits.jsonl": b'{"id": "a", "text": "x", "n": ' + b"9" * 5000 + b"}\n",
+    "deep.jsonl": b'{"id": "a", "text": "x", "d": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n",
+    "not-object.jsonl": b"[1, 2]\n",
+    "no-text.jsonl": b'{"id": "a", "body": "x"}\n',
+    "empty-text.jsonl": b'{"id": "a", "text": "  "}\n',
+    "nul.jsonl": b'{"id": "a", "text": "a\\u0000b"}\n',
+    "dup-ids.jsonl": b'{"id": "a", "text": "one"}\n{"id": "a", "text": "two"}\n',
+    "stored-id.jsonl": b'{"id": "doc-0", "text": "another text under a stored id"}\n',
+    "binary.jsonl": bytes(range(256)) * 4,
+    "fake.jsonl.gz": GOOD.encode(),
+    "truncated.jsonl.gz": gzip.compress((GOOD * 2000).encode())[:300],
+    "quote.csv": b'id,text\n1,"never closed\n2,fine\n',
+    "fields.csv": b"id,text\n1,a,b\n",
+    "header.csv": b"doc,body\n1,x\n",
+    "bad-utf8.txt": b"caf\xe9 au lait",
+    "empty.jsonl": b"",
+    "unknown.dat": b"x",
+    "labels.jsonl": b'{"a": "x", "b": "y", "duplicate": "yes"}\n',
+    "one-label.jsonl": b'{"a": "x", "b": "y", "duplicate": true}\n',
+}
+
+# (case id, archive, arguments, exit status, a fragment of the message)
+# archive: "simhash" (an index with batch "first"), "minhash", "none" (no index in the schema),
+# "reader" (the SimHash index, as a read-only role), "ungranted" (the MinHash index, as a role it was
+# not granted to)
+CASES = [
+    # bad files of each kind
+    *[(f"ingest-{name}", "simhash", ["ingest", name], 1, fragment) for name, fragment in [
+        ("bad-utf8.jsonl", "invalid UTF-8"), ("bad-json.jsonl", "malformed JSON"), ("nan.jsonl", "NaN"),
+        ("surrogate.jsonl", "unpaired surrogate"), ("surrogate-id.jsonl", "unpaired surrogate"),
+        ("digits.jsonl", "4300"), ("deep.jsonl", "nested too deeply"), ("not-object.jsonl", "expected a JSON object"),
+        ("no-text.jsonl", "no text field"), ("empty-text.jsonl", "empty or only whitespace"),
+        ("nul.jsonl", "NUL"), ("dup-ids.jsonl", "appears twice"), ("stored-id.jsonl", "already stored with a "
+                                                                                      "different text"),
+        ("binary.jsonl", "malformed JSON"), ("fake.jsonl.gz", "not a gzip file"),
+        ("truncated.jsonl.gz", "gzip stream"), ("quote.csv", "never closed"), ("fields.csv", "3 fields"),
+        ("header.csv", "no id field"), ("bad-utf8.txt", "invalid UTF-8"), ("unknown.dat", "cannot tell the format"),
+        ("missing.jsonl", "no such file")]],
+    ("ingest-folder", "simhash", ["ingest", "folder"], 2, "is a directory"),
+    ("ingest-rejects-folder", "simhash", ["ingest", "good.jsonl", "--on-error", "skip", "--rejects",
+                                          "no/such/folder/rejects.jsonl"], 1, "the folder does not exist"),
+    ("ingest-resume-unknown", "simhash", ["ingest", "good.jsonl", "--batch", "nope", "--resume"], 1,
+     "no batch 'nope' to resume"),
+    ("ingest-batch-taken", "simhash", ["ingest", "good.jsonl", "--batch", "first"], 1, "already complete"),
+    ("ingest-no-index", "none", ["ingest", "good.jsonl"], 1, "no simdb index"),
+    ("ingest-bad-option", "simhash", ["ingest", "good.jsonl", "--chunk-size", "0"], 2, "--chunk-size"),
+    ("init-idf-bad-file", "none", ["init", "--idf-from", "bad-json.jsonl"], 1, "malformed JSON"),
+    ("init-idf-missing", "none", ["init", "--idf-from", "missing.jsonl"], 1, "no such file"),
+    ("init-max-distance-16", "none", ["init", "--max-distance", "16"], 2, "1<=x<=15"),
+    ("init-impossible-layout", "none", ["init", "--max-distance", "5", "--blocks", "4"], 1, "more blocks"),
+    ("init-minhash-blocks", "none", ["init", "--method", "minhash", "--blocks", "5"], 2, "SimHash options"),
+    ("init-simhash-threshold", "none", ["init", "--threshold", "0.9"], 2, "MinHash options"),
+    ("init-num-perm", "none", ["init", "--method", "minhash", "--num-perm", "130"], 1, "multiple of 4"),
+    ("init-other-settings", "simhash", ["init", "--max-distance", "4"], 1, "max_distance: asked 4, stored 3"),
+    ("init-other-method", "simhash", ["init", "--method", "minhash"], 1, "method: asked 'minhash'"),
+    # mismatched settings and bad arguments
+    ("query-nothing", "simhash", ["query"], 2, "give either TEXT or --file"),
+    ("query-distance", "simhash", ["query", "x", "--max-distance", "9"], 1, "between 0 and the index's maximum"),
+    ("query-similarity-simhash", "simhash", ["query", "x", "--min-similarity", "0.9"], 1, "MinHash"),
+    ("query-simhash-on-minhash", "minhash", ["query", "--simhash", "00ff"], 2, "MinHash index"),
+    ("query-similarity-low", "minhash", ["query", "x", "--min-similarity", "0.1"], 1, "threshold"),
+    ("query-bad-hex", "simhash", ["query", "--simhash", "xyz"], 2, "not a fingerprint"),
+    ("query-empty-text", "simhash", ["query", "   "], 1, "empty or only whitespace"),
+    ("query-no-index", "none", ["query", "x"], 1, "no simdb index"),
+    ("pairs-unknown-batch", "simhash", ["pairs", "--batch", "nosuch"], 1, "no batch named 'nosuch'"),
+    ("pairs-csv-unknown-batch", "simhash", ["pairs", "--format", "csv", "--batch", "nosuch"], 1, "no batch named"),
+    ("pairs-distance", "simhash", ["pairs", "--max-distance", "7"], 1, "maximum distance"),
+    ("export-no-index", "none", ["export"], 1, "no simdb index"),
+    ("stats-no-index", "none", ["stats"], 1, "no simdb index"),
+    ("report-unknown-batch", "simhash", ["report", "--batch", "nope", "--output", "r.html"], 1, "no batch named"),
+    ("report-no-output", "simhash", ["report"], 2, "--output"),
+    ("report-output-folder", "simhash", ["report", "--output", "no/such/dir/r.html"], 1, "cannot write"),
+    ("remove-nothing-said", "simhash", ["remove"], 1, "exactly one of"),
+    ("remove-unknown-id", "simhash", ["remove", "--id", "nope"], 1, "no stored document has the id"),
+    ("remove-unknown-batch", "simhash", ["remove", "--batch", "nope"], 1, "no batch named"),
+    ("relayout-same", "simhash", ["relayout", "--blocks", "4"], 1, "already uses 4 blocks"),
+    ("relayout-minhash", "minhash", ["relayout"], 1, "bands are fixed"),
+    ("relayout-minhash-blocks", "minhash", ["relayout", "--blocks", "5"], 1, "bands are fixed"),
+    ("grant-bad-role", "simhash", ["grant-reader", "Bad-Name"], 1, "invalid role name"),
+    ("grant-admin-role", "simhash", ["grant-reader", "postgres"], 1, "administrative role"),
+    ("grant-no-password", "simhash", ["grant-reader", "someone", "--password-env", "SIMDB_NO_SUCH_VAR"], 1,
+     "is not set"),
+    ("fingerprint-nothing", "none", ["fingerprint"], 2, "give either TEXT or --file"),
+    ("fingerprint-empty", "none", ["fingerprint", " "], 1, "empty or only whitespace"),
+    ("calibrate-bad-label", "none", ["calibrate", "labels.jsonl", "--plot", "p.svg"], 1, "not true or false"),
+    ("calibrate-one-label", "none", ["calibrate", "one-label.jsonl", "--plot", "p.svg"], 1, "same label"),
+    ("calibrate-missing", "none", ["calibrate", "missing.jsonl"], 1, "no such file"),
+    # missing privileges: a read-only role, and a role on a schema it was not granted
+    *[(f"reader-{args[0]}", "reader", args, 1, "read-only") for args in [
+        ["ingest", "good.jsonl"], ["remove", "--id", "doc-0"], ["init"], ["grant-reader", "someone_else"],
+        ["relayout", "--blocks", "5"]]],
+    ("reader-ingest-skip", "reader", ["ingest", "good.jsonl", "--on-error", "skip"], 1, "read-only"),
+    *[(f"ungranted-{args[0]}", "ungranted", args, 1, "permission denied for schema") for args in [
+        ["report", "--output", "r.html"], ["stats"], ["export"], ["pairs"], ["query", "x"]]],
+    # reserved schemas and bad names
+    *[(f"reserved-{schema}-{args[0]}", "none", [*args, "--schema", schema], 1, "reserved by PostgreSQL")
+      for schema in ("pg_catalog", "information_schema") for args in [["init"], ["ingest", "good.jsonl"], ["stats"],
+                                                                       ["report", "--output", "r.html"]]],
+    ("schema-injection", "none", ["init", "--schema", "x; DROP TABLE y"], 1, "invalid schema name"),
+    # an unreachable server, for every command that needs one
+    *[(f"unreachable-{args[0]}", "none", [*args, "--database-url", UNREACHABLE], 1, "cannot connect") for args in [
+        ["init"], ["ingest", "good.jsonl"], ["query", "x"], ["pairs"], ["export"], ["stats"],
+        ["report", "--output", "r.html"], ["remove", "--id", "x"], ["relayout"], ["grant-reader", "someone"]]],
+    ("not-postgresql", "none", ["stats", "--database-url", "mysql://root@127.0.0.1/x"], 1, "not supported"),
+]
+
+
+@pytest.fixture(scope="module")
+def archives(database_url):
+    """The SimHash and MinHash archives and the read-only role every case starts from."""
+    names = {"simhash": f"simdb_misuse_{uuid.uuid4().hex[:8]}", "minhash": f"simdb_misuse_{uuid.uuid4().hex[:8]}"}
+    reader = f"simdb_misuse_reader_{uuid.uuid4().hex[:8]}"
+    documents = [{"id": f"doc-{i}", "text": f"document number {i} is about topic {i % 5}, at some length"}
+                 for i in range(30)]
+    with Index.create(database_url, schema=names["simhash"]) as index:
+        index.add_many(documents, batch="first")
+        index.grant_reader(reader, login=True)
+    with Index.create(database_url, schema=names["minhash"], method="minhash") as index:
+        index.add_many(documents, batch="first")
+    engine = sa.create_engine(postgres_url(database_url))
+    yield names, reader
+    with engine.begin() as connection:
+        for schema in names.values():
+            connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+        connection.exec_driver_sql(f"DROP OWNED BY {reader}")
+        connection.exec_driver_sql(f"DROP ROLE {reader}")
+    engine.dispose()
+
+
+def snapshot(engine: sa.Engine, directory) -> tuple:
+    """Everything a failed command must leave as it was: schemas and every simdb table's content, files."""
+    with engine.connect() as connection:
+        schemas = sorted(connection.exec_driver_sql(
+            "SELECT DISTINCT table_schema FROM information_schema.tables WHERE table_schema NOT IN "
+            "('pg_catalog', 'information_schema') AND table_schema NOT LIKE 'simdb_test_%%'").scalars())
+        tables = connection.exec_driver_sql(
+            "SELECT table_schema, table_name FROM information_schema.tables WHERE table_schema LIKE 'simdb_misuse_%%' "
+            "ORDER BY 1, 2").all()
+        contents = {f"{s}.{t}": connection.exec_driver_sql(
+            f"SELECT md5(coalesce(string_agg(x::text, ',' ORDER BY x::text), '')) FROM {s}.{t} x").scalar_one()
+            for s, t in tables}
+        roles = sorted(connection.exec_driver_sql("SELECT rolname FROM pg_roles").scalars())
+    files = sorted((path, os.path.getsize(os.path.join(directory, path))) for path in os.listdir(directory))
+    return schemas, contents, roles, files
+
+
+@pytest.mark.parametrize("case, archive, arguments, status, fragment", CASES, ids=[c[0] for c in CASES])
+def test_misuse_is_a_short_error_that_writes_nothing(case, archive, arguments, status, fragment, archives,
+                                                     database_url, admin_engine, tmp_path, monkeypatch):
+    names, reader = archives
+    monkeypatch.chdir(tmp_path)
+    for name, content in FILES.items():
+        (tmp_path / name).write_bytes(content)
+    (tmp_path / "folder").mkdir()
+    url = database_url
+    if archive in ("reader", "ungranted"):
+        url = postgres_url(database_url).set(username=reader, password=None).set(
+            drivername="postgresql").render_as_string(hide_password=False)
+    schema = {"simhash": names["simhash"], "reader": names["simhash"], "minhash": names["minhash"],
+              "ungranted": names["minhash"]}.get(archive, f"simdb_test_{uuid.uuid4().hex[:12]}")
+    env = {"SIMDB_DATABASE_URL": url, "SIMDB_SCHEMA": schema, "SIMDB_DATA_DIR": str(tmp_path / "no-embedded")}
+    before = snapshot(admin_engine, tmp_path)
+    result = CliRunner().invoke(cli, arguments, env=env)
+    after = snapshot(admin_engine, tmp_path)
+    if archive == "none":  # a case that needed no index must not have made one
+        with admin_engine.connect() as connection:
+            assert not connection.execute(sa.text(
+                "SELECT count(*) FROM information_schema.tables WHERE table_schema = :s"), {"s": schema}).scalar_one()
+    assert isinstance(result.exception, (SystemExit, type(None))), f"unhandled {result.exception!r}"
+    assert "Traceback" not in result.output
+    assert result.exit_code == status, result.output
+    assert result.stdout == ""
+    message = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert len(message) == 1 and fragment in message[0], result.stderr
+    assert len(message[0]) < 600 and "secret" not in result.output
+    if status == 1:
+        assert result.stderr == message[0] + "\n"
+    assert after == before
+
+
+def test_every_command_has_a_misuse_case():
+    covered = {arguments[0] for _, _, arguments, _, _ in CASES}
+    assert covered >= set(cli.commands)
+
+
+def test_an_ingest_whose_connection_is_cut_says_what_it_kept_and_how_to_resume(database_url, schema, admin_engine,
+                                                                                 tmp_path):
+    """Issue 9: the server ended the session mid-ingest; the message said nothing was kept."""
+    import subprocess
+    import sys
+    import time
+
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps({"id": f"d{i}", "text": f"document {i} with words {i * 7} and {i % 13}"})
+                            + "\n" for i in range(20_000)))
+    base = [sys.executable, "-m", "simdb", "--help"][:3]
+    command = [*base, "ingest", str(path), "--batch", "cut", "--chunk-size", "500", "--workers", "1",
+               "--database-url", database_url, "--schema", schema]
+    subprocess.run([*base, "init", "--database-url", database_url, "--schema", schema], check=True,
+                   capture_output=True)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    stored = 0
+    while stored < 1000 and time.monotonic() < deadline and process.poll() is None:
+        time.sleep(0.05)
+        with admin_engine.connect() as connection:
+            stored = connection.execute(sa.text(f"SELECT coalesce(sum(documents), 0) FROM {schema}.batches")
+                                        ).scalar_one()
+    while process.poll() is None and time.monotonic() < deadline:  # cut it inside a chunk's transaction
+        with admin_engine.begin() as connection:
+            connection.execute(sa.text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
+                                       "application_name = 'simdb' AND state <> 'idle' AND pid <> pg_backend_pid()"))
+        time.sleep(0.01)
+    out, err = process.communicate(timeout=120)
+    if process.returncode == 0:
+        pytest.skip("the ingest finished before its connection could be cut")
+    with admin_engine.connect() as connection:
+        row = connection.execute(sa.text(f"SELECT status, position, documents FROM {schema}.batches")).one()
+    assert process.returncode == 1 and "Traceback" not in err
+    assert row.status == "running" and row.documents >= 1000
+    (line,) = err.strip().splitlines()
+    assert line.startswith("Error: lost the database connection")
+    assert (f"batch 'cut' keeps what its committed chunks stored ({row.documents:,} documents from the first "
+            f"{row.position:,} input records)") in line
+    resume = line.split("`")[1]
+    assert resume == (f"simdb ingest {path} --database-url {database_url} --schema {schema} --workers 1 "
+                      "--chunk-size 500 --batch cut --resume")
+    finished = subprocess.run([*base, *resume.split()[1:]], capture_output=True, text=True)
+    assert finished.returncode == 0, finished.stderr
+    assert "batch 'cut': 20,000 documents" in finished.stdout
