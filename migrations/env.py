@@ -1,18 +1,15 @@
 """Alembic environment for simdb.
 
-simdb runs alembic in code (see simdb/migrate.py): the caller passes an open
-connection whose search_path starts with the index's schema, the schema name,
-and, when creating an index, its settings. There is no alembic.ini.
+simdb runs alembic in code (see simdb/pg/migrate.py): the caller passes an open connection whose
+search_path starts with the index's schema, the schema name, and, when creating an index, its
+settings; for ``alembic check`` it also passes the current schema's metadata. Nothing here (or in
+versions/) imports simdb: migrations are history and must not change when simdb's code does.
+There is no alembic.ini.
 """
 
 from alembic import context
 
-from simdb.schema import build_metadata
-
 config = context.config
-connection = config.attributes["connection"]
-layout = config.attributes.get("layout")
-
 
 
 def include_name(name, type_, parent_names):
@@ -22,9 +19,9 @@ def include_name(name, type_, parent_names):
 
 
 context.configure(
-    connection=connection,
+    connection=config.attributes["connection"],
     include_name=include_name,
-    target_metadata=build_metadata(layout) if layout is not None else None,
+    target_metadata=config.attributes.get("target_metadata"),
     version_table_schema=config.attributes["schema"],
     transaction_per_migration=False,
 )

@@ -23,35 +23,27 @@ Run (about 3 minutes at 1M on 2 cores)::
 
 Without ``--database-url`` it uses ``SIMDB_DATABASE_URL`` or
 postgresql://postgres@127.0.0.1:5432/test, and if nothing answers there it starts an
-embedded PostgreSQL (pgserver) in a temporary directory.
+embedded PostgreSQL (pgserver) in a temporary directory (``bench_common.Server``).
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
-import os
-import shutil
-import sys
-import tempfile
 import time
 from dataclasses import dataclass
 
 import numpy as np
 import sqlalchemy as sa
+from bench_common import (DATABASE_HELP, STARTED, Server, command_line, log, machine, print_table, random_u64, rate,
+                          ratio, rss_bytes)
 
 import simdb
 from simdb.bits import to_signed, to_signed_array
-from simdb.database import postgres_url, start_embedded
 from simdb.ingest import FingerprintedBatch
+from simdb.pg.copy import copy_in
 
 SCHEMA, RAW_SCHEMA = "simdb_bench", "simdb_bench_raw"
-DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/test"
-STARTED = time.perf_counter()
-
-
-def log(message: str) -> None:
-    print(f"[{time.perf_counter() - STARTED:6.1f} s] {message}", file=sys.stderr, flush=True)
 
 
 def timed_each(function, items) -> tuple[list, list[float]]:
@@ -87,10 +79,6 @@ class Data:
             truth = {self.batch.external_ids[p] for p in self.truth[query] if limit is None or p < limit}
             expected, hit, extra = expected + len(truth), hit + len(truth & ids), extra + len(ids - truth)
         return f"{100.0 * hit / max(expected, 1):.1f}% ({hit:,}/{expected:,}, {extra} extra)"
-
-
-def random_u64(rng: np.random.Generator, n: int) -> np.ndarray:
-    return np.frombuffer(rng.bytes(8 * n), dtype=np.uint64).copy()
 
 
 def make_data(documents: int, queries: int, k: int, seed: int) -> Data:
@@ -134,39 +122,6 @@ def slices(batch: FingerprintedBatch, size: int):
 
 # -- database ------------------------------------------------------------------------------------
 
-def resolve_database(explicit: str | None) -> tuple[str, object | None, str | None]:
-    """(url, embedded server or None, its temporary directory or None)."""
-    url = explicit or os.environ.get("SIMDB_DATABASE_URL") or DEFAULT_URL
-    engine = sa.create_engine(postgres_url(url), connect_args={"connect_timeout": 3})
-    try:
-        with engine.connect():
-            return url, None, None
-    except sa.exc.OperationalError:
-        if explicit:
-            raise
-        log(f"nothing answers at {url}; starting an embedded PostgreSQL")
-    finally:
-        engine.dispose()
-    directory = tempfile.mkdtemp(prefix="simdb-bench-")
-    server = start_embedded(os.path.join(directory, "pgdata"))
-    return server.get_uri(), server, directory
-
-
-def drop_schemas(admin: sa.Engine) -> None:
-    with admin.connect() as c:
-        for schema in (SCHEMA, RAW_SCHEMA):
-            c.exec_driver_sql(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
-
-
-def checkpoint(admin: sa.Engine) -> None:
-    """Flush dirty pages so that one measurement does not pay for the previous one's writes."""
-    try:
-        with admin.connect() as c:
-            c.exec_driver_sql("CHECKPOINT")
-    except sa.exc.DBAPIError:
-        pass  # not a superuser: measure without it
-
-
 def raw_copy(url: str, data: Data, blocks: int, k: int) -> float:
     """Seconds to binary-COPY the rows into an identically indexed documents table, in one transaction."""
     with simdb.Index.create(url, schema=RAW_SCHEMA, blocks=blocks, max_distance=k) as raw:
@@ -181,12 +136,9 @@ def raw_copy(url: str, data: Data, blocks: int, k: int) -> float:
             start = time.perf_counter()
             keys = layout.block_keys_array(data.fingerprints).tolist()
             signed = to_signed_array(data.fingerprints).tolist()
-            cursor = connection.connection.dbapi_connection.cursor()
-            with cursor.copy(f"COPY documents ({', '.join(columns)}) FROM STDIN (FORMAT BINARY)") as copy:
-                copy.set_types(types)
-                for i in range(len(batch)):
-                    copy.write_row((i + 1, batch.external_ids[i], batch_id, signed[i], *keys[i],
-                                    batch.content_hashes[i], batch.lengths[i], batch.metadata[i], i + 1))
+            copy_in(connection, f"documents ({', '.join(columns)})", types,
+                    ((i + 1, batch.external_ids[i], batch_id, signed[i], *keys[i], batch.content_hashes[i],
+                      batch.lengths[i], batch.metadata[i], i + 1) for i in range(len(batch))))
         return time.perf_counter() - start  # including the commit
 
 
@@ -198,18 +150,18 @@ def full_scan(admin: sa.Engine, queries: list[int], k: int) -> tuple[list[set[st
         return timed_each(lambda q: set(c.execute(sql, {"q": to_signed(q), "k": k}).scalars()), queries)
 
 
-def measure_simdb(url: str, admin: sa.Engine, data: Data, args) -> dict:
+def measure_simdb(server: Server, data: Data, args) -> dict:
     """Everything measured in PostgreSQL; the schemas are gone when it returns."""
-    k, m = args.max_distance, {}
+    k, m, url, admin = args.max_distance, {}, server.url, server.admin
     try:
-        drop_schemas(admin)
+        server.drop_schemas(SCHEMA, RAW_SCHEMA)
         log("raw binary COPY into an indexed documents table")
-        checkpoint(admin)
+        server.checkpoint()
         m["raw"] = raw_copy(url, data, args.blocks, k)
-        drop_schemas(admin)
+        server.drop_schemas(SCHEMA, RAW_SCHEMA)
 
         log("simdb ingest (add_fingerprinted)")
-        checkpoint(admin)
+        server.checkpoint()
         with simdb.Index.create(url, schema=SCHEMA, blocks=args.blocks, max_distance=k) as index:
             m["layout"], m["duplicates"], start = index.layout.describe(), 0, time.perf_counter()
             for first, part in slices(data.batch, args.batch_size or len(data.batch)):
@@ -219,8 +171,8 @@ def measure_simdb(url: str, admin: sa.Engine, data: Data, args) -> dict:
             m["ingest"] = time.perf_counter() - start
             with admin.connect() as c:
                 c.exec_driver_sql(f"VACUUM ANALYZE {SCHEMA}.documents")
-                m["version"] = c.exec_driver_sql("SHOW server_version").scalar_one()
-            checkpoint(admin)  # the ingest's dirty pages are flushed now, not during the timed queries
+            m["version"] = server.version()
+            server.checkpoint()  # the ingest's dirty pages are flushed now, not during the timed queries
 
             queries = data.queries
             log(f"{len(queries):,} single queries")
@@ -240,16 +192,11 @@ def measure_simdb(url: str, admin: sa.Engine, data: Data, args) -> dict:
             log(f"SQL full scan with bit_count, {len(m['scan_picks'])} queries")
             m["scan_found"], m["scan"] = full_scan(admin, [queries[i] for i in m["scan_picks"]], k)
     finally:
-        drop_schemas(admin)
+        server.drop_schemas(SCHEMA, RAW_SCHEMA)
     return m
 
 
 # -- the in-memory peer --------------------------------------------------------------------------
-
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
 
 def simhash_peer(data: Data, limit: int, k: int) -> dict:
     """Build the PyPI ``SimhashIndex`` from the first ``limit`` fingerprints (``Simhash(int)`` + ``add``) and query it."""
@@ -268,14 +215,6 @@ def simhash_peer(data: Data, limit: int, k: int) -> dict:
 
 def ms(seconds: float) -> str:
     return f"{seconds * 1e3:.2f} ms"
-
-
-def rate(count: float, seconds: float, unit: str) -> str:
-    return f"{count / seconds:,.0f} {unit}/s"
-
-
-def ratio(x: float) -> str:
-    return f"{x:,.1f}x" if x >= 10 else f"{x:.2f}x"
 
 
 def table_rows(data: Data, m: dict, peer: dict, k: int) -> list[tuple[str, str, str, str]]:
@@ -313,39 +252,21 @@ def table_rows(data: Data, m: dict, peer: dict, k: int) -> list[tuple[str, str, 
 def header_lines(data: Data, m: dict, args, embedded: bool) -> list[str]:
     n, k = len(data.batch), args.max_distance
     size = args.batch_size or n
-    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
     return [
-        f"machine: {os.cpu_count()} cores, {memory:.0f} GiB; PostgreSQL {m['version']}"
-        f"{' (embedded)' if embedded else ''}; simdb {simdb.__version__} ({os.path.dirname(simdb.__file__)}); "
-        f"Python {sys.version.split()[0]}",
+        machine(m["version"], embedded),
         f"documents: {n:,} random 64-bit fingerprints in {-(-n // size)} batch(es) of up to {size:,}; "
         f"{len(data.queries):,} queries, {data.planted:,} of them with {k + 1} planted neighbours "
         f"(distances 0..{k}), the rest random",
         f"layout: {m['layout']}",
         f"ingest marked {m['duplicates']:,} near-duplicates (numpy expects {data.duplicates:,}); "
         f"ratio: >1 means simdb is faster; total run {time.perf_counter() - STARTED:.0f} s",
-        "command: " + " ".join([".venv/bin/python", "scripts/bench_core.py", *sys.argv[1:]]),
+        command_line("bench_core.py"),
     ]
-
-
-def print_table(header: list[str], rows: list[tuple[str, str, str, str]], markdown: bool) -> None:
-    names = ("operation", "simdb", "peer", "ratio")
-    if markdown:
-        print("\n".join(f"- {line}" for line in header) + "\n")
-        print("| " + " | ".join(names) + " |\n|---|---:|---|---:|")
-        for row in rows:
-            print("| " + " | ".join(row) + " |")
-        return
-    print("\n".join(header) + "\n")
-    widths = [max(len(row[i]) for row in [names, *rows]) for i in range(4)]
-    for row in [names, *rows]:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--database-url", help="PostgreSQL URL (default: $SIMDB_DATABASE_URL, else "
-                        f"{DEFAULT_URL}, else an embedded server)")
+    parser.add_argument("--database-url", help=DATABASE_HELP)
     parser.add_argument("--documents", type=int, default=1_000_000)
     parser.add_argument("--queries", type=int, default=1000, help="half with planted neighbours, half random")
     parser.add_argument("--blocks", type=int, default=4)
@@ -362,21 +283,14 @@ def main(argv: list[str] | None = None) -> None:
     log(f"generating {n:,} fingerprints and {args.queries:,} queries (with numpy brute-force ground truth)")
     data = make_data(n, args.queries, k, args.seed)
     gc.freeze()  # the millions of row objects above would otherwise slow every GC pass in the timed loops
-    url, server, directory = resolve_database(args.database_url)
-    admin = sa.create_engine(postgres_url(url), isolation_level="AUTOCOMMIT")
-    try:
-        m = measure_simdb(url, admin, data, args)
-    finally:
-        admin.dispose()
-        if server is not None:
-            server.cleanup()
-            shutil.rmtree(directory, ignore_errors=True)
+    with Server(args.database_url) as server:
+        m = measure_simdb(server, data, args)
 
     peer_n = min(args.peer_documents or n, n)
     log(f"PyPI simhash SimhashIndex(k={k}) over {peer_n:,} fingerprints")
     peer = simhash_peer(data, peer_n, k)
     log("done")
-    print_table(header_lines(data, m, args, server is not None), table_rows(data, m, peer, k), args.markdown)
+    print_table(header_lines(data, m, args, server.embedded), table_rows(data, m, peer, k), args.markdown)
 
 
 if __name__ == "__main__":

@@ -61,17 +61,17 @@ from pathlib import Path
 import numpy as np
 import sqlalchemy as sa
 
+from bench_common import DATABASE_HELP, Server, checkpoint, log, print_table, random_u64, rate, ratio, rss_bytes
+
 import simdb
 from simdb.bits import to_signed_array
-from simdb.blocks import BlockLayout
-from simdb.database import postgres_url
-from simdb.fingerprint import FingerprintSettings
 from simdb.ingest import DEFAULT_CHUNK_SIZE, FingerprintedBatch
 from simdb.inputs import Document
+from simdb.methods.simhash import SimHash
+from simdb.methods.simhash.blocks import BlockLayout
 from simdb.parallel import default_workers, fingerprint_stream
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_core import checkpoint, log, print_table, random_u64, rate, ratio, resolve_database, rss_bytes  # noqa: E402
+from simdb.pg.copy import copy_in
+from simdb.pg.database import postgres_url
 
 PREFIX = "simdb_bench_ingest"
 SCHEMAS = {name: f"{PREFIX}_{name}" for name in ("empty", "archive", "archive_default", "text", "small", "large")}
@@ -170,7 +170,7 @@ def measure_fingerprinting(texts: list[str], workers: int, min_seconds: float) -
             pass
         m["jieba_n"] = (m["passes"] * len(texts), m["passes"] * m["set_bytes"], time.perf_counter() - start)
 
-    settings = FingerprintSettings()  # what `simdb init` stores by default: auto tokenizer, jieba without HMM
+    settings = SimHash.new()  # what `simdb init` stores by default: auto tokenizer, jieba without HMM
     for count, key in ((1, "simdb1"), (workers, "simdb_n")):  # with one worker the second repeats the first
         passes = m["passes1"] if count == 1 else m["passes"]
         log(f"simdb fingerprint_stream(workers={count}), {passes} passes")
@@ -273,46 +273,22 @@ def ingest_empty(url: str, admin: sa.Engine, args, rng: np.random.Generator) -> 
 
 # -- the big archive: bulk load, then the same add_fingerprinted ----------------------------------
 
-COPY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00" + b"\x00" * 8  # signature, flags, header extension length
 ARCHIVE_PREFIX = "arc-"
 
 
-def copy_rows(rng: np.random.Generator, layout: BlockLayout, first_id: int, fps: np.ndarray, batch_id: int,
-              cluster: bool) -> bytes:
-    """Binary COPY tuples (id, external_id, batch_id, simhash, keys..., content_hash, length, metadata
-    [, cluster_id = id]), built by numpy."""
-    n, keys = len(fps), layout.block_keys_array(fps)
-    width = len(ARCHIVE_PREFIX) + 10
-    fields = [("count", ">i2"), ("l_id", ">i4"), ("id", ">i8"), ("l_ext", ">i4"), ("ext", f"S{width}"),
-              ("l_batch", ">i4"), ("batch", ">i4"), ("l_simhash", ">i4"), ("simhash", ">i8")]
-    for i in range(keys.shape[1]):
-        fields += [(f"l_key{i}", ">i4"), (f"key{i}", ">i8")]
-    fields += [("l_hash", ">i4"), ("hash", "V16"), ("l_length", ">i4"), ("length", ">i4"), ("l_meta", ">i4"),
-               ("meta", "S3")]
-    if cluster:
-        fields += [("l_cluster", ">i4"), ("cluster", ">i8")]
-    rows = np.empty(n, dtype=np.dtype(fields))
-    rows["count"] = 7 + keys.shape[1] + cluster
-    for name, size in (("l_id", 8), ("l_ext", width), ("l_batch", 4), ("l_simhash", 8), ("l_hash", 16),
-                       ("l_length", 4), ("l_meta", 3)):
-        rows[name] = size
-    ids = np.arange(first_id, first_id + n, dtype=np.int64)
-    rows["id"] = ids
-    ext = np.empty((n, width), dtype=np.uint8)
-    ext[:, :len(ARCHIVE_PREFIX)] = np.frombuffer(ARCHIVE_PREFIX.encode(), dtype=np.uint8)
-    ext[:, len(ARCHIVE_PREFIX):] = (ids[:, None] // 10 ** np.arange(9, -1, -1, dtype=np.int64)) % 10 + 48
-    rows["ext"] = ext.view(f"S{width}").ravel()
-    rows["batch"] = batch_id
-    rows["simhash"] = to_signed_array(fps)
-    for i in range(keys.shape[1]):
-        rows[f"l_key{i}"] = 8
-        rows[f"key{i}"] = keys[:, i]
-    rows["hash"] = np.frombuffer(rng.bytes(16 * n), dtype="V16")
-    rows["length"] = rng.integers(200, 5000, n)
-    rows["meta"] = b"\x01{}"  # jsonb binary: version 1, then the text
-    if cluster:
-        rows["l_cluster"], rows["cluster"] = 8, ids  # every archive row is its own cluster
-    return rows.tobytes()
+def archive_rows(rng: np.random.Generator, layout: BlockLayout, first_id: int, fps: np.ndarray, batch_id: int,
+                 cluster: bool):
+    """Rows (id, external_id, batch_id, simhash, keys..., content_hash, length, metadata [, cluster_id = id])."""
+    n = len(fps)
+    ids = range(first_id, first_id + n)
+    keys = layout.block_keys_array(fps).tolist()
+    signed = to_signed_array(fps).tolist()
+    hashes = rng.bytes(16 * n)
+    lengths = rng.integers(200, 5000, n).tolist()
+    for i, row_id in enumerate(ids):
+        row = (row_id, f"{ARCHIVE_PREFIX}{row_id:010d}", batch_id, signed[i], *keys[i], hashes[16 * i:16 * i + 16],
+               lengths[i], {})
+        yield (*row, row_id) if cluster else row  # every archive row is its own cluster
 
 
 def build_archive(url: str, admin: sa.Engine, schema: str, layout: BlockLayout, size: int,
@@ -357,16 +333,18 @@ def build_archive(url: str, admin: sa.Engine, schema: str, layout: BlockLayout, 
             for name, _ in indexes:
                 connection.exec_driver_sql(f"DROP INDEX {schema}.{name}")
             connection.exec_driver_sql(f"TRUNCATE {table}")  # so that COPY may FREEZE
-            cursor = connection.connection.dbapi_connection.cursor()
             start = time.perf_counter()
-            with cursor.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN (FORMAT BINARY, FREEZE)") as copy:
-                copy.write(COPY_SIGNATURE)
+            types = ["int8", "text", "int4", "int8", *["int8"] * len(layout.key_columns), "bytea", "int4", "jsonb",
+                     *(["int8"] if cluster else [])]
+
+            def rows():
                 step = 500_000
                 for first in range(0, size, step):
-                    copy.write(copy_rows(rng, layout, first + 1, fps[first:first + step], batch_id, cluster))
+                    yield from archive_rows(rng, layout, first + 1, fps[first:first + step], batch_id, cluster)
                     if (first // step) % 4 == 3:
                         log(f"  COPY {first + step:,} rows")
-                copy.write(b"\xff\xff")
+
+            copy_in(connection, f"{table} ({', '.join(columns)})", types, rows(), freeze=True)
             connection.exec_driver_sql(
                 f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), {int(size)})")
         timings["copy"] = time.perf_counter() - start
@@ -713,7 +691,7 @@ def fingerprint_rows(f: dict) -> list[tuple[str, str, str, str]]:
     target = 0.8 * single * n
     steady = (simdb_n[0] - 1) / (simdb_n[2] - f["simdb_n_first"])
     return [
-        (f"fingerprint zh text, 1 core: `fingerprint_stream(workers=1)`", docs_and_mb(*simdb1),
+        ("fingerprint zh text, 1 core: `fingerprint_stream(workers=1)`", docs_and_mb(*simdb1),
          f"plain `jieba.lcut(text, HMM=False)`, 1 core: {docs_and_mb(*jieba1)}",
          ratio(simdb1[0] / simdb1[2] / single)),
         (f"fingerprint zh text, {n} cores: `fingerprint_stream(workers={n})`",
@@ -864,8 +842,7 @@ STARTED_AT = time.perf_counter()
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--database-url", help="PostgreSQL URL (default: $SIMDB_DATABASE_URL, else "
-                        "postgresql://postgres@127.0.0.1:5432/test, else an embedded server)")
+    parser.add_argument("--database-url", help=DATABASE_HELP)
     parser.add_argument("--zh", type=Path, default=DEFAULT_ZH, help="JSONL of real Chinese text ({id, text} lines)")
     parser.add_argument("--workers", type=int, default=default_workers(), help="cores to use (default: all)")
     parser.add_argument("--min-seconds", type=float, help="per fingerprinting measurement (default 10; quick 3)")
@@ -922,8 +899,8 @@ def main(argv: list[str] | None = None) -> None:
         log(f"PyPI simhash SimhashIndex(k={K}) over {args.peer_documents:,} fingerprints")
         peer = simhash_peer(args.peer_documents, 1000, rng)
 
-    url, server, directory = resolve_database(args.database_url)
-    admin = sa.create_engine(postgres_url(url), isolation_level="AUTOCOMMIT")
+    server = Server(args.database_url)
+    url, admin = server.url, server.admin
     work = tempfile.mkdtemp(prefix="simdb-bench-ingest-")
     e = a = c = None
     try:
@@ -941,13 +918,10 @@ def main(argv: list[str] | None = None) -> None:
             c = measure_cli(url, admin, texts, args, work)
     finally:
         drop_schemas(admin)
-        admin.dispose()
+        server.close()
         shutil.rmtree(work, ignore_errors=True)
-        if server is not None:
-            server.cleanup()
-            shutil.rmtree(directory, ignore_errors=True)
     log("done")
-    header = header_lines(f, e, a, peer, c, args, server_settings, server is not None, load_start, zh_note)
+    header = header_lines(f, e, a, peer, c, args, server_settings, server.embedded, load_start, zh_note)
     print_table(header, table_rows(f, e, a, peer, c, args), args.markdown)
 
 

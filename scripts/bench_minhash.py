@@ -7,10 +7,10 @@ Same documents, same shingles, same signature length (128), one core, one run:
 * datasketch ``MinHash.bulk`` on those shingle strings, with its default
   hash (SHA-1) and with xxh32 (the fastest hash function it takes);
 * simdb on the same shingle strings: xxh3-64 per shingle, then
-  :func:`simdb.minhash.signatures` (all permutations as vectorised passes);
-* simdb from the text, as ingest runs it: :func:`simdb.minhash.shingle_hashes`
+  :func:`simdb.methods.minhash.signature.signatures` (all permutations as vectorised passes);
+* simdb from the text, as ingest runs it: :func:`simdb.methods.minhash.signature.shingle_hashes`
   (code-point polynomial hashes in numpy, no string per shingle) plus
-  :func:`simdb.minhash.signatures`.
+  :func:`simdb.methods.minhash.signature.signatures`.
 
 It also checks the estimates: the error of each method's Jaccard estimate
 against the exact Jaccard of the same shingle sets, on the devset's labelled
@@ -29,8 +29,8 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
-from simdb import minhash
-from simdb.normalize import normalize
+from simdb.methods.minhash import signature as minhash
+from simdb.text.normalize import normalize
 
 ROOT = Path(__file__).resolve().parent.parent
 

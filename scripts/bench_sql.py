@@ -1,11 +1,11 @@
-"""Time the README's SQL recipes on an archive of a million documents.
+"""Time the SQL recipes of docs/sql.md on an archive of a million documents.
 
 The archive: the quickstart corpus (real text, so the recipes' example ids
 exist) in batch ``archive``, then 1M synthetic documents whose fingerprints
 are random with near-duplicate clusters planted (about 10% of documents are
 copies, up to 3 bits from their original), ingested through the real archive
 path in chunks, the last 100k as batch ``new``; metadata carries a ``source``.
-Each recipe is read from README.md, run once to warm up, then timed (median
+Each recipe is read from docs/sql.md, run once to warm up, then timed (median
 of 3). It works in its own schema, dropped at the end.
 
     .venv/bin/python scripts/bench_sql.py --markdown
@@ -14,7 +14,6 @@ of 3). It works in its own schema, dropped at the end.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import statistics
 import sys
@@ -24,23 +23,19 @@ from pathlib import Path
 import numpy as np
 import sqlalchemy as sa
 
+from bench_common import DATABASE_HELP, Server, log
+
 from simdb import Index
-from simdb.database import postgres_url
 from simdb.ingest import FingerprintedBatch
 from simdb.samples import corpus
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = "simdb_bench_sql"
-STARTED = time.perf_counter()
-
-
-def log(message: str) -> None:
-    print(f"[{time.perf_counter() - STARTED:6.1f} s] {message}", file=sys.stderr, flush=True)
 
 
 def recipes() -> list[tuple[str, str]]:
-    """(the sentence before it, the SQL) for every ```sql block of the README's SQL section."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    """(the sentence before it, the SQL) for every ```sql block of the recipes in docs/sql.md."""
+    text = (ROOT / "docs" / "sql.md").read_text(encoding="utf-8")
     section = text[text.index("## Querying with SQL"):]
     section = section[:section.index("\n## ", 5)]
     found = []
@@ -72,13 +67,13 @@ def batch_of(fingerprints: np.ndarray, start: int) -> FingerprintedBatch:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--database-url", default=os.environ.get("SIMDB_DATABASE_URL",
-                                                                 "postgresql://postgres@127.0.0.1:5432/test"))
+    parser.add_argument("--database-url", help=DATABASE_HELP)
     parser.add_argument("--documents", type=int, default=1_000_000)
     parser.add_argument("--chunk", type=int, default=100_000)
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args()
-    admin = sa.create_engine(postgres_url(args.database_url), isolation_level="AUTOCOMMIT")
+    server = Server(args.database_url)
+    args.database_url, admin = server.url, server.admin
     with admin.connect() as connection:
         connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
     try:
@@ -106,8 +101,8 @@ def main() -> None:
                 rows.append((title, len(answer), statistics.median(seconds) * 1e3))
                 log(f"{rows[-1][2]:9.1f} ms  {title}")
     finally:
-        with admin.connect() as connection:
-            connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
+        server.drop_schemas(SCHEMA)
+        server.close()
     print(f"{total:,} documents; each recipe timed as the median of 3 runs after one warm-up; "
           f"command: .venv/bin/python scripts/bench_sql.py {' '.join(sys.argv[1:])}\n")
     if args.markdown:

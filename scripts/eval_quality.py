@@ -37,18 +37,15 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
+from bench_common import DATABASE_HELP, Server, log
+
 from simdb import Index
-from simdb.database import postgres_url
-from simdb.fingerprint import learn_idf
-from simdb.normalize import simplify
+from simdb.pg.database import postgres_url
+from simdb.methods.simhash.fingerprint import learn_idf
+from simdb.text.normalize import simplify
 
 ROOT = Path(__file__).resolve().parent.parent
 CATEGORIES = ("long-zh", "long-en", "short-zh")
-STARTED = time.perf_counter()
-
-
-def log(message: str) -> None:
-    print(f"[{time.perf_counter() - STARTED:6.1f} s] {message}", file=sys.stderr, flush=True)
 
 
 def load(devset: Path, category: str) -> list[dict]:
@@ -134,8 +131,7 @@ def fmt(value: float | None) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--devset", type=Path, default=ROOT.parent / "shared" / "devset")
-    parser.add_argument("--database-url", default=os.environ.get("SIMDB_DATABASE_URL",
-                                                                 "postgresql://postgres@127.0.0.1:5432/test"))
+    parser.add_argument("--database-url", help=DATABASE_HELP)
     parser.add_argument("--categories", default=",".join(CATEGORIES))
     parser.add_argument("--workers", type=int, default=None)
     parser.add_argument("--markdown", action="store_true")
@@ -143,7 +139,9 @@ def main() -> None:
     if not (args.devset / "score.py").is_file():
         sys.exit(f"no devset at {args.devset}: pass --devset DIR (it holds docs/, pairs.jsonl and score.py)")
     summary, per_type = [], {}
-    with tempfile.TemporaryDirectory() as directory:
+    server = Server(args.database_url)
+    args.database_url = server.url
+    with server, tempfile.TemporaryDirectory() as directory:
         for category in args.categories.split(","):
             documents = load(args.devset, category)
             texts = [d["text"] for d in documents]

@@ -22,14 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from . import minhash
-from .bits import hamming
 from .errors import InputError
-from .fingerprint import FingerprintSettings, fingerprint
 from .inputs import check_paths, json_records, read_documents
-
-DISTANCES = tuple(range(0, 17))
-THRESHOLDS = tuple(round(0.5 + 0.025 * i, 3) for i in range(19))  # 0.5 .. 0.95
+from .methods import Method
 
 
 @dataclass(frozen=True)
@@ -50,28 +45,39 @@ class Point:
 
 
 @dataclass(frozen=True)
+class Curve:
+    """One method's points: its setting swept (``axis`` says what it is)."""
+
+    method: Method
+    points: list[Point]
+
+    @property
+    def best(self) -> Point:
+        # highest F1; among equals the stricter setting (fewer flagged pairs)
+        return max(self.points, key=lambda p: (p.f1, -p.flagged))
+
+
+@dataclass(frozen=True)
 class Calibration:
     pairs: int
     positives: int
-    simhash: list[Point]
-    minhash: list[Point]
+    curves: dict[str, Curve]
+
+    def __getattr__(self, name: str) -> list[Point]:
+        """``result.simhash``, ``result.minhash``: a method's points."""
+        curves = self.__dict__.get("curves", {})
+        if name in curves:
+            return curves[name].points
+        raise AttributeError(name)
 
     def best(self, method: str) -> Point:
-        points = self.simhash if method == "simhash" else self.minhash
-        # highest F1; among equals the stricter setting (fewer flagged pairs)
-        return max(points, key=lambda p: (p.f1, -p.flagged))
+        return self.curves[method].best
 
-    def recommendation(self) -> str:
-        sh, mh = self.best("simhash"), self.best("minhash")
-        lines = [f"SimHash: best F1 {sh.f1:.3f} at --max-distance {int(sh.setting)} "
-                 f"(precision {sh.precision:.3f}, recall {sh.recall:.3f})",
-                 f"MinHash: best F1 {mh.f1:.3f} at --threshold {mh.setting:g} "
-                 f"(precision {mh.precision:.3f}, recall {mh.recall:.3f})"]
-        if mh.f1 >= sh.f1:
-            lines.append(f"recommended: simdb init --method minhash --threshold {mh.setting:g}")
-        else:
-            lines.append(f"recommended: simdb init --max-distance {int(sh.setting)}")
-        return "\n".join(lines)
+    def recommended(self) -> tuple[Method, Point]:
+        """The method and setting with the best F1 of all; a tie goes to the curve listed last."""
+        order = list(self.curves)
+        name = max(order, key=lambda n: (self.curves[n].best.f1, order.index(n)))
+        return self.curves[name].method, self.curves[name].best
 
 
 def read_pairs(path: str | Path, *, documents: str | Path | None = None, label_field: str = "duplicate",
@@ -106,11 +112,11 @@ def read_pairs(path: str | Path, *, documents: str | Path | None = None, label_f
         yield LabelledPair(a, b, label, f"{path}:{line_number}")
 
 
-def _curve(scores: np.ndarray, labels: np.ndarray, settings, flagged_by) -> list[Point]:
+def _curve(distances: np.ndarray, labels: np.ndarray, method: Method) -> list[Point]:
     positives = labels.sum()
     points = []
-    for setting in settings:
-        flagged = flagged_by(scores, setting)
+    for setting, max_distance in method.calibration_settings():
+        flagged = distances <= max_distance
         tp = int((flagged & labels).sum())
         n = int(flagged.sum())
         precision = tp / n if n else 1.0
@@ -120,8 +126,8 @@ def _curve(scores: np.ndarray, labels: np.ndarray, settings, flagged_by) -> list
     return points
 
 
-def calibrate(pairs: list[LabelledPair], simhash_settings: FingerprintSettings = FingerprintSettings(),
-              minhash_settings: minhash.MinHashSettings = minhash.MinHashSettings()) -> Calibration:
+def calibrate(pairs: list[LabelledPair], methods: list[Method] | None = None) -> Calibration:
+    """Score the pairs as an index of each method (default: every method with its default settings) would."""
     if not pairs:
         raise InputError("there are no labelled pairs", hint="give at least one pair of each label")
     labels = np.array([p.duplicate for p in pairs])
@@ -130,38 +136,37 @@ def calibrate(pairs: list[LabelledPair], simhash_settings: FingerprintSettings =
                          hint="add pairs that are not near-duplicates (or ones that are)")
     texts = sorted({t for p in pairs for t in (p.a, p.b)})
     position = {t: i for i, t in enumerate(texts)}
-    fingerprints = [fingerprint(t, simhash_settings) for t in texts]
-    signatures = minhash.signatures([minhash.shingle_hashes(t, minhash_settings) for t in texts], minhash_settings)
-    a = np.array([position[p.a] for p in pairs])
-    b = np.array([position[p.b] for p in pairs])
-    distances = np.array([hamming(fingerprints[i], fingerprints[j]) for i, j in zip(a, b)])
-    estimates = minhash.similarity_rows(signatures[a], signatures[b])
-    return Calibration(
-        pairs=len(pairs), positives=int(labels.sum()),
-        simhash=_curve(distances, labels, DISTANCES, lambda s, k: s <= k),
-        minhash=_curve(estimates, labels, THRESHOLDS, lambda s, t: s >= t - 1e-9))
+    a = [position[p.a] for p in pairs]
+    b = [position[p.b] for p in pairs]
+    curves = {}
+    for method in methods or [Method.named(name).new() for name in Method.names()]:
+        sketches = [method.sketch(t) for t in texts]
+        distances = np.array([int(method.distances(sketches[i], method.stored([sketches[j]]))[0])
+                              for i, j in zip(a, b)])
+        curves[method.name] = Curve(method, _curve(distances, labels, method))
+    return Calibration(pairs=len(pairs), positives=int(labels.sum()), curves=curves)
 
 
 def plot(result: Calibration, path: str | Path) -> None:
     """Precision, recall and F1 against the setting, one panel per method (SVG or PNG by extension)."""
-    from .report import chart_style, new_figure
+    from .charts import chart_style, new_figure
 
     with chart_style():
         _plot(result, path, new_figure(9.0, 3.6))
 
 
 def _plot(result: Calibration, path: str | Path, fig) -> None:
-    for index, (name, points, label) in enumerate((("SimHash", result.simhash, "max distance k (bits)"),
-                                                   ("MinHash", result.minhash, "threshold t (Jaccard estimate)"))):
-        axes = fig.add_subplot(1, 2, index + 1)
-        x = [p.setting for p in points]
+    for index, curve in enumerate(result.curves.values()):
+        axes = fig.add_subplot(1, len(result.curves), index + 1)
+        x = [p.setting for p in curve.points]
         for field, style in (("precision", "-"), ("recall", "--"), ("f1", "-")):
-            axes.plot(x, [getattr(p, field) for p in points], style, label=field, linewidth=2 if field == "f1" else 1)
-        best = result.best(name.lower())
+            axes.plot(x, [getattr(p, field) for p in curve.points], style, label=field,
+                      linewidth=2 if field == "f1" else 1)
+        best = curve.best
         axes.axvline(best.setting, color="grey", linewidth=0.8)
-        axes.set_title(f"{name}: best F1 {best.f1:.3f} at {best.setting:g}")
-        axes.set_xlabel(label)
+        axes.set_title(f"{curve.method.title}: best F1 {best.f1:.3f} at {best.setting:g}")
+        axes.set_xlabel(curve.method.calibration_axis)
         axes.set_ylim(0, 1.02)
-        axes.legend(loc="lower left" if name == "SimHash" else "lower right")
+        axes.legend(loc="best")
     fig.suptitle(f"{result.pairs:,} labelled pairs, {result.positives:,} near-duplicates")
     fig.savefig(path)

@@ -22,17 +22,23 @@ import sqlalchemy as sa
 
 from . import __version__
 from .bits import format_fingerprint, parse_fingerprint
-from .blocks import MAX_DISTANCE, BlockLayout, layouts_for
-from .database import DEFAULT_SCHEMA, redact, translate
 from .errors import SimdbError
-from .fingerprint import FingerprintSettings, fingerprint, learn_idf as learn_idf_from_texts, tokens_for
 from .index import Index
-from .ingest import DEFAULT_CHUNK_SIZE, DEFAULT_MAX_CHARS, ON_ERROR, IngestOptions
-from .inputs import FORMATS, check_paths, read_documents, total_bytes
+from .ingest import DEFAULT_CHUNK_SIZE, ON_ERROR, IngestOptions
+from .inputs import DEFAULT_MAX_CHARS, FORMATS, check_paths, read_documents, total_bytes
+from .methods import Method, SimHash
+from .methods.simhash.blocks import MAX_DISTANCE
+from .methods.simhash.fingerprint import learn_idf as learn_idf_from_texts, tokens_for
+from .pg.database import DEFAULT_SCHEMA, redact, translate
+from . import exports, jsonlines
 from .progress import Progress
-from .tokenize import TOKENIZERS, TokenizerSettings
+from .text.tokenize import TOKENIZERS, TokenizerSettings
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
+
+#: Exit statuses: done; an error (nothing half-written); a usage error; done, but some records were rejected
+#: (``ingest --on-error skip``).
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_REJECTED = 0, 1, 2, 3
 
 
 def database_options(command):
@@ -48,6 +54,19 @@ def database_options(command):
     return command
 
 
+def input_options(command):
+    """PATHS, --format, --id-field and --text-field: how ``ingest`` and ``check`` read their input."""
+    for decorator in reversed([
+            click.argument("paths", nargs=-1, required=True, type=click.Path(dir_okay=False)),
+            click.option("--format", "input_format", type=click.Choice(FORMATS), default=None,
+                         help="Input format [default: from the file name; .gz is read through gzip]."),
+            click.option("--id-field", default="id", show_default=True, help="Field (column) holding the document id."),
+            click.option("--text-field", default="text", show_default=True,
+                         help="Field (column) holding the text.")]):
+        command = decorator(command)
+    return command
+
+
 def user_errors(function):
     """Turn simdb's errors (and the database's) into ClickException's one-line message and exit 1."""
     @functools.wraps(function)
@@ -55,10 +74,28 @@ def user_errors(function):
         try:
             return function(*args, **kwargs)
         except SimdbError as exc:
-            raise click.ClickException(str(exc)) from None
+            raise click.ClickException(exc.message(flag)) from None
         except (sa.exc.DBAPIError, psycopg.Error) as exc:
             raise click.ClickException(str(translate(exc))) from None
     return wrapper
+
+
+#: API parameters whose flag is not simply --the-name.
+_FLAGS = {"ids": "--id"}
+
+
+def flag(parameter: str) -> str:
+    """The command-line flag for a library parameter named in an error message."""
+    return _FLAGS.get(parameter, "--" + parameter.replace("_", "-"))
+
+
+#: Which ``simdb init`` options belong to which method.
+METHOD_OPTIONS = {
+    "simhash": ("max_distance", "blocks", "tokenizer", "jieba_hmm", "shingle_size", "stopwords", "weighting",
+                "idf_paths", "top_features", "expected_size"),
+    "minhash": ("threshold", "num_perm"),
+}
+OPTION_FLAGS = {"idf_paths": "--idf-from"}
 
 
 def resume_command(context: click.Context, batch: str) -> str:
@@ -138,10 +175,10 @@ def fingerprint_command(text, file, tokenizer, show_tokens):
         simdb fingerprint --file article.txt
     """
     content = read_text_argument(text, file)
-    settings = FingerprintSettings(tokenizer=TokenizerSettings(name=tokenizer))
+    method = SimHash.new(tokenizer=tokenizer)
     if show_tokens:
-        click.echo(" ".join(tokens_for(content, settings)))
-    click.echo(format_fingerprint(fingerprint(content, settings)))
+        click.echo(" ".join(tokens_for(content, method.fingerprints)))
+    click.echo(format_fingerprint(method.sketch(content)))
 
 
 cli.add_command(fingerprint_command, name="fingerprint")
@@ -169,7 +206,7 @@ cli.add_command(fingerprint_command, name="fingerprint")
               help="With tfidf: the heaviest features kept per document, 0 for all [default: 8].")
 @click.option("--expected-size", type=click.IntRange(1), default=1_000_000, show_default=True,
               help="Documents the archive is expected to grow to; chooses --blocks when it is not given.")
-@click.option("--method", type=click.Choice(["simhash", "minhash"]), default="simhash", show_default=True,
+@click.option("--method", type=click.Choice(Method.names()), default="simhash", show_default=True,
               help="simhash: 64-bit fingerprints, distance in bits. minhash: MinHash-LSH signatures, "
                    "near-duplicate = estimated Jaccard similarity of shingles >= --threshold.")
 @click.option("--threshold", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.8,
@@ -195,49 +232,34 @@ def init(database_url, schema, data_dir, max_distance, blocks, tokenizer, jieba_
     context = click.get_current_context()
     given = {name for name in context.params
              if context.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE}
-    if method == "minhash":
-        simhash_only = sorted(given & {"idf_paths", "weighting", "top_features", "blocks", "max_distance",
-                                       "tokenizer", "jieba_hmm", "shingle_size", "stopwords", "expected_size"})
-        if simhash_only:
-            raise click.UsageError("these are SimHash options, not for --method minhash: " + ", ".join(
-                "--" + name.replace("_paths", "-from").replace("_", "-") for name in simhash_only))
-        options = {"method": "minhash", "threshold": threshold, "num_perm": num_perm}
-    else:
-        if given & {"threshold", "num_perm"}:
-            raise click.UsageError("--threshold and --num-perm are MinHash options (add --method minhash)")
-        # only what was asked for goes to the library (its defaults are these options' defaults), so an
-        # existing index is compared with the settings asked for and with nothing else
-        values = {"max_distance": max_distance, "blocks": blocks, "tokenizer": tokenizer, "jieba_hmm": jieba_hmm,
-                  "shingle_size": shingle_size, "stopwords": stopwords, "weighting": weighting,
-                  "top_features": top_features, "expected_size": expected_size}
-        options = {name: value for name, value in values.items() if name in given}
-        if idf_paths:
-            check_paths(idf_paths)
-            options["idf"] = learn_idf(idf_paths, TokenizerSettings(name=tokenizer, jieba_hmm=jieba_hmm,
-                                                                    shingle_size=shingle_size, stopwords=stopwords))
+    foreign = sorted(given & (set().union(*METHOD_OPTIONS.values()) - set(METHOD_OPTIONS[method])))
+    if foreign:
+        owner = next(name for name, names in METHOD_OPTIONS.items() if foreign[0] in names)
+        raise click.UsageError(f"these are {Method.named(owner).title} options, not for --method {method}: "
+                               + ", ".join(OPTION_FLAGS.get(name, flag(name)) for name in foreign))
+    # only what was asked for goes to the library (its defaults are these options' defaults), so an existing
+    # index is compared with the settings asked for and with nothing else
+    values = {"max_distance": max_distance, "blocks": blocks, "tokenizer": tokenizer, "jieba_hmm": jieba_hmm,
+              "shingle_size": shingle_size, "stopwords": stopwords, "weighting": weighting,
+              "top_features": top_features, "expected_size": expected_size, "threshold": threshold,
+              "num_perm": num_perm}
+    options = {name: value for name, value in {"method": method, **values}.items() if name in given}
+    if idf_paths:
+        check_paths(idf_paths)
+        options["idf"] = learn_idf(idf_paths, TokenizerSettings(name=tokenizer, jieba_hmm=jieba_hmm,
+                                                                shingle_size=shingle_size, stopwords=stopwords))
     with Index.create(database_url, schema=schema, data_dir=data_dir, exist_ok=True, **options) as index:
         verb = "created" if index.created else "found existing"
         click.echo(f"{verb} index in schema {schema!r} of {index.database.display_url}")
-        click.echo(f"layout: {index.layout.describe()}")
-        if method == "minhash":
-            return
-        idf = index.fingerprint_settings.idf
-        if idf is not None:
-            click.echo(f"IDF weights: {idf.documents:,} sample documents, {len(idf.terms):,} terms, top "
-                       f"{index.fingerprint_settings.top_features} features per document")
-        click.echo(f"expected candidates per lookup at {expected_size:,} documents (random fingerprints):")
-        for layout, candidates in layouts_for(index.layout.max_distance, expected_size):
-            mark = "  <- this index" if layout == index.layout else ""
-            click.echo(f"  --blocks {layout.blocks}: {len(layout.keys):>3} keys, {candidates:>12,.2f}{mark}")
+        click.echo(f"layout: {index.settings.method.describe()}")
+        index.settings.check_canaries()
+        for line in index.settings.method.creation_notes(expected_size):
+            click.echo(line)
 
 
 @cli.command()
 @database_options
-@click.argument("paths", nargs=-1, required=True, type=click.Path(dir_okay=False))
-@click.option("--format", "input_format", type=click.Choice(FORMATS), default=None,
-              help="Input format [default: from the file name; .gz is read through gzip].")
-@click.option("--id-field", default="id", show_default=True, help="Field (column) holding the document id.")
-@click.option("--text-field", default="text", show_default=True, help="Field (column) holding the text.")
+@input_options
 @click.option("--batch", "batch_name", default=None, help="Name of the batch [default: batch-<UTC time>].")
 @click.option("--workers", type=click.IntRange(1), default=None,
               help="Processes fingerprinting in parallel [default: all cores].")
@@ -250,9 +272,12 @@ def init(database_url, schema, data_dir, max_distance, blocks, tokenizer, jieba_
 @click.option("--chunk-size", type=click.IntRange(1), default=DEFAULT_CHUNK_SIZE, show_default=True,
               help="Documents per transaction; a batch up to this size lands whole or not at all.")
 @click.option("--resume", is_flag=True, help="Continue an interrupted batch after its last stored chunk.")
+@click.option("--verdicts", "verdicts_path", type=click.Path(dir_okay=False), default=None,
+              help="Write every input record's verdict to this file, one JSON object per line, in input order.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
 @user_errors
 def ingest(database_url, schema, data_dir, paths, input_format, id_field, text_field, batch_name, workers,
-           on_error, rejects, max_chars, chunk_size, resume):
+           on_error, rejects, max_chars, chunk_size, resume, verdicts_path, as_json):
     """Add the documents in PATHS as one batch, matched against the archive and each other.
 
     Fields other than the id and the text are kept as metadata. Ids already
@@ -265,10 +290,15 @@ def ingest(database_url, schema, data_dir, paths, input_format, id_field, text_f
         simdb ingest articles-2024-05.jsonl --batch 2024-05
         simdb ingest reviews.csv --id-field review_id --text-field body --on-error skip
         simdb ingest huge.jsonl.gz --batch 2024-06 --resume
+        simdb ingest new.jsonl --batch 2024-07 --on-error skip --verdicts verdicts.jsonl --json
+
+    Exit status: 0 done; 1 error (what the batch keeps, and how to resume it, is
+    said); 2 usage; 3 done, but some records were rejected (--on-error skip).
     """
     started = time.perf_counter()
     options = IngestOptions(batch=batch_name, source=" ".join(paths), on_error=on_error, rejects=rejects,
-                            max_chars=max_chars, chunk_size=chunk_size, workers=workers, resume=resume)
+                            max_chars=max_chars, chunk_size=chunk_size, workers=workers, resume=resume,
+                            verdicts=verdicts_path)
     check_paths(paths)
     progress = Progress(f"ingest {options.batch or ''}".strip(), total_bytes(paths))
     try:
@@ -281,15 +311,94 @@ def ingest(database_url, schema, data_dir, paths, input_format, id_field, text_f
         if exc.kept is None:
             raise
         name = exc.kept.batch
-        raise click.ClickException(f"{exc}: `{resume_command(click.get_current_context(), name)}` resumes it, "
+        raise click.ClickException(f"{exc.message(flag)}: `{resume_command(click.get_current_context(), name)}` resumes it, "
                                    f"`simdb remove --batch {shlex.quote(name)}` removes it") from None
     finally:
         progress.close()
+    summary = dataclasses.replace(summary, seconds=time.perf_counter() - started)
+    if as_json:
+        click.echo(json.dumps(summary.to_json(verdicts=verdicts_path)))
     if not summary.recorded:
         click.echo(f"warning: {', '.join(paths)} held no records; nothing was stored and no batch was created",
                    err=True)
         return
-    click.echo(str(dataclasses.replace(summary, seconds=time.perf_counter() - started)))
+    if not as_json:
+        click.echo(str(summary))
+    if summary.rejected:
+        sys.exit(EXIT_REJECTED)
+
+
+@cli.command(name="check")
+@database_options
+@input_options
+@click.option("--batch", "batch_name", default=None, help="Batch name to put in the verdicts [default: null].")
+@click.option("--workers", type=click.IntRange(1), default=None,
+              help="Processes fingerprinting in parallel [default: all cores].")
+@click.option("--max-chars", type=click.IntRange(1), default=DEFAULT_MAX_CHARS, show_default=True,
+              help="Longest text accepted; longer documents are rejected.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary on stderr as one JSON object.")
+@user_errors
+def check_command(database_url, schema, data_dir, paths, input_format, id_field, text_field, batch_name, workers,
+                  max_chars, as_json):
+    """Print the verdict each record of PATHS would get from ingest, storing nothing.
+
+    One JSON object per input record on standard output, in input order, as
+    `ingest --verdicts` writes them; a summary on standard error. It reads the
+    archive in one read-only snapshot, so the reader role may run it. Exit
+    status 0 whatever it found (1 on an error, 2 on a usage error).
+
+    \b
+    Example:
+        simdb check new-batch.jsonl > verdicts.jsonl
+        simdb check new-batch.jsonl | jq -c 'select(.status == "new")'
+    """
+    started = time.perf_counter()
+    check_paths(paths)
+    counts = dict.fromkeys(("records", "new", "exact", "near", "already_stored", "rejected"), 0)
+    progress = Progress("check", total_bytes(paths))
+    try:
+        documents = read_documents(paths, format=input_format, id_field=id_field, text_field=text_field,
+                                   skip_errors=True, max_chars=max_chars, progress=progress.add_bytes)
+        with open_index(database_url, schema, data_dir) as index:
+            method = index.settings.method
+            for verdict in index.check(documents, batch=batch_name, workers=workers, max_chars=max_chars):
+                click.echo(jsonlines.dumps(verdict.to_json(method)))
+                counts["records"] += 1
+                counts[verdict.status] += 1
+                progress.add_documents(1)
+    finally:
+        progress.close()
+    counts["seconds"] = round(time.perf_counter() - started, 3)
+    if as_json:
+        click.echo(json.dumps(counts), err=True)
+    else:
+        click.echo(f"checked {counts['records']:,} records: {counts['new']:,} new, {counts['exact']:,} exact "
+                   f"duplicates, {counts['near']:,} near-duplicates, {counts['already_stored']:,} already stored, "
+                   f"{counts['rejected']:,} rejected in {counts['seconds']:.1f} s; nothing was stored", err=True)
+
+
+@cli.command()
+@database_options
+@click.option("--batch", "batch_name", required=True, help="The stored batch whose verdicts to print.")
+@click.option("--status", type=click.Choice(["new", "exact", "near", "already_stored", "rejected"]), default=None,
+              help="Only the records with this verdict.")
+@user_errors
+def verdicts(database_url, schema, data_dir, batch_name, status):
+    """Print what became of every input record of a stored batch, in input order.
+
+    The same JSON lines `ingest --verdicts` writes, read from the records
+    table (written with each chunk), so they are complete after any kill and
+    `--resume`.
+
+    \b
+    Example:
+        simdb verdicts --batch 2024-07 > verdicts.jsonl
+        simdb verdicts --batch 2024-07 --status rejected
+    """
+    with open_index(database_url, schema, data_dir) as index:
+        method = index.settings.method
+        for verdict in index.verdicts(batch_name, status=status):
+            click.echo(jsonlines.dumps(verdict.to_json(method)))
 
 
 @cli.command()
@@ -317,8 +426,9 @@ def query(database_url, schema, data_dir, text, file, simhash, max_distance, min
             if max_distance is not None:
                 raise click.UsageError("give --max-distance or --min-similarity, not both")
             max_distance = index.distance_for(min_similarity)
-        if simhash is not None and index.method != "simhash":
-            raise click.UsageError("--simhash looks up a SimHash fingerprint; this is a MinHash index: give a text")
+        if simhash is not None and index.settings.method.sketch_column[0] != "simhash":
+            raise click.UsageError(f"--simhash looks up a SimHash fingerprint; this is a "
+                                   f"{index.settings.method.title} index: give a text")
         if simhash is not None:
             if text is not None or file is not None:
                 raise click.UsageError("give TEXT, --file or --simhash, not several")
@@ -330,7 +440,7 @@ def query(database_url, schema, data_dir, text, file, simhash, max_distance, min
             matches = index.query(read_text_argument(text, file), max_distance)
     if as_json:
         for match in matches:
-            click.echo(json.dumps(match.to_json(), ensure_ascii=False))
+            click.echo(jsonlines.dumps(match.to_json()))
     elif matches and matches[0].similarity is not None:
         click.echo("similarity  id")
         for match in matches:
@@ -367,23 +477,35 @@ def pairs(database_url, schema, data_dir, batch_name, max_distance, output_forma
                 writer.writerow([pair.a, pair.b, pair.distance])
         else:
             for pair in found:
-                click.echo(json.dumps(pair.to_json(), ensure_ascii=False))
+                click.echo(jsonlines.dumps(pair.to_json()))
 
 
 @cli.command()
 @database_options
-@click.option("--format", "output_format", type=click.Choice(["jsonl"]), default="jsonl", show_default=True)
+@click.option("--batch", "batch_name", default=None, help="Only the documents of this batch.")
+@click.option("--unique", is_flag=True,
+              help="One document per cluster, the earliest (with --batch: the batch's documents that duplicate "
+                   "nothing stored before them).")
+@click.option("--format", "output_format", type=click.Choice(["jsonl", "csv", "parquet"]), default="jsonl",
+              show_default=True, help="csv and parquet have the columns id, simhash (or signature), batch and "
+                                      "metadata (JSON).")
+@click.option("--output", "output_path", type=click.Path(dir_okay=False), default=None,
+              help="Write to this file [default: standard output; parquet needs a file].")
 @user_errors
-def export(database_url, schema, data_dir, output_format):
-    """Print every document as {"id", "simhash", ...metadata}, in the order stored.
+def export(database_url, schema, data_dir, batch_name, unique, output_format, output_path):
+    """Print documents as {"id", "simhash", ...metadata}, in the order stored, streamed.
 
     \b
     Example:
         simdb export > documents.jsonl
+        simdb export --batch 2024-07 --unique > deduplicated.jsonl
+        simdb export --format parquet --output archive.parquet
     """
+    writer = exports.writer(output_format, output_path)
     with open_index(database_url, schema, data_dir) as index:
-        for record in index.export():
-            click.echo(json.dumps(record, ensure_ascii=False, default=str))
+        count = writer.write(index, batch=batch_name, unique=unique)
+    if output_path is not None:
+        click.echo(f"exported {count:,} documents to {output_path}", err=True)
 
 
 @cli.command()
@@ -466,8 +588,9 @@ def report(database_url, schema, data_dir, batch_name, output):
 @click.option("--before", type=click.DateTime(formats=["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"]),
               default=None, help="Remove the documents ingested before this date (UTC).")
 @click.option("--dry-run", is_flag=True, help="Report what would be removed, and remove nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
 @user_errors
-def remove_command(database_url, schema, data_dir, ids, batch_name, before, dry_run):
+def remove_command(database_url, schema, data_dir, ids, batch_name, before, dry_run, as_json):
     """Remove documents in one transaction; what pointed at them is re-pointed.
 
     A document whose duplicate_of was removed points at its earliest remaining
@@ -483,7 +606,7 @@ def remove_command(database_url, schema, data_dir, ids, batch_name, before, dry_
         before = before.replace(tzinfo=timezone.utc)
     with open_index(database_url, schema, data_dir) as index:
         summary = index.remove(ids=list(ids) if ids else None, batch=batch_name, before=before, dry_run=dry_run)
-    click.echo(str(summary))
+    click.echo(json.dumps(dataclasses.asdict(summary), default=str) if as_json else str(summary))
 
 
 @cli.command()
@@ -557,19 +680,26 @@ def calibrate(pairs_path, documents, label_field, plot_path, as_json):
     plot(result, plot_path)
     if as_json:
         click.echo(json.dumps({"pairs": result.pairs, "positives": result.positives,
-                               "simhash": [dataclasses.asdict(p) for p in result.simhash],
-                               "minhash": [dataclasses.asdict(p) for p in result.minhash]}, indent=2))
+                               **{name: [dataclasses.asdict(p) for p in curve.points]
+                                  for name, curve in result.curves.items()}}, indent=2))
         return
     click.echo(f"{result.pairs:,} labelled pairs, {result.positives:,} near-duplicates")
-    click.echo("SimHash        k  precision  recall     F1   flagged")
-    for point in result.simhash:
-        click.echo(f"          {int(point.setting):>6}  {point.precision:>9.3f}  {point.recall:>6.3f}  "
-                   f"{point.f1:>5.3f}  {point.flagged:>8,}")
-    click.echo("MinHash        t  precision  recall     F1   flagged")
-    for point in result.minhash:
-        click.echo(f"          {point.setting:>6.3f}  {point.precision:>9.3f}  {point.recall:>6.3f}  "
-                   f"{point.f1:>5.3f}  {point.flagged:>8,}")
-    click.echo(result.recommendation())
+    for curve in result.curves.values():
+        click.echo(f"{curve.method.title:<14}{curve.method.calibration_symbol}  precision  recall     F1   flagged")
+        for point in curve.points:
+            setting = f"{point.setting:>6.3f}" if isinstance(point.setting, float) else f"{point.setting:>6}"
+            click.echo(f"          {setting}  {point.precision:>9.3f}  {point.recall:>6.3f}  "
+                       f"{point.f1:>5.3f}  {point.flagged:>8,}")
+    for curve in result.curves.values():
+        best = curve.best
+        settings = " ".join(f"{flag(name)} {value:g}" for name, value in curve.method.init_options(best.setting).items()
+                            if name != "method")
+        click.echo(f"{curve.method.title}: best F1 {best.f1:.3f} at {settings} "
+                   f"(precision {best.precision:.3f}, recall {best.recall:.3f})")
+    method, best = result.recommended()
+    click.echo("recommended: simdb init " + " ".join(
+        f"{flag(name)} {value if isinstance(value, str) else format(value, 'g')}"
+        for name, value in method.init_options(best.setting).items()))
     click.echo(f"plot: {plot_path}")
 
 

@@ -7,7 +7,17 @@ non-zero; nothing else is needed to act on it.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
+
+#: How a message names a parameter: «batch». The library shows it as `batch`; the CLI as its flag (--batch).
+_PARAMETER = re.compile("«([a-z_]+)»")
+
+
+def parameter(name: str) -> str:
+    """A parameter's name inside an error message, shown as the caller knows it (see :class:`SimdbError`)."""
+    return f"«{name}»"
 
 
 class SimdbError(Exception):
@@ -18,6 +28,13 @@ class SimdbError(Exception):
 
     kept: "KeptBatch | None" = None
 
+    def __str__(self) -> str:
+        return _PARAMETER.sub(r"`\1`", super().__str__())
+
+    def message(self, spell: Callable[[str], str]) -> str:
+        """The message with each parameter it names spelt by ``spell`` (the CLI: its flags)."""
+        return _PARAMETER.sub(lambda match: spell(match.group(1)), super().__str__())
+
 
 class InputError(SimdbError):
     """A document in an input file (or passed to the API) cannot be indexed."""
@@ -26,8 +43,8 @@ class InputError(SimdbError):
                  hint: str | None = None) -> None:
         self.path = path
         self.line = line
-        self.reason = message
-        self.hint = hint
+        self.reason = _PARAMETER.sub(r"`\1`", message)
+        self.hint = None if hint is None else _PARAMETER.sub(r"`\1`", hint)
         where = ""
         if path is not None:
             where = f"{path}:{line}: " if line is not None else f"{path}: "

@@ -23,9 +23,9 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 
 from .errors import InputError
-from .fingerprint import content_hash
 from .inputs import Document
-from .sketch import Recipe, sketch, sketch_many
+from .methods import Method
+from .text import content_hash
 
 #: Documents per task sent to a worker: large enough to amortise the inter-process
 #: round trip, small enough to keep every core busy and memory low.
@@ -47,7 +47,7 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-_settings: Recipe | None = None
+_method: Method | None = None
 
 
 def _exit_with_parent(parent: int) -> None:
@@ -71,17 +71,17 @@ def _exit_with_parent(parent: int) -> None:
     threading.Thread(target=watch, name="simdb-parent-watch", daemon=True).start()
 
 
-def _start_worker(settings: Recipe, parent: int) -> None:
-    global _settings
+def _start_worker(method: Method, parent: int) -> None:
+    global _method
     _exit_with_parent(parent)
-    _settings = settings
-    sketch("预热 jieba 與 OpenCC", settings)  # load jieba's dictionary and OpenCC now, once per worker
+    _method = method
+    method.sketch("预热 jieba 與 OpenCC")  # load jieba's dictionary and OpenCC now, once per worker
 
 
 def _fingerprint_texts(texts: list[str]) -> list[tuple[int | bytes, bytes] | tuple[str, str | None]]:
     """(sketch, content hash) per text, or (reason, hint) for a text that has no sketch."""
     return [(result.reason, result.hint) if isinstance(result, InputError) else (result, content_hash(text))
-            for text, result in zip(texts, sketch_many(texts, _settings))]
+            for text, result in zip(texts, _method.sketch_many(texts))]
 
 
 def _chunks(items: Iterable, size: int) -> Iterator[list]:
@@ -95,18 +95,18 @@ def _chunks(items: Iterable, size: int) -> Iterator[list]:
         yield chunk
 
 
-def fingerprint_stream(items: Iterable[Document | InputError], settings: Recipe, *,
+def fingerprint_stream(items: Iterable[Document | InputError], method: Method, *,
                        workers: int | None = None) -> Iterator[Fingerprinted | InputError]:
     """Fingerprint documents in input order; read errors pass through, fingerprint errors become InputErrors."""
     workers = default_workers() if workers is None else workers
     if workers < 1:
-        raise ValueError(f"--workers must be at least 1, not {workers}")
+        raise ValueError(f"workers must be at least 1, not {workers}")
     items = iter(items)
     # Starting workers costs a second or two (each loads jieba): not worth it for a small input.
     head = list(itertools.islice(items, TASK_SIZE * workers)) if workers > 1 else []
     if workers == 1 or len(head) < TASK_SIZE * workers:
-        global _settings
-        _settings = settings
+        global _method
+        _method = method
         for chunk in _chunks(itertools.chain(head, items), TASK_SIZE):
             yield from _merge(chunk, _fingerprint_texts([d.text for d in chunk if isinstance(d, Document)]))
         return
@@ -114,7 +114,7 @@ def fingerprint_stream(items: Iterable[Document | InputError], settings: Recipe,
 
     context = multiprocessing.get_context("spawn")  # no inherited locks, connections or threads
     with ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker,
-                             initargs=(settings, os.getpid())) as pool:
+                             initargs=(method, os.getpid())) as pool:
         pending: deque[tuple[list, Future]] = deque()
         for chunk in _chunks(items, TASK_SIZE):
             texts = [d.text for d in chunk if isinstance(d, Document)]

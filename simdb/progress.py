@@ -1,4 +1,4 @@
-"""Progress of a long ingest: a bar on a terminal, a log line every so often elsewhere."""
+"""Progress of a long ingest: a bar when stderr is a terminal; elsewhere silence, or a log line every so often."""
 
 from __future__ import annotations
 
@@ -10,13 +10,17 @@ from datetime import timedelta
 class Progress:
     """Counts documents and input bytes; shows docs/s, MB/s and the ETA from the bytes left."""
 
-    def __init__(self, label: str, total_bytes: int, *, interval: float = 10.0, stream=None) -> None:
+    def __init__(self, label: str, total_bytes: int, *, interval: float = 10.0, stream=None,
+                 log_lines: bool = False) -> None:
+        """``log_lines``: when the stream is not a terminal, print a line every ``interval`` seconds (by
+        default nothing: a script's stderr holds its errors, not progress)."""
         self.stream = stream or sys.stderr
         self.label = label
         self.total = total_bytes
         self.documents = 0
         self.bytes = 0
         self.interval = interval
+        self.log_lines = log_lines
         self.started = self.last_log = time.monotonic()
         self.bar = None
         if self.stream.isatty():
@@ -37,7 +41,7 @@ class Progress:
             if now - self.last_log > 0.5:
                 self.bar.set_postfix_str(f"{self.documents:,} docs, {self.documents / (now - self.started):,.0f} docs/s")
                 self.last_log = now
-        elif now - self.last_log >= self.interval:
+        elif self.log_lines and now - self.last_log >= self.interval:
             self.last_log = now
             print(self.line(now), file=self.stream, flush=True)
 

@@ -21,18 +21,15 @@ marked in the per-batch charts, which keep every batch for context.
 from __future__ import annotations
 
 import base64
-import contextlib
 import html
 import io
 import json
-import warnings
 from datetime import datetime, timezone
 from string import Template
 
-import sqlalchemy as sa
-
-from .matching import band_candidate_sql, band_pairs, candidate_sql
-from .minhash import MinHashSettings
+from .charts import chart_style, new_figure
+from .methods import Method
+from .pg import reads
 
 #: Documents whose candidates are measured for the distance histogram.
 SAMPLE_SIZE = 2000
@@ -40,7 +37,6 @@ SAMPLE_SIZE = 2000
 LARGEST_CLUSTERS = 10
 MEMBERS_SHOWN = 3
 METADATA_CHARS = 160
-CJK_FONTS = ("Noto Sans CJK SC", "Noto Sans CJK JP", "WenQuanYi Zen Hei", "WenQuanYi Micro Hei", "Droid Sans Fallback")
 COLORS = {"before": "#c9d6e3", "added": "#2b6cb0", "new": "#9db4cc", "exact": "#c0392b", "near": "#e67e22",
           "against_archive": "#6c3483", "within_batch": "#27ae60", "histogram": "#2b6cb0", "threshold": "#c0392b",
           "clusters": "#6c3483", "mark": "#111111"}
@@ -88,26 +84,6 @@ def _label(name: str, width: int = 18) -> str:
     """A batch name for a chart: shortened, and with ``$`` escaped so matplotlib never reads it as mathtext."""
     name = name if len(name) <= width else name[:width - 1] + "…"
     return name.replace("$", r"\$")
-
-
-def new_figure(width: float, height: float):
-    from matplotlib.figure import Figure  # lazy: only `simdb report` pays for importing matplotlib
-
-    return Figure(figsize=(width, height), dpi=100, layout="constrained")
-
-
-@contextlib.contextmanager
-def chart_style():
-    """Text as paths, stable SVG ids, and CJK fonts after DejaVu Sans where installed (else boxes, quietly)."""
-    import matplotlib
-    from matplotlib import font_manager
-
-    installed = {font.name for font in font_manager.fontManager.ttflist}
-    fonts = ["DejaVu Sans", *(name for name in CJK_FONTS if name in installed)]
-    with matplotlib.rc_context({"svg.fonttype": "path", "svg.hashsalt": "simdb", "font.family": fonts}), \
-            warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Glyph .* missing from font", category=UserWarning)
-        yield
 
 
 def _embed(figure, alt: str) -> str:
@@ -211,43 +187,15 @@ def _duplicates(batches, batch: str | None) -> str:
     return _section("Duplicates per batch", _embed(figure, "duplicates per batch"), caption)
 
 
-def _distance_sample(connection, layout, batch_id: int | None, population: int) -> tuple[list[int], int]:
-    """(candidate pairs at each distance 0..64, documents sampled) for a seeded random sample of documents."""
-    percent = 100.0 * 3 * SAMPLE_SIZE / max(population, 1)
-    sampling = f"TABLESAMPLE BERNOULLI ({percent:.6f}) REPEATABLE (2007) " if percent < 100 else ""
-    connection.execute(sa.text("SELECT setseed(0.2007)"))
-    ids = connection.execute(sa.text(
-        f"SELECT id FROM documents {sampling}" + ("WHERE batch_id = :batch " if batch_id is not None else "")
-        + f"ORDER BY random() LIMIT {SAMPLE_SIZE}"), {"batch": batch_id}).scalars().all()
-    if isinstance(layout, MinHashSettings):  # distances in signature positions, verified like ingest does
-        columns = ", ".join(["id", "signature", *layout.key_columns])
-        sql = (f"WITH report_sample AS MATERIALIZED (SELECT {columns} FROM documents WHERE id = ANY(%(ids)s)) "
-               + band_candidate_sql(layout, "report_sample", "documents", where="t.id <> p.id"))
-        counts = [0] * (layout.num_perm + 1)
-        for rows in band_pairs(connection, layout, sql, layout.num_perm, {"ids": list(ids)}):
-            for distance in rows[:, 2].tolist():
-                counts[distance] += 1
-        return counts, len(ids)
-    columns = ", ".join(["id", "simhash", *layout.key_columns])
-    candidates = candidate_sql(layout, "report_sample", "documents", 64, where="t.id <> p.id")
-    rows = connection.execute(sa.text(
-        f"WITH report_sample AS MATERIALIZED (SELECT {columns} FROM documents WHERE id = ANY(:ids)) "
-        f"SELECT bit_count((ps # ts)::bit(64)) AS distance, count(*) FROM "
-        f"(SELECT DISTINCT * FROM ({candidates}) c(pid, tid, ps, ts)) d GROUP BY 1"), {"ids": ids}).all()
-    counts = [0] * 65
-    for distance, count in rows:
-        counts[distance] = count
-    return counts, len(ids)
-
-
-def _distances(counts: list[int], sampled: int, k: int, batch: str | None, minhash: bool) -> str:
-    """Histogram of candidate distances: bits (SimHash, 0..64) or differing signature positions (MinHash)."""
+def _distances(counts: list[int], sampled: int, method: Method, batch: str | None) -> str:
+    """Histogram of candidate distances, in the method's unit, with its threshold marked."""
     pairs = sum(counts)
     top = len(counts) - 1
-    unit = f"of {top} signature positions" if minhash else "bits"
+    k = method.max_distance
+    terms = method.report_terms()
     whose = f"documents of batch <b>{_e(batch)}</b>" if batch else "documents"
     if not pairs:
-        content = '<p class="empty">No sampled document shares a block key with another document.</p>'
+        content = f'<p class="empty">No sampled document shares a {terms["key"]} key with another document.</p>'
     else:
         figure = new_figure(11, 3.6)
         axes = figure.subplots()
@@ -257,17 +205,15 @@ def _distances(counts: list[int], sampled: int, k: int, batch: str | None, minha
         axes.set_ylim(top=max(counts) * 6)  # headroom for the threshold's label
         axes.axvspan(-1, k + 0.5, color=COLORS["threshold"], alpha=0.08, zorder=0)
         axes.axvline(k + 0.5, color=COLORS["threshold"], linewidth=2, linestyle="--")
-        axes.text(k + 1, 0.98, f"k = {k}: at most {k} {unit} apart = near-duplicate", color=COLORS["threshold"],
-                  transform=axes.get_xaxis_transform(), va="top", fontsize=10)
-        axes.set_xlabel(f"{'Signature positions that differ' if minhash else 'Hamming distance'} between a "
-                        f"sampled document and a candidate ({'1 - estimated Jaccard, x ' + str(top) if minhash else 'bits'})")
+        axes.text(k + 1, 0.98, f"k = {k}: at most {k} {terms['unit']} apart = near-duplicate",
+                  color=COLORS["threshold"], transform=axes.get_xaxis_transform(), va="top", fontsize=10)
+        axes.set_xlabel(terms["axis"])
         content = _embed(figure, "histogram of distances among candidate pairs")
     near = sum(counts[:k + 1])
     caption = (f"A random sample of {sampled:,} {whose}, each compared with every stored document that shares at "
-               f"least one {'band' if minhash else 'block'} key with it (the candidates a lookup reads): "
+               f"least one {terms['key']} key with it (the candidates a lookup reads): "
                f"{pairs:,} candidate pairs, {near:,} of them within k = {k} (left of the dashed line).")
-    return _section("Distances among candidate pairs" if minhash else "Hamming distances among candidate pairs",
-                    content, caption)
+    return _section(terms["title"], content, caption)
 
 
 def _size_bins(sizes) -> tuple[list[str], list[int]]:
@@ -328,53 +274,15 @@ def _largest(clusters, members, batch: str | None) -> str:
                     f"document first; up to {MEMBERS_SHOWN} members each, metadata as compact JSON.")
 
 
-def _collect(connection, index, batch: str | None) -> dict:
-    """Everything the page shows, read in one read-only snapshot."""
-    layout = index.layout
-    connection.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-    batch_id = index._batch_id(connection, batch) if batch is not None else None
-    data = {"stored": connection.execute(sa.text("SELECT count(*) FROM documents")).scalar_one(),
-            "batches": connection.execute(sa.text(
-                "SELECT s.*, coalesce(d.stored, 0) AS stored FROM batch_summary s LEFT JOIN "
-                "(SELECT batch_id, count(*) AS stored FROM documents GROUP BY batch_id) d USING (batch_id) "
-                "ORDER BY s.batch_id")).all()}
-    if not data["stored"]:
-        return data
-    if batch_id is None:
-        scope, params, population = "", {}, data["stored"]
-        singletons = "SELECT count(*) FROM (SELECT 1 FROM documents GROUP BY cluster_id HAVING count(*) = 1) s"
-    else:
-        scope = "WHERE cluster_id IN (SELECT cluster_id FROM documents WHERE batch_id = :batch)"
-        params = {"batch": batch_id}
-        population = next(row.stored for row in data["batches"] if row.batch_id == batch_id)
-        singletons = ("SELECT count(*) FROM documents d WHERE batch_id = :batch AND NOT EXISTS "
-                      "(SELECT 1 FROM documents o WHERE o.cluster_id = d.cluster_id AND o.id <> d.id)")
-    data["counts"], data["sampled"] = _distance_sample(connection, layout, batch_id, population)
-    data["sizes"] = connection.execute(sa.text(
-        f"SELECT size, count(*) FROM duplicate_clusters {scope} GROUP BY size ORDER BY size"), params).all()
-    data["singletons"] = connection.execute(sa.text(singletons), params).scalar_one()
-    data["clusters"] = connection.execute(sa.text(
-        f"SELECT * FROM duplicate_clusters {scope} ORDER BY size DESC, cluster_id LIMIT {LARGEST_CLUSTERS}"),
-        params).all()
-    data["members"] = members = {}
-    for row in connection.execute(sa.text(  # the canonical document first, then the batch's, then the earliest
-            "SELECT * FROM (SELECT d.cluster_id, d.external_id, d.metadata, d.duplicate_distance, b.name AS batch, "
-            "row_number() OVER (PARTITION BY d.cluster_id ORDER BY d.id <> d.cluster_id, "
-            "d.batch_id IS DISTINCT FROM :batch, d.id) AS n FROM documents d JOIN batches b ON b.id = d.batch_id "
-            f"WHERE d.cluster_id = ANY(:clusters)) m WHERE n <= {MEMBERS_SHOWN} ORDER BY cluster_id, n"),
-            {"clusters": [c.cluster_id for c in data["clusters"]], "batch": batch_id}):
-        members.setdefault(row.cluster_id, []).append(row)
-    return data
-
-
 def build_report(index, batch: str | None = None) -> str:
     """The report on ``index`` (optionally focused on one batch) as an HTML page."""
-    layout = index.layout
+    method = index.settings.method
     with index.database.engine.begin() as connection:
-        data = _collect(connection, index, batch)
+        data = reads.report_data(connection, method, batch, sample_size=SAMPLE_SIZE, clusters=LARGEST_CLUSTERS,
+                                 members=MEMBERS_SHOWN)
     batches = data["batches"]
     header = {"index": f"schema {index.database.schema} of {index.database.display_url}",
-              "layout": layout.describe(), "key columns": ", ".join(layout.key_columns),
+              "layout": method.describe(), "key columns": ", ".join(method.key_columns),
               "documents": f"{data['stored']:,}", "batches": f"{len(batches):,}", **({"batch": batch} if batch else {}),
               "generated": f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S} UTC"}
     if not data["stored"]:
@@ -383,8 +291,7 @@ def build_report(index, batch: str | None = None) -> str:
     else:
         with chart_style():
             body = "\n".join([_growth(batches, batch), _duplicates(batches, batch),
-                              _distances(data["counts"], data["sampled"], layout.max_distance, batch,
-                                         minhash=isinstance(layout, MinHashSettings)),
+                              _distances(data["counts"], data["sampled"], method, batch),
                               _cluster_sizes(data["sizes"], data["singletons"], batch),
                               _largest(data["clusters"], data["members"], batch)])
     header_html = "".join(f"<dt>{_e(key)}</dt><dd>{_e(value)}</dd>" for key, value in header.items())

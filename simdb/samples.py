@@ -12,10 +12,10 @@ what was planted. ``light`` edits should be found as near-duplicates;
 
 from __future__ import annotations
 
-import json
 import random
 import re
 import sys
+from . import jsonlines
 from collections.abc import Iterator
 
 EDITS = ("exact", "typo", "drop_sentence", "boilerplate", "punctuation", "case_whitespace", "rewrite")
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     count = 0
     with open(argv[0], "w", encoding="utf-8") as out:
         for record in corpus():
-            out.write(json.dumps(record, ensure_ascii=False) + "\n")
+            out.write(jsonlines.dumps(record) + "\n")
             count += 1
     print(f"wrote {count} documents to {argv[0]}")
 

@@ -22,7 +22,7 @@ from click.testing import CliRunner
 
 from simdb import Index
 from simdb.cli import cli
-from simdb.database import postgres_url, redact, start_embedded
+from simdb.pg.database import postgres_url, redact, start_embedded
 
 LOCAL_SERVER = "postgresql://postgres@127.0.0.1:5432/test"
 
@@ -133,7 +133,7 @@ def assert_consistent(engine: sa.Engine, schema: str, max_distance: int = 3) -> 
     cluster_id is the smallest id of the document's connected component.
     """
     from simdb.bits import to_unsigned
-    from simdb.clusters import UnionFind
+    from simdb.pg.clusters import UnionFind
 
     with engine.connect() as connection:
         rows = connection.execute(sa.text(

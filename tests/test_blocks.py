@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from simdb.blocks import BlockLayout, layouts_for
+from simdb.methods.simhash.blocks import BlockLayout, layouts_for
 
 LAYOUTS = [BlockLayout(max_distance=k, blocks=m) for k in range(1, 6) for m in range(k + 1, k + 4)
            if math.comb(m, m - k) <= 64]

@@ -8,7 +8,7 @@ from click.testing import CliRunner
 
 from simdb import __version__, fingerprint
 from simdb.cli import cli
-from simdb.database import redact
+from simdb.pg.database import redact
 from simdb.samples import corpus
 from tests.conftest import count_rows
 

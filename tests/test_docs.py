@@ -1,23 +1,61 @@
-"""The README cannot drift: its commands exist, its Python runs, its SQL runs."""
+"""The README and docs/ cannot drift: their commands and options exist, their Python runs, their SQL runs."""
 
 import re
+import shlex
 from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
 
 from simdb.cli import cli
 from simdb.samples import corpus
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+DOCS = {path.name: path.read_text(encoding="utf-8") for path in sorted((ROOT / "docs").glob("*.md"))}
+EVERYTHING = {"README.md": README, **DOCS}
 
 
-def blocks(language):
-    return re.findall(rf"```{language}\n(.*?)```", README, flags=re.S)
+def blocks(language, text=None):
+    texts = [text] if text is not None else [README, DOCS["sql.md"]]
+    return [block for t in texts for block in re.findall(rf"```{language}\n(.*?)```", t, flags=re.S)]
 
 
 def test_every_command_is_documented():
     for command in cli.commands:
-        assert f"simdb {command}" in README, f"`simdb {command}` is not in the README"
+        assert f"simdb {command}" in DOCS["cli.md"], f"`simdb {command}` is not in docs/cli.md"
+        assert f"simdb {command}" in README, f"`simdb {command}` is not named in the README"
+
+
+def test_every_link_between_the_documents_resolves():
+    for name, text in EVERYTHING.items():
+        base = ROOT if name == "README.md" else ROOT / "docs"
+        for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", text):
+            assert (base / target).exists(), f"{name} links to {target}, which does not exist"
+
+
+def documented_invocations():
+    """Every ``simdb ...`` command line shown in a console or bash block, with the document it is in."""
+    for name, text in EVERYTHING.items():
+        for block in re.findall(r"```(?:console|bash)\n(.*?)```", text, flags=re.S):
+            for line in re.sub(r"\\\n\s*", " ", block).splitlines():  # continuation lines joined
+                line = re.split(r" (?:#|\||>|2>|&&|\|\|) ", line.removeprefix("$ ") + " ")[0].strip()
+                if line.startswith("simdb "):
+                    yield name, shlex.split(line)[1:]
+
+
+def test_every_documented_command_line_uses_options_that_exist():
+    seen = 0
+    for name, arguments in documented_invocations():
+        command = cli.commands.get(arguments[0])
+        assert command is not None, f"{name}: `simdb {arguments[0]}` is not a command"
+        options = {option for parameter in command.params for option in getattr(parameter, "opts", [])
+                   + getattr(parameter, "secondary_opts", [])} | {"--help"}
+        for argument in arguments[1:]:
+            if argument.startswith("--"):
+                assert argument.split("=")[0] in options, f"{name}: `simdb {arguments[0]}` has no {argument}"
+        seen += 1
+    assert seen >= 20
 
 
 def test_the_python_example_runs(database_url, schema, monkeypatch, capsys):
@@ -61,3 +99,64 @@ def test_the_recipes_say_what_they_claim(corpus_archive, admin_engine):
 
 def corpus_text(external_id):
     return next(r["text"] for r in corpus() if r["id"] == external_id)
+
+
+@pytest.mark.slow
+def test_the_nightly_ingest_script_runs(database_url, schema, tmp_path):
+    """docs/scripts.md's script, as cron would run it: a batch, a batch with a bad record, an interrupted batch
+    resumed, a batch already done, and a second run while another holds the lock."""
+    import fcntl
+    import json
+    import os
+    import subprocess
+    import sys
+
+    (script_text,) = re.findall(r"```bash\n(#!/usr/bin/env bash\n# nightly-ingest.*?)```", DOCS["scripts.md"],
+                                flags=re.S)
+    script = tmp_path / "nightly-ingest"
+    script.write_text(script_text)
+    script.chmod(0o755)
+    env = {**os.environ, "SIMDB_DATABASE_URL": database_url, "SIMDB_SCHEMA": schema,
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    out = tmp_path / "out"
+    records = list(corpus())
+
+    def write(name, items, extra=""):
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("".join(json.dumps({"id": r["id"], "text": r["text"]}) + "\n" for r in items) + extra)
+        return str(path)
+
+    def nightly(path, batch):
+        return subprocess.run([str(script), path, batch, str(out)], env=env, capture_output=True, text=True,
+                              timeout=300)
+
+    assert subprocess.run([sys.executable, "-m", "simdb", "init"], env=env, capture_output=True).returncode == 0
+    first = nightly(write("first", records[:120]), "first")
+    assert first.returncode == 0, first.stderr
+    verdicts = [json.loads(line) for line in (out / "first.verdicts.jsonl").read_text().splitlines()]
+    unique = [json.loads(line)["id"] for line in (out / "first.unique.jsonl").read_text().splitlines()]
+    assert len(verdicts) == 120 and set(unique) <= {v["id"] for v in verdicts if v["status"] == "new"}
+    assert json.loads((out / "first.summary.json").read_text())["documents"] == 120
+
+    second = nightly(write("second", records[120:160], extra="{broken\n"), "second")
+    assert second.returncode == 0 and "some records of second were rejected" in second.stderr
+    assert [json.loads(line)["line"] for line in (out / "second.rejects.jsonl").read_text().splitlines()] == [41]
+
+    # a crash: the first chunks of 'third' stored, the batch left running (reading runs a few hundred ahead)
+    variants = [{"id": f"third-{i}", "text": f"{records[i % len(records)]['text']} (variant {i})"}
+                for i in range(600)]
+    bad = write("third-bad", variants, extra="{broken\n")
+    crashed = subprocess.run([sys.executable, "-m", "simdb", "ingest", bad, "--batch", "third", "--chunk-size", "100",
+                              "--workers", "1"], env=env, capture_output=True, text=True)
+    assert crashed.returncode == 1 and "--resume" in crashed.stderr, crashed.stderr
+    third = nightly(write("third", variants), "third")
+    assert third.returncode == 0, third.stderr
+    assert [json.loads(line)["position"] for line in (out / "third.verdicts.jsonl").read_text().splitlines()] \
+        == list(range(1, 601))
+    again = nightly(write("third", variants), "third")
+    assert again.returncode == 0 and "already in the archive" in again.stderr
+
+    with open(out / ".nightly-ingest.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        locked = nightly(write("fourth", records[200:210]), "fourth")
+    assert locked.returncode == 75 and "another run holds" in locked.stderr

@@ -6,11 +6,11 @@ import sys
 import pytest
 
 from simdb import InputError, fingerprint, hamming
-from simdb.fingerprint import FingerprintSettings, simhash, tokens_for, weighted_features
-from simdb.normalize import normalize
+from simdb.methods.simhash.fingerprint import FingerprintSettings, simhash, tokens_for, weighted_features
+from simdb.text.normalize import normalize
 from simdb.samples import sections
 from simdb.settings import CANARY_TEXTS
-from simdb.tokenize import TokenizerSettings, tokenize
+from simdb.text.tokenize import TokenizerSettings, tokenize
 
 ARTICLE = ("Assert statements are a convenient way to insert debugging assertions into a program. "
            "The simple form is equivalent to raising AssertionError when the expression is false, "

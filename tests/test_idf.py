@@ -7,7 +7,7 @@ import pytest
 import sqlalchemy as sa
 
 from simdb import IncompatibleIndex, Index
-from simdb.fingerprint import IDF_MIN_DF, FingerprintSettings, IdfTable, fingerprint, learn_idf
+from simdb.methods.simhash.fingerprint import IDF_MIN_DF, FingerprintSettings, IdfTable, fingerprint, learn_idf
 from simdb.samples import corpus
 
 TEXTS = [r["text"] for r in list(corpus())[:200]]
@@ -81,6 +81,7 @@ def test_init_learns_from_files_and_reports_bad_input(run, tmp_path, schema, adm
 
 def test_indexes_built_by_the_previous_recipe_keep_their_fingerprints(database_url, schema, admin_engine):
     """simhash64-v1 (before OpenCC) is still computed for the indexes that were built with it."""
+    from simdb.methods import SimHash
     from simdb.settings import compute_canaries
 
     v1 = FingerprintSettings(algorithm="simhash64-v1")
@@ -92,7 +93,7 @@ def test_indexes_built_by_the_previous_recipe_keep_their_fingerprints(database_u
         connection.execute(sa.text(f"UPDATE {schema}.settings SET value = to_jsonb(CAST(:v AS text)) "
                                    "WHERE name = 'algorithm'"), {"v": "simhash64-v1"})
         connection.execute(sa.text(f"UPDATE {schema}.settings SET value = CAST(:c AS jsonb) WHERE name = 'canaries'"),
-                           {"c": json.dumps(compute_canaries(v1))})
+                           {"c": json.dumps(compute_canaries(SimHash(v1)))})
     with Index.open(database_url, schema=schema) as old:
         assert old.settings.fingerprints.algorithm == "simhash64-v1"
         assert old.fingerprint("頭髮乾燥，後來發現") == fingerprint("頭髮乾燥，後來發現", v1)

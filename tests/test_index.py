@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 
 from simdb import BatchError, IncompatibleIndex, Index, IndexNotFound, InputError, fingerprint
 from simdb.bits import hamming_array, to_signed
-from simdb.fingerprint import content_hash
-from simdb.ingest import EXACT_DUPLICATES_SQL, FingerprintedBatch, create_staging
+from simdb.text import content_hash
+from simdb.ingest import FingerprintedBatch
+from simdb.pg.chunks import EXACT_DUPLICATES_SQL, create_staging
 from simdb.samples import sections
 from tests.conftest import assert_consistent, count_rows
 
@@ -235,7 +236,7 @@ def test_signed_storage_of_high_fingerprints(index):
 def test_exact_duplicate_search_is_two_hash_semi_joins(index):
     """Regression: with OR between the EXISTS clauses the plan rescanned staging once per row (quadratic)."""
     with index.database.engine.begin() as connection:
-        columns = create_staging(connection, index.layout)
+        columns = create_staging(connection, index.settings.method)
         connection.exec_driver_sql(
             f"INSERT INTO staging ({', '.join(n for n, _ in columns)}) SELECT i, i::text, i"
             + ", i" * len(index.layout.key_columns) + ", int8send(mod(i, 900)), 1, '{}' FROM generate_series(1, 5000) i")
@@ -255,3 +256,14 @@ def test_a_document_linking_two_earlier_ones_in_its_chunk_joins_their_clusters(i
             f"SELECT external_id, cluster_id FROM {index.database.schema}.documents ORDER BY id")).all()
     assert len({cluster for _, cluster in clusters}) == 1
     assert_consistent(admin_engine, index.database.schema)
+
+
+def test_a_batch_built_whole_is_stored_as_one_appended_to(index):
+    """Benchmarks build a FingerprintedBatch from lists; its records get positions 1, 2, 3, ... as append gives."""
+    whole = FingerprintedBatch(["w-0", "w-1"], [1, 2], [content_hash("w-0"), content_hash("w-1")], [3, 3], [{}, {}],
+                               ["w-0", "w-1"])
+    assert whole.positions == [1, 2]
+    assert index.add_fingerprinted(whole, batch="whole").documents == 2
+    assert [(v.position, v.id, v.status) for v in index.verdicts("whole")] == [(1, "w-0", "new"), (2, "w-1", "near")]
+    with pytest.raises(ValueError, match="one id, sketch"):
+        FingerprintedBatch(["a"], [], [], [], [], [])

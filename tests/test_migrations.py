@@ -11,8 +11,8 @@ import sqlalchemy as sa
 from alembic import command
 
 from simdb import Index
-from simdb import migrate
-from simdb.database import Database
+from simdb.pg import migrate
+from simdb.pg.database import Database
 from simdb.settings import IndexSettings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,7 +55,7 @@ def test_upgrading_an_index_with_data_computes_its_pairs_and_clusters(database_u
     import random
 
     from simdb.bits import to_signed
-    from simdb.clusters import UnionFind
+    from simdb.pg.clusters import UnionFind
 
     settings = IndexSettings.new()
     layout = settings.layout
@@ -104,6 +104,7 @@ def test_the_migration_refuses_to_run_without_settings(database_url, schema):
         database.close()
 
 
+@pytest.mark.slow
 def test_an_installed_wheel_finds_and_runs_its_migrations(tmp_path, database_url, schema):
     """alembic's script location inside an installed package: build the wheel, install it, create an index."""
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
@@ -115,7 +116,7 @@ def test_an_installed_wheel_finds_and_runs_its_migrations(tmp_path, database_url
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
                    check=True)
-    code = ("import simdb, simdb.migrate as m; from simdb import Index; print(m.migrations_path()); "
+    code = ("import simdb, simdb.pg.migrate as m; from simdb import Index; print(m.migrations_path()); "
             f"Index.create({database_url!r}, schema={schema!r}).close(); print(simdb.__file__)")
     env = {**os.environ, "PYTHONPATH": str(site)}
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)

@@ -21,7 +21,7 @@ from click.testing import CliRunner
 
 from simdb import Index
 from simdb.cli import cli
-from simdb.database import postgres_url
+from simdb.pg.database import postgres_url
 
 UNREACHABLE = "postgresql://simdb:secret@127.0.0.1:1/archive"
 GOOD = '{"id": "new-1", "text": "a fresh document about something else entirely"}\n'
@@ -102,6 +102,17 @@ CASES = [
     ("pairs-csv-unknown-batch", "simhash", ["pairs", "--format", "csv", "--batch", "nosuch"], 1, "no batch named"),
     ("pairs-distance", "simhash", ["pairs", "--max-distance", "7"], 1, "maximum distance"),
     ("export-no-index", "none", ["export"], 1, "no simdb index"),
+    ("export-unknown-batch", "simhash", ["export", "--batch", "nope"], 1, "no batch named 'nope'"),
+    ("export-parquet-to-stdout", "simhash", ["export", "--format", "parquet"], 1, "written to a file"),
+    ("export-output-folder", "simhash", ["export", "--output", "no/such/dir/out.jsonl"], 1, "no/such/dir"),
+    ("check-missing", "simhash", ["check", "missing.jsonl"], 1, "no such file"),
+    ("check-folder", "simhash", ["check", "folder"], 2, "is a directory"),
+    ("check-no-index", "none", ["check", "good.jsonl"], 1, "no simdb index"),
+    ("check-unknown-format", "simhash", ["check", "unknown.dat"], 1, "cannot tell the format"),
+    ("verdicts-unknown-batch", "simhash", ["verdicts", "--batch", "nope"], 1, "no batch named 'nope'"),
+    ("verdicts-no-batch", "simhash", ["verdicts"], 2, "--batch"),
+    ("ingest-verdicts-folder", "simhash", ["ingest", "good.jsonl", "--verdicts", "no/such/folder/v.jsonl"], 1,
+     "cannot write the verdicts file there"),
     ("stats-no-index", "none", ["stats"], 1, "no simdb index"),
     ("report-unknown-batch", "simhash", ["report", "--batch", "nope", "--output", "r.html"], 1, "no batch named"),
     ("report-no-output", "simhash", ["report"], 2, "--output"),
@@ -219,6 +230,7 @@ def test_every_command_has_a_misuse_case():
     assert covered >= set(cli.commands)
 
 
+@pytest.mark.slow
 def test_an_ingest_whose_connection_is_cut_says_what_it_kept_and_how_to_resume(database_url, schema, admin_engine,
                                                                                  tmp_path):
     """Issue 9: the server ended the session mid-ingest; the message said nothing was kept."""

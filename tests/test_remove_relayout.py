@@ -8,7 +8,7 @@ import sqlalchemy as sa
 from alembic import command
 
 from simdb import IncompatibleIndex, Index, SimdbError
-from simdb import migrate
+from simdb.pg import migrate
 from simdb.samples import corpus
 from tests.conftest import assert_consistent, count_rows
 from tests.test_index import flip, make_batch
@@ -58,7 +58,7 @@ def test_remove_refuses_unknown_ids_and_removes_nothing(index, admin_engine):
         index.remove(ids=["a", "nope"])
     with pytest.raises(SimdbError, match="no batch named 'zzz'"):
         index.remove(batch="zzz")
-    with pytest.raises(SimdbError, match="exactly one of --id, --batch or --before"):
+    with pytest.raises(SimdbError, match="exactly one of `ids`, `batch` or `before`"):  # the API names parameters
         index.remove(ids=["a"], batch="b")
     assert count_rows(admin_engine, index.database.schema) == (1, 1)
 

@@ -127,6 +127,7 @@ def chromium(tmp_path, *arguments) -> subprocess.CompletedProcess:
     return result
 
 
+@pytest.mark.slow
 def test_report_renders_in_headless_chromium(run, tmp_path):
     if CHROMIUM is None:
         pytest.skip(NO_CHROMIUM)

@@ -9,7 +9,7 @@ import sqlalchemy as sa
 
 from simdb import format_fingerprint
 from simdb.bits import hamming, to_signed
-from simdb.database import postgres_url
+from simdb.pg.database import postgres_url
 from tests.test_index import flip, make_batch
 
 

@@ -39,7 +39,7 @@ def detect_format(path: str) -> str:
     fmt = _SUFFIXES.get(Path(name).suffix.lower())
     if fmt is None:
         raise InputError("cannot tell the format from the file name", path=path,
-                         hint=f"pass --format with one of {', '.join(FORMATS)}")
+                         hint=f"pass «format» with one of {', '.join(FORMATS)}")
     return fmt
 
 

@@ -187,7 +187,7 @@ def read_delimited(path: str, id_field: str, text_field: str, delimiter: str, sk
         if problem:
             raise _error(f"bad {kind} header: {problem}", path, header.lines)
         names = header.fields
-        for name, role, flag in ((id_field, "id", "--id-field"), (text_field, "text", "--text-field")):
+        for name, role, flag in ((id_field, "id", "«id_field»"), (text_field, "text", "«text_field»")):
             if name not in names:
                 listed = ", ".join(repr(n) for n in names) or "none"
                 raise InputError(f"no {role} field {name!r} (fields: {listed})", path=path, line=header.first,

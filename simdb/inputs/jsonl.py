@@ -58,9 +58,9 @@ def _document(raw: bytes, path: str, line: int, id_field: str, text_field: str) 
     if record is None:
         return None
     if id_field not in record:
-        raise _missing(id_field, "id", record, path, line, "--id-field")
+        raise _missing(id_field, "id", record, path, line, "«id_field»")
     if text_field not in record:
-        raise _missing(text_field, "text", record, path, line, "--text-field")
+        raise _missing(text_field, "text", record, path, line, "«text_field»")
     return Document(checks.external_id(record[id_field], id_field, path, line),
                     checks.check_text(record[text_field], path, line),
                     checks.metadata(record, id_field, text_field, path, line), path, line)

@@ -15,10 +15,11 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
+from .schema import build_metadata
 
 
 def migrations_path() -> Path:
-    package = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parent.parent
     for candidate in (package / "migrations", package.parent / "migrations"):
         if (candidate / "env.py").is_file():
             return candidate
@@ -28,11 +29,12 @@ def migrations_path() -> Path:
 
 def alembic_config(connection: sa.Connection, schema: str, *, layout=None, new_index_settings: dict | None = None,
                    new_index_idf_terms: dict | None = None) -> Config:
-    """``layout`` is the index's key layout (env.py builds the metadata from it); a new index also passes its
-    settings rows and, with tfidf weighting, its IDF table."""
+    """``layout`` is the index's key layout, whose key columns the current schema's metadata has (for
+    ``alembic check``); a new index also passes its settings rows and, with tfidf weighting, its IDF table."""
     config = Config()
     config.set_main_option("script_location", str(migrations_path()))
-    config.attributes.update(connection=connection, schema=schema, layout=layout,
+    metadata = build_metadata(tuple(layout.key_columns)) if layout is not None else None
+    config.attributes.update(connection=connection, schema=schema, target_metadata=metadata,
                              new_index_settings=new_index_settings, new_index_idf_terms=new_index_idf_terms)
     return config
 
@@ -54,12 +56,6 @@ def known_revisions() -> set[str]:
 def current_revision(connection: sa.Connection, schema: str) -> str | None:
     context = MigrationContext.configure(connection, opts={"version_table_schema": schema})
     return context.get_current_revision()
-
-
-def lock(connection: sa.Connection, schema: str, purpose: str) -> None:
-    """Transaction-scoped advisory lock, so that two processes never migrate or match at once."""
-    connection.execute(sa.text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"),
-                       {"key": f"simdb {purpose} {schema}"})
 
 
 def upgrade(connection: sa.Connection, schema: str, *, layout=None, new_index_settings: dict | None = None,

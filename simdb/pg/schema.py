@@ -19,8 +19,6 @@ import functools
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 
-from .blocks import BlockLayout
-from .minhash import MinHashSettings
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -30,11 +28,8 @@ NAMING_CONVENTION = {
     "pk": "pk_%(table_name)s",
 }
 
-BATCH_STATUSES = ("running", "complete")
-
-
 @functools.cache
-def build_metadata(layout: BlockLayout | MinHashSettings) -> sa.MetaData:
+def build_metadata(key_columns: tuple[str, ...]) -> sa.MetaData:
     metadata = sa.MetaData(naming_convention=NAMING_CONVENTION)
     sa.Table(
         "settings", metadata,
@@ -61,7 +56,7 @@ def build_metadata(layout: BlockLayout | MinHashSettings) -> sa.MetaData:
         sa.CheckConstraint(sa.text("status IN ('running', 'complete')"), name="status"),
         comment="One row per ingested batch, with its counts.",
     )
-    key_columns = [sa.Column(name, sa.BigInteger, nullable=False) for name in layout.key_columns]
+    key_column_objects = [sa.Column(name, sa.BigInteger, nullable=False) for name in key_columns]
     documents = sa.Table(
         "documents", metadata,
         sa.Column("id", sa.BigInteger, sa.Identity(), primary_key=True),
@@ -69,7 +64,7 @@ def build_metadata(layout: BlockLayout | MinHashSettings) -> sa.MetaData:
         sa.Column("batch_id", sa.Integer, sa.ForeignKey("batches.id"), nullable=False, index=True),
         sa.Column("simhash", sa.BigInteger),
         sa.Column("signature", sa.LargeBinary),
-        *key_columns,
+        *key_column_objects,
         sa.Column("content_hash", sa.LargeBinary, nullable=False, index=True),
         sa.Column("length", sa.Integer, nullable=False),
         sa.Column("metadata", JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")),
@@ -80,7 +75,7 @@ def build_metadata(layout: BlockLayout | MinHashSettings) -> sa.MetaData:
         sa.CheckConstraint(sa.text("(simhash IS NULL) <> (signature IS NULL)"), name="one_sketch"),
         comment="One row per document: fingerprint (signed BIGINT), block keys, and the earliest near-duplicate.",
     )
-    for name in layout.key_columns:
+    for name in key_columns:
         sa.Index(f"ix_documents_{name}", documents.c[name], postgresql_include=["simhash", "id"])
     sa.Table(
         "near_duplicates", metadata,
@@ -120,9 +115,3 @@ def build_metadata(layout: BlockLayout | MinHashSettings) -> sa.MetaData:
                 "(digest in settings.idf).",
     )
     return metadata
-
-
-def tables(layout: BlockLayout | MinHashSettings) -> tuple[sa.Table, sa.Table, sa.Table]:
-    """(settings, batches, documents) for an index with ``layout``."""
-    metadata = build_metadata(layout)
-    return metadata.tables["settings"], metadata.tables["batches"], metadata.tables["documents"]

@@ -25,7 +25,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import URL, make_url
 
-from .errors import DatabaseUnavailable, PermissionDenied, SimdbError
+from ..errors import DatabaseUnavailable, PermissionDenied, SimdbError
 
 DEFAULT_SCHEMA = "simdb"
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -39,6 +39,13 @@ def check_schema_name(schema: str) -> str:
         raise SimdbError(f"the schema name {schema!r} is reserved by PostgreSQL (pg_dump leaves "
                          "information_schema out of backups): choose another name")
     return schema
+
+
+def lock(connection: sa.Connection, schema: str, purpose: str) -> None:
+    """Transaction-scoped advisory lock, so that two processes never migrate (``migrate``) or match and
+    insert (``ingest``) at once in the same index."""
+    connection.execute(sa.text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"),
+                       {"key": f"simdb {purpose} {schema}"})
 
 
 def default_data_dir() -> Path:
@@ -80,7 +87,7 @@ def start_embedded(data_dir: str | Path | None = None):
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise DatabaseUnavailable(f"cannot create the data directory {path}: {exc.strerror}; "
-                                  "choose another with --data-dir or SIMDB_DATA_DIR") from exc
+                                  "choose another with «data_dir» or SIMDB_DATA_DIR") from exc
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # platformdirs warns about XDG_RUNTIME_DIR on servers
         import pgserver
@@ -91,7 +98,7 @@ def start_embedded(data_dir: str | Path | None = None):
             raise DatabaseUnavailable(
                 f"could not start the embedded PostgreSQL in {path}: {exc}. "
                 "Check the directory is writable and not used by another PostgreSQL version, "
-                "or pass --database-url to use a server") from exc
+                "or pass «database_url» to use a server") from exc
 
 
 @dataclass
@@ -130,7 +137,7 @@ class Database:
             reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
             raise DatabaseUnavailable(
                 f"cannot connect to {redact(url)}: {reason}. Check that the server is running and the URL "
-                "is right, or unset SIMDB_DATABASE_URL and --database-url to use the embedded database") from exc
+                "is right, or unset SIMDB_DATABASE_URL and «database_url» to use the embedded database") from exc
         if int(version) < 140000:
             engine.dispose()
             raise DatabaseUnavailable(f"{redact(url)} runs PostgreSQL {int(version) // 10000}; simdb needs 14 or newer")
@@ -171,3 +178,33 @@ def translate(error: sa.exc.DBAPIError | psycopg.Error, url: str | URL | None = 
     if state in ("40001", "40P01", "55P03"):
         return SimdbError(f"the database gave up waiting for another session: {message}; run the command again")
     return SimdbError(f"PostgreSQL refused the operation: {message} (SQLSTATE {state or 'unknown'})")
+
+
+LOCAL_SERVER = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+def answers(url: str) -> bool:
+    """Whether a PostgreSQL at ``url`` accepts a connection within two seconds."""
+    try:
+        psycopg.connect(url, connect_timeout=2).close()
+        return True
+    except psycopg.OperationalError:
+        return False
+
+
+def scratch_server(variable: str) -> tuple[str, str, object | None]:
+    """A PostgreSQL for tests and benchmarks: ``(url, where it came from, embedded server or None)``.
+
+    The URL in the environment variable ``variable`` if set; else the local server at
+    127.0.0.1:5432 (database ``test``) if it answers; else an embedded PostgreSQL in a new temporary
+    directory (the caller stops it with ``server.cleanup()``).
+    """
+    import tempfile
+
+    if os.environ.get(variable):
+        return os.environ[variable], variable, None
+    if answers(LOCAL_SERVER):
+        return LOCAL_SERVER, "local server", None
+    directory = tempfile.mkdtemp(prefix="simdb-pg-")
+    server = start_embedded(os.path.join(directory, "data"))
+    return server.get_uri(), f"embedded PostgreSQL in {directory}", server

@@ -33,25 +33,22 @@ from __future__ import annotations
 
 import hashlib
 import math
-import re
 from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
 import xxhash
 
-from .errors import InputError
-from .normalize import fold, normalize
+from ...text.normalize import normalized_or_folded
+from ...text.scripts import WITHOUT_SPACES_CHARACTER
+from ..base import DEFAULT_SEED
 
 #: Names the text -> signature recipe; bump on any change that can change a signature.
 ALGORITHM = "minhash32-v1"
-DEFAULT_SEED = 0x51D8_5EED
 #: Band layouts are chosen so that a pair exactly at the threshold becomes a candidate at least this often.
 CANDIDATE_RECALL = 0.995
 MAX_BANDS = 64
 
-_NO_SPACES = re.compile("[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f"
-                        "\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u3040-\u30ff\u31f0-\u31ff]")
 _POLY = np.uint64(0x9E37_79B9_7F4A_7C15)
 _SPLITMIX = (np.uint64(30), np.uint64(0xBF58_476D_1CE4_E5B9), np.uint64(27), np.uint64(0x94D0_49BB_1331_11EB),
              np.uint64(31))
@@ -127,9 +124,6 @@ class MinHashSettings:
     def signature_bytes(self) -> int:
         return 4 * self.num_perm
 
-    # The index treats the bands like SimHash block keys: one BIGINT column and B-tree per band.
-    first_key = 0
-
     @property
     def max_distance(self) -> int:
         """Signature positions that may differ at the threshold."""
@@ -182,16 +176,12 @@ def _ngram_hashes(units: np.ndarray, n: int) -> np.ndarray:
 def writes_without_spaces(text: str) -> bool:
     """True when at least a quarter of the letters belong to scripts written without spaces."""
     letters = sum(1 for c in text if c.isalpha())
-    return letters > 0 and 4 * len(_NO_SPACES.findall(text)) >= letters
+    return letters > 0 and 4 * len(WITHOUT_SPACES_CHARACTER.findall(text)) >= letters
 
 
 def shingle_hashes(text: str, settings: MinHashSettings) -> np.ndarray:
     """The uint64 hashes of a text's shingles (with repeats)."""
-    normalized = normalize(text)
-    if not normalized:  # only punctuation or symbols: shingle the folded characters themselves
-        normalized = " ".join(fold(text).split())
-    if not normalized:
-        raise InputError("the text is empty or only whitespace", hint="give every document some text")
+    normalized, _ = normalized_or_folded(text)  # only punctuation or symbols: the folded characters themselves
     if writes_without_spaces(normalized):
         characters = normalized.replace(" ", "")
         units = np.frombuffer(characters.encode("utf-32-le"), dtype="<u4").astype(np.uint64)
@@ -236,12 +226,6 @@ def signature(text: str, settings: MinHashSettings) -> np.ndarray:
 def to_bytes(signature_row: np.ndarray) -> bytes:
     """The stored form: little-endian uint32 values."""
     return np.ascontiguousarray(signature_row, dtype="<u4").tobytes()
-
-
-def from_bytes(data: bytes, settings: MinHashSettings) -> np.ndarray:
-    if len(data) != settings.signature_bytes:
-        raise ValueError(f"a signature of this index has {settings.signature_bytes} bytes, not {len(data)}")
-    return np.frombuffer(data, dtype="<u4")
 
 
 def band_keys(signature_row: np.ndarray, settings: MinHashSettings) -> tuple[int, ...]:

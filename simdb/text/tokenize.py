@@ -21,11 +21,12 @@ import logging
 import re
 from dataclasses import dataclass
 
+from .scripts import HAN, OTHER_WITHOUT_SPACES
+
 TOKENIZERS = ("auto", "words", "jieba", "shingles")
 
-_HAN = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f"
-_NO_SPACES = "\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u3040-\u30ff\u31f0-\u31ff"
-_RUNS = re.compile(rf"(?P<han>[{_HAN}]+)|(?P<nospace>[{_NO_SPACES}]+)|(?P<word>[^\s{_HAN}{_NO_SPACES}]+)")
+_RUNS = re.compile(rf"(?P<han>[{HAN}]+)|(?P<nospace>[{OTHER_WITHOUT_SPACES}]+)"
+                   rf"|(?P<word>[^\s{HAN}{OTHER_WITHOUT_SPACES}]+)")
 
 STOPWORDS_ZH = frozenset(
     "的 了 是 在 和 与 及 或 也 都 就 而 着 过 之 于 以 把 被 给 对 从 向 这 那 其 它 "
@@ -78,7 +79,7 @@ def jieba_tokens(text: str, hmm: bool) -> list[str]:
 
 
 def tokenize(normalized: str, settings: TokenizerSettings = TokenizerSettings()) -> list[str]:
-    """Tokens of already-normalized text (see :func:`simdb.normalize.normalize`)."""
+    """Tokens of already-normalized text (see :func:`simdb.text.normalize.normalize`)."""
     if settings.name == "words":
         tokens = normalized.split()
     elif settings.name == "jieba":

@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import xxhash
 
-from .errors import InputError
-from .normalize import fold, normalize
-from .tokenize import TokenizerSettings, tokenize
+from ...text.normalize import fold, normalized_or_folded
+from ...text.tokenize import TokenizerSettings, tokenize
+from ..base import DEFAULT_SEED
 
 #: Names the whole text -> fingerprint recipe. Any change to normalization,
 #: tokenization, weighting or hashing that can change a fingerprint must bump
@@ -37,8 +37,7 @@ ALGORITHM = "simhash64-v2"  # v2: traditional Chinese folded to simplified (Open
 #: Every recipe this simdb can still compute: indexes built by an earlier release keep their answers.
 ALGORITHMS = ("simhash64-v1", ALGORITHM)
 WEIGHTINGS = ("sublinear_tf", "tf", "binary", "tfidf")
-DEFAULT_SEED = 0x51D8_5EED
-#: Features kept per document under ``tfidf`` weighting (measured on the devset: see README, Quality).
+#: Features kept per document under ``tfidf`` weighting (measured on the devset: see docs/quality.md).
 DEFAULT_TOP_FEATURES = 8
 #: Terms seen in fewer documents are not stored; they weigh as if seen in one.
 IDF_MIN_DF = 2
@@ -108,7 +107,7 @@ class FingerprintSettings:
         if self.weighting not in WEIGHTINGS:
             raise ValueError(f"unknown weighting {self.weighting!r}: choose one of {', '.join(WEIGHTINGS)}")
         if (self.weighting == "tfidf") != (self.idf is not None):
-            raise ValueError("tfidf weighting needs an IDF table (simdb init --idf-from SAMPLE), "
+            raise ValueError("tfidf weighting needs an IDF table (learned from a sample: simdb init --idf-from SAMPLE), "
                              "and an IDF table needs tfidf weighting")
         if self.top_features < 0:
             raise ValueError(f"top features must be 0 (all) or more, not {self.top_features}")
@@ -155,12 +154,10 @@ def tokens_for(text: str, settings: FingerprintSettings) -> list[str]:
     back to its folded characters, so that it still gets a fingerprint; a text
     with nothing but whitespace has none and is an error.
     """
-    tokens = tokenize(normalize(text, simplify_script=settings.algorithm != "simhash64-v1"), settings.tokenizer)
-    if not tokens:
-        tokens = [c for c in fold(text) if not c.isspace()]
-    if not tokens:
-        raise InputError("the text is empty or only whitespace", hint="give every document some text")
-    return tokens
+    normalized, folded = normalized_or_folded(text, simplify_script=settings.algorithm != "simhash64-v1")
+    if folded:
+        return [c for c in normalized if c != " "]
+    return tokenize(normalized, settings.tokenizer) or [c for c in fold(text) if not c.isspace()]
 
 
 def fingerprint(text: str, settings: FingerprintSettings = FingerprintSettings()) -> int:
@@ -168,11 +165,6 @@ def fingerprint(text: str, settings: FingerprintSettings = FingerprintSettings()
     features, weights = weighted_features(tokens_for(text, settings), settings.weighting, settings.idf,
                                           settings.top_features)
     return simhash(features, weights, settings.seed)
-
-
-def content_hash(text: str) -> bytes:
-    """128-bit hash of the exact text, for telling exact from near duplicates."""
-    return xxhash.xxh3_128_digest(text.encode("utf-8"))
 
 
 def learn_idf(texts: Iterable[str], tokenizer: TokenizerSettings = TokenizerSettings()) -> IdfTable:

@@ -14,8 +14,10 @@ import re
 import sys
 import unicodedata
 
+from ..errors import InputError
+from .scripts import HAN_CHARACTER
+
 _WHITESPACE = re.compile(r"\s+")
-_HAN = re.compile("[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f]")
 
 
 @functools.cache
@@ -28,7 +30,7 @@ def _t2s():
 
 def simplify(text: str) -> str:
     """Traditional Chinese -> simplified (OpenCC ``t2s``); text without Han characters is returned as is."""
-    return _t2s().convert(text) if _HAN.search(text) else text
+    return _t2s().convert(text) if HAN_CHARACTER.search(text) else text
 
 
 @functools.cache
@@ -55,3 +57,18 @@ def normalize(text: str, simplify_script: bool = True) -> str:
         text = simplify(text)
     text = text.translate(_punctuation_table())
     return _WHITESPACE.sub(" ", text).strip()
+
+
+def normalized_or_folded(text: str, simplify_script: bool = True) -> tuple[str, bool]:
+    """``(normalized text, False)``; for a text that normalization empties (only punctuation or symbols,
+    say), ``(its folded characters, single-spaced, True)``, so that it still has a sketch.
+
+    A text of nothing but whitespace has none: :class:`InputError`.
+    """
+    normalized = normalize(text, simplify_script)
+    if normalized:
+        return normalized, False
+    folded = " ".join(fold(text).split())
+    if not folded:
+        raise InputError("the text is empty or only whitespace", hint="give every document some text")
+    return folded, True

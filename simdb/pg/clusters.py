@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import sqlalchemy as sa
 
-from .matching import copy_in
+from .copy import copy_in
 
 
 class UnionFind:

@@ -20,7 +20,7 @@ from functools import cached_property
 
 import numpy as np
 
-from .bits import BITS
+from ...bits import BITS
 
 MAX_KEY_BITS = 62  # keys are stored as non-negative BIGINT
 #: The largest distance any layout can guarantee (16 blocks, keys of one block).

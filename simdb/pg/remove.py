@@ -15,11 +15,11 @@ from datetime import datetime
 
 import sqlalchemy as sa
 
-from .blocks import BlockLayout
-from .errors import SimdbError
-from .ingest import check_layout
+from ..errors import SimdbError
+from ..methods import Method
+from .catalog import check_layout
 from .clusters import recluster
-from .migrate import lock
+from .database import lock
 
 
 @dataclass(frozen=True)
@@ -40,13 +40,13 @@ class RemovalSummary:
         return text + (f"; batch {self.batch_removed!r} removed" if self.batch_removed else "")
 
 
-def remove(connection: sa.Connection, schema: str, layout: BlockLayout, *, external_ids: list[str] | None = None,
+def remove(connection: sa.Connection, schema: str, method: Method, *, external_ids: list[str] | None = None,
            batch: str | None = None, before: datetime | None = None) -> RemovalSummary:
     """Remove the documents selected by exactly one of ``external_ids``, ``batch`` or ``before``."""
     if sum(x is not None for x in (external_ids, batch, before)) != 1:
-        raise SimdbError("say what to remove with exactly one of --id, --batch or --before")
+        raise SimdbError("say what to remove with exactly one of «ids», «batch» or «before»")
     lock(connection, schema, "ingest")
-    check_layout(connection, layout)
+    check_layout(connection, method)
     connection.exec_driver_sql("CREATE TEMPORARY TABLE removing (id int8 PRIMARY KEY) ON COMMIT DROP")
     batch_id = None
     if external_ids is not None:

@@ -1,0 +1,120 @@
+"""What every benchmark in scripts/ shares: a database to measure on, the clock, the table.
+
+The benchmarks are run as ``.venv/bin/python scripts/NAME.py``, which puts this directory on
+``sys.path``, so they import this module by name. Nothing here asserts anything about timings.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import numpy as np
+import sqlalchemy as sa
+
+import simdb
+from simdb.pg.database import postgres_url, scratch_server
+
+STARTED = time.perf_counter()
+#: The environment variable a benchmark's database comes from (else the local server, else embedded).
+DATABASE_VARIABLE = "SIMDB_DATABASE_URL"
+DATABASE_HELP = (f"PostgreSQL URL (default: ${DATABASE_VARIABLE}, else postgresql://postgres@127.0.0.1:5432/test "
+                 "if it answers, else an embedded server in a temporary directory)")
+
+
+def log(message: str) -> None:
+    """Progress on stderr, stamped with the seconds since the run started."""
+    print(f"[{time.perf_counter() - STARTED:6.1f} s] {message}", file=sys.stderr, flush=True)
+
+
+class Server:
+    """The PostgreSQL a benchmark measures on: an explicit URL, or the tests' scratch server."""
+
+    def __init__(self, explicit: str | None) -> None:
+        if explicit:
+            self.url, self.where, self._embedded = explicit, "--database-url", None
+        else:
+            self.url, self.where, self._embedded = scratch_server(DATABASE_VARIABLE)
+        log(f"PostgreSQL: {self.where}")
+        self.admin = sa.create_engine(postgres_url(self.url), isolation_level="AUTOCOMMIT")
+
+    @property
+    def embedded(self) -> bool:
+        return self._embedded is not None
+
+    def version(self) -> str:
+        with self.admin.connect() as connection:
+            return connection.exec_driver_sql("SHOW server_version").scalar_one()
+
+    def drop_schemas(self, *schemas: str) -> None:
+        with self.admin.connect() as connection:
+            for schema in schemas:
+                connection.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+    def checkpoint(self) -> None:
+        checkpoint(self.admin)
+
+    def close(self) -> None:
+        self.admin.dispose()
+        if self._embedded is not None:
+            self._embedded.cleanup()
+
+    def __enter__(self) -> "Server":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+
+def checkpoint(admin: sa.Engine) -> None:
+    """Flush dirty pages so that one measurement does not pay for the previous one's writes."""
+    try:
+        with admin.connect() as connection:
+            connection.exec_driver_sql("CHECKPOINT")
+    except sa.exc.DBAPIError:
+        pass  # not a superuser: measure without it
+
+
+def machine(version: str, embedded: bool = False) -> str:
+    """One line: cores, memory, PostgreSQL, simdb and Python, for a table's header."""
+    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
+    return (f"machine: {os.cpu_count()} cores, {memory:.0f} GiB; PostgreSQL {version}"
+            f"{' (embedded)' if embedded else ''}; simdb {simdb.__version__} ({os.path.dirname(simdb.__file__)}); "
+            f"Python {sys.version.split()[0]}")
+
+
+def command_line(script: str) -> str:
+    return "command: " + " ".join([".venv/bin/python", f"scripts/{script}", *sys.argv[1:]])
+
+
+def random_u64(rng: np.random.Generator, n: int) -> np.ndarray:
+    return np.frombuffer(rng.bytes(8 * n), dtype=np.uint64).copy()
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def rate(count: float, seconds: float, unit: str) -> str:
+    return f"{count / seconds:,.0f} {unit}/s"
+
+
+def ratio(x: float) -> str:
+    return f"{x:,.1f}x" if x >= 10 else f"{x:.2f}x"
+
+
+def print_table(header: list[str], rows: list[tuple[str, str, str, str]], markdown: bool) -> None:
+    """The header lines, then (operation, simdb, peer, ratio) rows: GitHub markdown, or aligned columns."""
+    names = ("operation", "simdb", "peer", "ratio")
+    if markdown:
+        print("\n".join(f"- {line}" for line in header) + "\n")
+        print("| " + " | ".join(names) + " |\n|---|---:|---|---:|")
+        for row in rows:
+            print("| " + " | ".join(row) + " |")
+        return
+    print("\n".join(header) + "\n")
+    widths = [max(len(row[i]) for row in [names, *rows]) for i in range(4)]
+    for row in [names, *rows]:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())

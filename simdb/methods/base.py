@@ -1,0 +1,243 @@
+"""The method interface: what simdb asks of a way of sketching texts and finding near-duplicates.
+
+A method owns every decision that depends on it: how a text becomes a sketch (and the settings
+that decide it), how a sketch is stored and cut into key columns, how two sketches' distance is
+measured and what a distance means as a similarity, the SQL that turns shared keys into verified
+pairs, the analysts' SQL functions, and how the layout should grow with the archive. The rest of
+simdb holds a :class:`Method` and asks it; nothing else tests which method an index uses.
+
+Methods register themselves by ``name`` (as alembic's dialect implementations do); a new method
+is one new module that subclasses :class:`Method` and is imported by :mod:`simdb.methods`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+import sqlalchemy as sa
+
+from ..errors import IncompatibleIndex, InputError
+
+#: The seed every hash of every method derives from, stored with each index.
+DEFAULT_SEED = 0x51D8_5EED
+
+Sketch = Any  # what one method stores per document: an int fingerprint, signature bytes, ...
+
+
+class Method(ABC):
+    """One method with its settings: immutable, comparable, stored with the index."""
+
+    #: The name stored in ``settings.method`` and given to ``simdb init --method``.
+    name: ClassVar[str]
+    #: The documents column that holds the sketch, and its PostgreSQL type.
+    sketch_column: ClassVar[tuple[str, str]]
+    #: What a distance counts, for people ("bits", "signature positions").
+    distance_unit: ClassVar[str]
+    #: The method's name for people ("SimHash").
+    title: ClassVar[str]
+    #: What ``simdb calibrate`` sweeps, for the plot's axis, and its symbol in the table.
+    calibration_axis: ClassVar[str]
+    calibration_symbol: ClassVar[str]
+    _registry: ClassVar[dict[str, type["Method"]]] = {}
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" in cls.__dict__:
+            Method._registry[cls.name] = cls
+
+    @staticmethod
+    def named(name: str) -> type["Method"]:
+        try:
+            return Method._registry[name]
+        except KeyError:
+            raise ValueError(f"unknown method {name!r}: choose one of {', '.join(Method.names())}") from None
+
+    @staticmethod
+    def names() -> tuple[str, ...]:
+        return tuple(Method._registry)
+
+    @staticmethod
+    def stored_class(rows: dict[str, object]) -> type["Method"]:
+        """The method class an index's ``settings`` rows name (indexes from before MinHash: SimHash)."""
+        name = rows.get("method", "simhash")
+        if name not in Method._registry:
+            raise IncompatibleIndex(f"the index uses method {name!r}, which this simdb does not know: upgrade simdb")
+        return Method._registry[name]
+
+    # -- settings ------------------------------------------------------------------------------
+
+    @classmethod
+    @abstractmethod
+    def new(cls, **options) -> "Method":
+        """The method with ``options`` (each method documents its own); ValueError for impossible ones."""
+
+    @classmethod
+    @abstractmethod
+    def from_rows(cls, rows: dict[str, object], side_tables: dict[str, dict]) -> "Method":
+        """Read the stored settings back; :class:`IncompatibleIndex` when this simdb cannot honour them."""
+
+    @abstractmethod
+    def to_rows(self) -> dict[str, object]:
+        """The ``settings`` table's rows describing this method (``method`` included)."""
+
+    def side_tables(self) -> dict[str, dict]:
+        """Tables a new index of this method is created with besides ``settings`` (``{table: {key: value}}``)."""
+        return {}
+
+    @classmethod
+    def side_table_names(cls, rows: dict[str, object]) -> list[str]:
+        """The side tables to read back for the stored ``rows``: two-column (key, value) tables."""
+        return []
+
+    @abstractmethod
+    def summary(self) -> dict[str, object]:
+        """Flat, human-facing view of the settings that change answers (``method`` first)."""
+
+    @abstractmethod
+    def describe(self) -> str:
+        """One line: the key layout and what makes a near-duplicate."""
+
+    #: The key layout (``key_columns``, ``max_distance``, ``describe()``); each method provides it.
+    layout: Any
+    #: The settings that decide a text's sketch; each method provides it.
+    recipe: Any
+
+    @property
+    @abstractmethod
+    def algorithm(self) -> str:
+        """Names the text -> sketch recipe; a change that can change a sketch gets a new name."""
+
+    # -- text -> sketch ------------------------------------------------------------------------
+
+    @abstractmethod
+    def sketch_many(self, texts: Sequence[str]) -> list[Sketch | InputError]:
+        """Sketches of many texts; a text that has none gives its :class:`InputError` in its place."""
+
+    def sketch(self, text: str) -> Sketch:
+        (result,) = self.sketch_many([text])
+        if isinstance(result, InputError):
+            raise result
+        return result
+
+    @abstractmethod
+    def digest(self, sketch: Sketch) -> str:
+        """A short, stable name for a sketch (the canaries)."""
+
+    @abstractmethod
+    def format(self, stored: Any) -> str:
+        """A stored sketch as text for people and exports (hex)."""
+
+    # -- sketch -> stored values and key columns -----------------------------------------------
+
+    @property
+    @abstractmethod
+    def key_columns(self) -> list[str]:
+        """The documents columns that hold the keys, each with its own B-tree."""
+
+    @property
+    @abstractmethod
+    def max_distance(self) -> int:
+        """The largest distance (in :attr:`distance_unit`) that makes a near-duplicate."""
+
+    @property
+    @abstractmethod
+    def max_possible_distance(self) -> int:
+        """The distance of two sketches that share nothing."""
+
+    @abstractmethod
+    def stored(self, sketches: Sequence[Sketch]) -> list:
+        """The sketches as the sketch column stores them."""
+
+    @abstractmethod
+    def keys(self, sketches: Sequence[Sketch]) -> np.ndarray:
+        """Key values: ``(len(sketches), len(key_columns))`` int64."""
+
+    @abstractmethod
+    def similarity(self, distance: int) -> float:
+        """What a distance means as a similarity between 0 and 1."""
+
+    @abstractmethod
+    def distance_for(self, similarity: float) -> int:
+        """The largest distance whose similarity is still ``similarity`` (a :class:`SimdbError` when the
+        method decides by distance alone, or for a similarity outside the index's range)."""
+
+    @abstractmethod
+    def reported_similarity(self, distance: int) -> float | None:
+        """The similarity reported with a match or a pair, when the method reports one."""
+
+    @abstractmethod
+    def match_sketch(self, stored: Any) -> Any:
+        """The sketch reported with a match (the SimHash fingerprint), or None."""
+
+    @abstractmethod
+    def similarity_sql(self, distance: str) -> str:
+        """SQL for the reported similarity of a stored pair whose distance is the expression ``distance``."""
+
+    # -- SQL -----------------------------------------------------------------------------------
+
+    @abstractmethod
+    def candidate_pairs(self, connection: sa.Connection, probe: str, target: str, max_distance: int, *,
+                        earlier_only: bool = False, where: str | None = None,
+                        params: dict | None = None) -> Iterator[np.ndarray]:
+        """Verified ``(probe id, target id, distance)`` rows between two tables sharing a key, within
+        ``max_distance``; ``earlier_only`` keeps target ids below the probe's; ``where`` filters with ``p``
+        and ``t`` as the two sides; ``params`` are bound (client-side, ``%(name)s``) into ``probe``, ``target``
+        and ``where``. A pair may come more than once (see :func:`simdb.matches.distinct`)."""
+
+    #: Whether a verdict reports the distance (a number users know, as SimHash's bits) beside the similarity.
+    distance_in_verdicts = True
+
+    @abstractmethod
+    def lookup_sql(self, sketch: Sketch, max_distance: int) -> tuple[str, dict]:
+        """``(SELECT of document_id, parameters)``: every stored document that may be within ``max_distance``
+        of one sketch, through the key indexes (the caller verifies each with :meth:`distances`)."""
+
+    @abstractmethod
+    def distances(self, sketch: Sketch, stored: Sequence) -> np.ndarray:
+        """Distances from one sketch to stored sketches (as the sketch column holds them)."""
+
+    @abstractmethod
+    def key_sql(self, sketch: str) -> list[str]:
+        """SQL computing each key column from the stored sketch (the expression ``sketch``)."""
+
+    @abstractmethod
+    def sql_functions(self, schema: str) -> list[tuple[str, str, str]]:
+        """The analysts' functions of this method: ``(signature, CREATE statement, comment)``."""
+
+    # -- calibration ---------------------------------------------------------------------------
+
+    @abstractmethod
+    def calibration_settings(self) -> list[tuple[float, int]]:
+        """The settings ``simdb calibrate`` sweeps: ``(setting, the largest distance it accepts)``."""
+
+    @abstractmethod
+    def init_options(self, setting: float) -> dict[str, object]:
+        """The options of :meth:`new` (and ``simdb init``) that make an index of one swept setting."""
+
+    @abstractmethod
+    def report_terms(self) -> dict[str, str]:
+        """How ``simdb report`` speaks of distances: ``title``, ``axis``, ``unit``, and ``key`` (block/band)."""
+
+    def creation_notes(self, expected_size: int) -> list[str]:
+        """Lines ``simdb init`` prints about a new index of this method, beyond its layout."""
+        return []
+
+    # -- growth --------------------------------------------------------------------------------
+
+    def expected_candidates(self, documents: int) -> float | None:
+        """Stored documents a lookup is expected to meet at ``documents``, when the method can tell."""
+        return None
+
+    def layout_advice(self, measured: float, documents: int) -> str | None:
+        """What to do when lookups meet ``measured`` candidates on average, or None when all is well."""
+        return None
+
+    def relaid_out(self, blocks: int | None, documents: int) -> "Method":
+        """The same method with another key layout (``blocks``, or the best for ``documents``)."""
+        from ..errors import SimdbError
+
+        raise SimdbError(f"the {self.name} method's keys are fixed when the index is created; create a new index "
+                         "with other settings and ingest again")

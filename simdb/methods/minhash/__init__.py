@@ -1,0 +1,201 @@
+"""MinHash-LSH: a signature of min-wise hashes per text; near-duplicates reach a Jaccard threshold.
+
+The pipeline: text -> shingles -> signature -> band keys (:mod:`.signature`) -> band joins and the
+analysts' functions (:mod:`.sql`) -> the signatures compared in numpy. Bands are chosen so that a
+pair at the threshold becomes a candidate with probability at least 0.995.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import sqlalchemy as sa
+import xxhash
+
+from ...errors import IncompatibleIndex, InputError, SimdbError
+from ..base import Method
+from . import signature as sig
+from .signature import ALGORITHM, MinHashSettings
+from .sql import band_candidate_sql, band_key_sql, band_pairs, function_statements
+
+
+@dataclass(frozen=True)
+class MinHash(Method):
+    """MinHash-LSH with its settings (shingles, permutations, bands)."""
+
+    name = "minhash"
+    title = "MinHash"
+    sketch_column = ("signature", "bytea")
+    distance_unit = "signature positions"
+    calibration_symbol = "t"
+    calibration_axis = "threshold t (Jaccard estimate)"
+
+    settings: MinHashSettings = field(default_factory=MinHashSettings)
+
+    @classmethod
+    def new(cls, *, threshold: float = 0.8, num_perm: int = 128, char_ngram: int = 5,
+            word_ngram: int = 3) -> "MinHash":
+        return cls(MinHashSettings(threshold=threshold, num_perm=num_perm, char_ngram=char_ngram,
+                                   word_ngram=word_ngram))
+
+    @property
+    def layout(self) -> MinHashSettings:
+        """The bands are the key layout, and they are part of the settings."""
+        return self.settings
+
+    @property
+    def recipe(self) -> MinHashSettings:
+        return self.settings
+
+    # -- settings ------------------------------------------------------------------------------
+
+    @property
+    def algorithm(self) -> str:
+        return self.settings.algorithm
+
+    def to_rows(self) -> dict[str, object]:
+        mh = self.settings
+        return {
+            "method": self.name,
+            "algorithm": mh.algorithm,
+            "minhash": {"threshold": mh.threshold, "num_perm": mh.num_perm, "bands": mh.bands, "rows": mh.rows,
+                        "char_ngram": mh.char_ngram, "word_ngram": mh.word_ngram},
+            "max_distance": mh.max_distance,
+            "keys": [list(band) for band in mh.keys],
+            "hash": {"function": "xxh3_64+splitmix64, multiply-shift permutations", "seed": mh.seed},
+        }
+
+    @classmethod
+    def from_rows(cls, rows: dict[str, object], side_tables: dict[str, dict]) -> "MinHash":
+        if rows.get("algorithm") != ALGORITHM:
+            raise IncompatibleIndex(
+                f"the index was built with signature algorithm {rows.get('algorithm')!r}, this simdb computes "
+                f"{ALGORITHM!r}: use the simdb version that built it "
+                f"({rows.get('created_with', {}).get('simdb', 'unknown')}) or rebuild the index")
+        try:
+            settings = MinHashSettings(**rows["minhash"], seed=rows["hash"]["seed"])
+            if [list(band) for band in settings.keys] != rows["keys"]:
+                raise IncompatibleIndex("the stored bands are not the ones this simdb derives; upgrade simdb")
+        except (KeyError, TypeError, ValueError) as exc:
+            raise IncompatibleIndex(f"the stored settings cannot be read ({exc!r}); "
+                                    "the index was written by another simdb version or edited by hand") from exc
+        return cls(settings)
+
+    def summary(self) -> dict[str, object]:
+        mh = self.settings
+        return {"method": self.name, "threshold": mh.threshold, "max_distance": mh.max_distance,
+                "num_perm": mh.num_perm, "bands": mh.bands, "rows": mh.rows, "char_ngram": mh.char_ngram,
+                "word_ngram": mh.word_ngram, "seed": mh.seed, "algorithm": mh.algorithm}
+
+    def describe(self) -> str:
+        return self.settings.describe()
+
+    # -- text -> signature -> stored values and keys ------------------------------------------------
+
+    def sketch_many(self, texts: Sequence[str]) -> list[bytes | InputError]:
+        """Signatures of the whole list in one vectorised pass."""
+        hashes, results = [], []
+        for text in texts:
+            try:
+                hashes.append(sig.shingle_hashes(text, self.settings))
+                results.append(None)
+            except InputError as exc:
+                results.append(exc)
+        rows = iter(sig.signatures(hashes, self.settings))
+        return [sig.to_bytes(next(rows)) if result is None else result for result in results]
+
+    def digest(self, sketch: bytes) -> str:
+        return xxhash.xxh3_64_hexdigest(sketch)
+
+    def format(self, stored: bytes) -> str:
+        return bytes(stored).hex()
+
+    @property
+    def key_columns(self) -> list[str]:
+        return self.settings.key_columns
+
+    @property
+    def max_distance(self) -> int:
+        return self.settings.max_distance
+
+    @property
+    def max_possible_distance(self) -> int:
+        return self.settings.num_perm
+
+    def stored(self, sketches: Sequence[bytes]) -> list[bytes]:
+        return list(sketches)
+
+    def _rows(self, sketches: Sequence[bytes]) -> np.ndarray:
+        return np.frombuffer(b"".join(bytes(s) for s in sketches), dtype="<u4").reshape(len(sketches),
+                                                                                        self.settings.num_perm)
+
+    def keys(self, sketches: Sequence[bytes]) -> np.ndarray:
+        return sig.band_keys_array(self._rows(sketches), self.settings)
+
+    def distances(self, sketch: bytes, stored: Sequence[bytes]) -> np.ndarray:
+        if not len(stored):
+            return np.empty(0, dtype=np.int64)
+        query = np.frombuffer(sketch, dtype="<u4")
+        return self.settings.num_perm - np.count_nonzero(self._rows(stored) == query, axis=1)
+
+    distance_in_verdicts = False  # signature positions: the similarity says it
+
+    def similarity(self, distance: int) -> float:
+        return self.settings.similarity_of(distance)
+
+    def distance_for(self, similarity: float) -> int:
+        if not self.settings.threshold <= similarity <= 1:
+            raise SimdbError(f"the minimum similarity must be between the index's threshold "
+                             f"{self.settings.threshold:g} and 1, not {similarity:g}")
+        return self.settings.distance_for(similarity)
+
+    def reported_similarity(self, distance: int) -> float | None:
+        return self.similarity(distance)
+
+    def match_sketch(self, stored: bytes) -> None:
+        return None
+
+    def similarity_sql(self, distance: str) -> str:
+        return f"(1 - {distance}::real / {self.settings.num_perm})"
+
+    # -- SQL -----------------------------------------------------------------------------------
+
+    def candidate_pairs(self, connection: sa.Connection, probe: str, target: str, max_distance: int, *,
+                        earlier_only: bool = False, where: str | None = None,
+                        params: dict | None = None) -> Iterator[np.ndarray]:
+        return band_pairs(connection, self.settings, band_candidate_sql(self.settings, probe, target,
+                                                                        earlier_only=earlier_only, where=where),
+                          max_distance, params)
+
+    def lookup_sql(self, sketch: bytes, max_distance: int) -> tuple[str, dict]:
+        keys = self.keys([sketch])[0].tolist()
+        union = " UNION ".join(f"SELECT id AS document_id FROM documents WHERE {column} = :band_{i}"
+                               for i, column in enumerate(self.key_columns))
+        return union, {f"band_{i}": key for i, key in enumerate(keys)}
+
+    def key_sql(self, sketch: str) -> list[str]:
+        return [band_key_sql(self.settings, i, sketch) for i in range(self.settings.bands)]
+
+    def sql_functions(self, schema: str) -> list[tuple[str, str, str]]:
+        return function_statements(schema, self.settings)
+
+    # -- calibration ---------------------------------------------------------------------------
+
+    def calibration_settings(self) -> list[tuple[float, int]]:
+        thresholds = (round(0.5 + 0.025 * i, 3) for i in range(19))  # 0.5 .. 0.95
+        return [(t, self.settings.distance_for(t)) for t in thresholds]
+
+    def init_options(self, setting: float) -> dict[str, object]:
+        return {"method": self.name, "threshold": setting}
+
+    def report_terms(self) -> dict[str, str]:
+        n = self.settings.num_perm
+        return {"title": "Distances among candidate pairs", "unit": f"of {n} signature positions", "key": "band",
+                "axis": f"Signature positions that differ between a sampled document and a candidate "
+                        f"(1 - estimated Jaccard, x {n})"}
+
+    def relaid_out(self, blocks: int | None, documents: int) -> "MinHash":
+        raise SimdbError("a MinHash index's bands are fixed when it is created: create a new index with another "
+                         "threshold or number of permutations and ingest again")

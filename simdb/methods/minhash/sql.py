@@ -1,0 +1,100 @@
+"""MinHash in SQL: band joins, verification of both signatures in numpy, and the analysts' functions.
+
+The band joins give each candidate pair once (``UNION``); PostgreSQL returns both signatures as
+fixed-width ``bytea`` in a binary COPY, and numpy counts the positions where they agree: a pair is
+kept when the signatures differ in at most ``max_distance`` positions, that is, when the Jaccard
+estimate reaches the threshold. PostgreSQL computes a band's key with ``md5()``, so SQL can cut a
+signature into band keys too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import sqlalchemy as sa
+
+from ...pg.copy import copy_out
+from .signature import MinHashSettings
+
+
+def band_candidate_sql(settings: MinHashSettings, probe: str, target: str, *, earlier_only: bool = False,
+                       where: str | None = None) -> str:
+    """SQL for ``(probe id, target id, probe signature, target signature)``, once per pair sharing a band."""
+    conditions = ["t.id < p.id"] if earlier_only else []
+    if where:
+        conditions.append(f"({where})")
+    selects = [f"SELECT p.id AS p_id, t.id AS t_id FROM {probe} p JOIN {target} t "
+               f"ON {' AND '.join([f't.{column} = p.{column}', *conditions])}" for column in settings.key_columns]
+    return (f"SELECT c.p_id, c.t_id, p.signature, t.signature FROM ({' UNION '.join(selects)}) c "
+            f"JOIN {probe} p ON p.id = c.p_id JOIN {target} t ON t.id = c.t_id")
+
+
+def band_pairs(connection: sa.Connection, settings: MinHashSettings, sql: str, max_distance: int,
+               params: dict | None = None) -> Iterator[np.ndarray]:
+    """Run a :func:`band_candidate_sql` query; yield ``(probe id, target id, distance)`` rows whose
+    signatures differ in at most ``max_distance`` positions."""
+    width = settings.signature_bytes
+    for rows in copy_out(connection, sql, [8, 8, width, width], params, chunk_rows=1 << 16):
+        if not rows.size:
+            continue
+        probe = np.frombuffer(rows["value2"].tobytes(), dtype="<u4").reshape(len(rows), settings.num_perm)
+        target = np.frombuffer(rows["value3"].tobytes(), dtype="<u4").reshape(len(rows), settings.num_perm)
+        distances = settings.num_perm - np.count_nonzero(probe == target, axis=1)
+        keep = distances <= max_distance
+        yield np.stack([rows["value0"][keep].astype(np.int64), rows["value1"][keep].astype(np.int64),
+                        distances[keep].astype(np.int64)], axis=1)
+
+
+def band_key_sql(settings: MinHashSettings, band: int | str, signature: str = "signature") -> str:
+    """SQL for one band's key (``band`` a number, or an SQL expression for it): the first 8 bytes of its MD5."""
+    width = 4 * settings.rows
+    return f"('x' || substr(md5(substr({signature}, {band} * {width} + 1, {width})), 1, 16))::bit(64)::bigint"
+
+
+def function_statements(schema: str, settings: MinHashSettings) -> list[tuple[str, str, str]]:
+    """``(signature, CREATE statement, comment)`` of the MinHash analysts' functions."""
+    bands, threshold = settings.bands, settings.threshold
+    lookups = "\n                UNION\n".join(
+        f"                SELECT id, signature AS s FROM {schema}.documents WHERE {column} = {band_key_sql(settings, i)}"
+        for i, column in enumerate(settings.key_columns))
+    return [
+        ("simdb_similarity(bytea, bytea)",
+         f"""CREATE OR REPLACE FUNCTION {schema}.simdb_similarity(a bytea, b bytea) RETURNS real
+            LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
+            SELECT count(*) FILTER (WHERE substr(a, 4 * i + 1, 4) = substr(b, 4 * i + 1, 4))::real
+                   / (length(a) / 4)
+            FROM generate_series(0, length(a) / 4 - 1) AS i
+            $$""",
+         "Estimated Jaccard similarity of two MinHash signatures: the share of positions where they agree."),
+        ("simdb_band_keys(bytea)",
+         f"""CREATE OR REPLACE FUNCTION {schema}.simdb_band_keys(signature bytea) RETURNS bigint[]
+            LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
+            SELECT array_agg({band_key_sql(settings, 'i')} ORDER BY i) FROM generate_series(0, {bands - 1}) AS i
+            $$""",
+         "The LSH band keys of a signature, as stored in key_0, key_1, ..."),
+        ("simdb_check_similarity(real)",
+         f"""CREATE OR REPLACE FUNCTION {schema}.simdb_check_similarity(min_similarity real) RETURNS boolean
+            LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+            BEGIN
+                IF min_similarity IS NULL OR min_similarity < {threshold} OR min_similarity > 1 THEN
+                    RAISE EXCEPTION 'simdb_similar: min_similarity must be between {threshold} (the index''s '
+                                    'threshold) and 1, not %', min_similarity USING ERRCODE = 'invalid_parameter_value';
+                END IF;
+                RETURN true;
+            END $$""",
+         ""),
+        ("simdb_similar(bytea, real)",
+         f"""CREATE OR REPLACE FUNCTION {schema}.simdb_similar(signature bytea, min_similarity real DEFAULT {threshold})
+            RETURNS TABLE (document_id bigint, similarity real)
+            LANGUAGE sql STABLE PARALLEL SAFE AS $$
+            SELECT c.id, {schema}.simdb_similarity(c.s, signature)
+            FROM (
+{lookups}
+            ) c
+            WHERE {schema}.simdb_check_similarity(min_similarity)
+              AND {schema}.simdb_similarity(c.s, signature) >= min_similarity
+            $$""",
+         f"Documents whose estimated Jaccard similarity to a signature is at least min_similarity (default and at "
+         f"least {threshold}), found through the band indexes."),
+    ]

@@ -1,0 +1,268 @@
+"""SimHash: a 64-bit fingerprint per text; near-duplicates differ in at most *k* bits.
+
+The pipeline: text -> tokens (:mod:`simdb.text`) -> weighted features -> fingerprint
+(:mod:`.fingerprint`) -> block keys (:mod:`.blocks`) -> candidate joins and the analysts'
+functions (:mod:`.sql`) -> popcount in numpy. Two fingerprints within *k* bits share at least one
+block key (the pigeonhole argument of Manku, Jain & Das Sarma), so the lookup is exact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import sqlalchemy as sa
+
+from ...bits import (BITS, format_fingerprint, hamming_array, to_signed, to_signed_array, to_unsigned,
+                     to_unsigned_array)
+from ...errors import IncompatibleIndex, InputError, SimdbError
+from ...text.tokenize import TokenizerSettings
+from ..base import Method
+from .blocks import BlockLayout, layouts_for
+from .fingerprint import (ALGORITHM, ALGORITHMS, DEFAULT_TOP_FEATURES, FingerprintSettings, IdfTable, fingerprint)
+from .sql import candidate_sql, function_statements, key_expression, verified_pairs
+
+#: Mean candidates per lookup above which ``stats`` advises more blocks.
+OUTGROWN_CANDIDATES = 256
+
+
+@dataclass(frozen=True)
+class SimHash(Method):
+    """SimHash with its fingerprint recipe and its block layout."""
+
+    name = "simhash"
+    title = "SimHash"
+    sketch_column = ("simhash", "int8")
+    distance_unit = "bits"
+    calibration_symbol = "k"
+    calibration_axis = "max distance k (bits)"
+
+    fingerprints: FingerprintSettings = field(default_factory=FingerprintSettings)
+    layout: BlockLayout = field(default_factory=BlockLayout)
+
+    @classmethod
+    def new(cls, *, max_distance: int = 3, blocks: int | None = None, expected_size: int = 1_000_000,
+            tokenizer: str = "auto", jieba_hmm: bool = False, shingle_size: int = 3, stopwords: bool = True,
+            weighting: str | None = None, idf: IdfTable | None = None, top_features: int | None = None) -> "SimHash":
+        """A SimHash method; without ``blocks``, the fewest that keep lookups small at ``expected_size``."""
+        layout = BlockLayout(max_distance=max_distance, blocks=blocks) if blocks is not None else \
+            BlockLayout.for_size(max_distance, expected_size)
+        if weighting is None:
+            weighting = "tfidf" if idf is not None else "sublinear_tf"
+        if top_features is None:
+            top_features = DEFAULT_TOP_FEATURES if weighting == "tfidf" else 0
+        return cls(FingerprintSettings(
+            tokenizer=TokenizerSettings(name=tokenizer, jieba_hmm=jieba_hmm, shingle_size=shingle_size,
+                                        stopwords=stopwords),
+            weighting=weighting, idf=idf, top_features=top_features), layout)
+
+    # -- settings ------------------------------------------------------------------------------
+
+    @property
+    def recipe(self) -> FingerprintSettings:
+        return self.fingerprints
+
+    @property
+    def algorithm(self) -> str:
+        return self.fingerprints.algorithm
+
+    def to_rows(self) -> dict[str, object]:
+        idf = self.fingerprints.idf
+        return {
+            "method": self.name,
+            "bits": self.layout.bits,
+            "max_distance": self.layout.max_distance,
+            "blocks": self.layout.blocks,
+            "block_ranges": [list(r) for r in self.layout.block_ranges],
+            "keys": [list(k) for k in self.layout.keys],
+            "first_key": self.layout.first_key,
+            "algorithm": self.fingerprints.algorithm,
+            "tokenizer": dataclasses.asdict(self.fingerprints.tokenizer),
+            "weighting": self.fingerprints.weighting,
+            "top_features": self.fingerprints.top_features,
+            "idf": None if idf is None else {"documents": idf.documents, "terms": len(idf.terms),
+                                             "digest": idf.digest, "table": "idf_terms"},
+            "hash": {"function": "xxh3_64", "seed": self.fingerprints.seed},
+        }
+
+    def side_tables(self) -> dict[str, dict]:
+        idf = self.fingerprints.idf
+        return {"idf_terms": dict(idf.terms)} if idf is not None else {}
+
+    @classmethod
+    def side_table_names(cls, rows: dict[str, object]) -> list[str]:
+        return ["idf_terms"] if rows.get("idf") else []
+
+    @classmethod
+    def from_rows(cls, rows: dict[str, object], side_tables: dict[str, dict]) -> "SimHash":
+        try:
+            layout = BlockLayout(max_distance=rows["max_distance"], blocks=rows["blocks"], bits=rows["bits"],
+                                 first_key=rows.get("first_key", 0))
+            stored_layout = ([tuple(r) for r in rows["block_ranges"]], [tuple(k) for k in rows["keys"]])
+            if stored_layout != (list(layout.block_ranges), list(layout.keys)):
+                raise IncompatibleIndex(
+                    "the stored block layout is not the one this simdb version derives from "
+                    f"{rows['blocks']} blocks at distance {rows['max_distance']}; upgrade simdb")
+            if rows["algorithm"] not in ALGORITHMS:
+                raise IncompatibleIndex(
+                    f"the index was built with fingerprint algorithm {rows['algorithm']!r}, "
+                    f"this simdb computes {', '.join(ALGORITHMS)} (new indexes: {ALGORITHM}): use the simdb version "
+                    "that built it "
+                    f"({rows.get('created_with', {}).get('simdb', 'unknown')}) or rebuild the index")
+            if rows["hash"].get("function") != "xxh3_64":
+                raise IncompatibleIndex(f"unknown feature hash {rows['hash']!r}: upgrade simdb")
+            idf = None
+            if rows.get("idf"):
+                if "idf_terms" not in side_tables:
+                    raise IncompatibleIndex("the index has an IDF table but it was not read")
+                idf = IdfTable(documents=rows["idf"]["documents"], terms=side_tables["idf_terms"],
+                               digest=rows["idf"]["digest"])
+                try:
+                    idf.check()
+                except ValueError as exc:
+                    raise IncompatibleIndex(f"{exc}; fingerprints would no longer be reproducible. Restore "
+                                            "the idf_terms table from a backup or rebuild the index") from None
+            fps = FingerprintSettings(tokenizer=TokenizerSettings(**rows["tokenizer"]),
+                                      weighting=rows["weighting"], seed=rows["hash"]["seed"],
+                                      algorithm=rows["algorithm"], idf=idf,
+                                      top_features=rows.get("top_features", 0))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise IncompatibleIndex(f"the stored settings cannot be read ({exc!r}); "
+                                    "the index was written by another simdb version or edited by hand") from exc
+        return cls(fps, layout)
+
+    def summary(self) -> dict[str, object]:
+        tok = self.fingerprints.tokenizer
+        idf = self.fingerprints.idf
+        return {"method": self.name, "max_distance": self.layout.max_distance, "blocks": self.layout.blocks,
+                "tokenizer": tok.name, "jieba_hmm": tok.jieba_hmm, "shingle_size": tok.shingle_size,
+                "stopwords": tok.stopwords, "weighting": self.fingerprints.weighting,
+                "top_features": self.fingerprints.top_features,
+                "idf_documents": idf.documents if idf else None,
+                "seed": self.fingerprints.seed, "algorithm": self.fingerprints.algorithm}
+
+    def describe(self) -> str:
+        return self.layout.describe()
+
+    # -- text -> fingerprint -> stored values and keys ----------------------------------------------
+
+    def sketch_many(self, texts: Sequence[str]) -> list[int | InputError]:
+        results: list = []
+        for text in texts:
+            try:
+                results.append(fingerprint(text, self.fingerprints))
+            except InputError as exc:
+                results.append(exc)
+        return results
+
+    def digest(self, sketch: int) -> str:
+        return format_fingerprint(sketch)
+
+    def format(self, stored: int) -> str:
+        return format_fingerprint(to_unsigned(stored))
+
+    @property
+    def key_columns(self) -> list[str]:
+        return self.layout.key_columns
+
+    @property
+    def max_distance(self) -> int:
+        return self.layout.max_distance
+
+    @property
+    def max_possible_distance(self) -> int:
+        return BITS
+
+    def stored(self, sketches: Sequence[int]) -> list[int]:
+        return to_signed_array(np.array(sketches, dtype=np.uint64)).tolist()
+
+    def keys(self, sketches: Sequence[int]) -> np.ndarray:
+        return self.layout.block_keys_array(np.array(sketches, dtype=np.uint64))
+
+    def distances(self, sketch: int, stored: Sequence[int]) -> np.ndarray:
+        return hamming_array(to_unsigned_array(np.array(stored, dtype=np.int64)), sketch)
+
+    def similarity(self, distance: int) -> float:
+        return 1.0 - distance / BITS
+
+    def distance_for(self, similarity: float) -> int:
+        raise SimdbError("a minimum similarity is for MinHash indexes; a SimHash index takes a maximum distance")
+
+    def reported_similarity(self, distance: int) -> float | None:
+        return None
+
+    def match_sketch(self, stored: int) -> int | None:
+        return to_unsigned(stored)
+
+    def similarity_sql(self, distance: str) -> str:
+        return "NULL::real"
+
+    # -- SQL -----------------------------------------------------------------------------------
+
+    def candidate_pairs(self, connection: sa.Connection, probe: str, target: str, max_distance: int, *,
+                        earlier_only: bool = False, where: str | None = None,
+                        params: dict | None = None) -> Iterator[np.ndarray]:
+        return verified_pairs(connection, candidate_sql(self.layout, probe, target, max_distance,
+                                                        earlier_only=earlier_only, where=where), max_distance,
+                              params)
+
+    def lookup_sql(self, sketch: int, max_distance: int) -> tuple[str, dict]:
+        return ("SELECT document_id FROM simdb_near(CAST(:fingerprint AS bigint), :max_distance)",
+                {"fingerprint": to_signed(sketch), "max_distance": max_distance})
+
+    def key_sql(self, sketch: str) -> list[str]:
+        return [key_expression(self.layout, i, sketch) for i in range(len(self.layout.keys))]
+
+    def sql_functions(self, schema: str) -> list[tuple[str, str, str]]:
+        return function_statements(schema, self.layout)
+
+    # -- calibration and creation -------------------------------------------------------------
+
+    def calibration_settings(self) -> list[tuple[float, int]]:
+        return [(k, k) for k in range(0, 17)]
+
+    def init_options(self, setting: float) -> dict[str, object]:
+        return {"max_distance": int(setting)}
+
+    def report_terms(self) -> dict[str, str]:
+        return {"title": "Hamming distances among candidate pairs", "unit": "bits", "key": "block",
+                "axis": "Hamming distance between a sampled document and a candidate (bits)"}
+
+    def creation_notes(self, expected_size: int) -> list[str]:
+        lines = []
+        idf = self.fingerprints.idf
+        if idf is not None:
+            lines.append(f"IDF weights: {idf.documents:,} sample documents, {len(idf.terms):,} terms, top "
+                         f"{self.fingerprints.top_features} features per document")
+        lines.append(f"expected candidates per lookup at {expected_size:,} documents (random fingerprints):")
+        for layout, candidates in layouts_for(self.layout.max_distance, expected_size):
+            mark = "  <- this index" if layout == self.layout else ""
+            lines.append(f"  --blocks {layout.blocks}: {len(layout.keys):>3} keys, {candidates:>12,.2f}{mark}")
+        return lines
+
+    # -- growth --------------------------------------------------------------------------------
+
+    def expected_candidates(self, documents: int) -> float:
+        return self.layout.expected_candidates(documents)
+
+    def layout_advice(self, measured: float, documents: int) -> str | None:
+        if measured <= OUTGROWN_CANDIDATES:
+            return None
+        # real fingerprints are skewed, so at least one block more even where random ones would not need it
+        blocks = max(BlockLayout.for_size(self.layout.max_distance, documents).blocks, self.layout.blocks + 1)
+        return (f"lookups meet {measured:,.0f} candidates on average: the archive has outgrown its layout; "
+                f"run `simdb relayout --blocks {blocks}`")
+
+    def relaid_out(self, blocks: int | None, documents: int) -> "SimHash":
+        if blocks is None:
+            blocks = BlockLayout.for_size(self.layout.max_distance, documents).blocks
+        if blocks == self.layout.blocks:
+            raise SimdbError(f"the index already uses {blocks} blocks")
+        try:
+            layout = BlockLayout(max_distance=self.layout.max_distance, blocks=blocks,
+                                 first_key=self.layout.first_key + len(self.layout.keys))
+        except ValueError as exc:
+            raise SimdbError(f"invalid layout: {exc}") from None
+        return dataclasses.replace(self, layout=layout)

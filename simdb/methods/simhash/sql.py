@@ -1,0 +1,122 @@
+"""SimHash in SQL: block keys computed by PostgreSQL, candidate joins, and the analysts' functions.
+
+Candidates come from equality joins on each key column, one ``SELECT`` per key glued with
+``UNION ALL``; each join also applies the distance in SQL
+(``bit_count((p.simhash # t.simhash)::bit(64)) <= k``) so that only likely matches leave the
+server. The survivors stream out as a binary COPY, are verified again by popcount in numpy (the
+final check), and a pair that agreed on several keys comes back once per key.
+
+Keys are not excluded pairwise in SQL (``t.key_0 <> p.key_0`` ...): that would read columns the
+covering key indexes do not carry and cost the index-only scans, which matter far more than a few
+repeated pairs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import sqlalchemy as sa
+
+from ...bits import hamming_array, to_unsigned_array
+from ...pg.copy import copy_out_int64
+from .blocks import BlockLayout
+
+
+def key_expression(layout: BlockLayout, key: int, column: str = "simhash") -> str:
+    """SQL computing one key of ``layout`` from a signed fingerprint (the ``simhash`` column by default).
+
+    ``>>`` on BIGINT is arithmetic, but every block is masked after the shift, so the sign bits it
+    drags in are dropped; the result equals :meth:`BlockLayout.block_keys` on the unsigned fingerprint.
+    """
+    parts, shift = [], 0
+    for block in layout.keys[key]:
+        start, width = layout.block_ranges[block]
+        part = f"(({column} >> {start}) & {(1 << width) - 1})"
+        parts.append(f"({part} << {shift})" if shift else part)
+        shift += width
+    return " | ".join(parts)
+
+
+def candidate_sql(layout: BlockLayout, probe: str, target: str, max_distance: int, *, earlier_only: bool = False,
+                  where: str | None = None) -> str:
+    """SQL for ``(probe id, target id, probe simhash, target simhash)`` rows sharing a key, within ``max_distance``.
+
+    ``probe`` and ``target`` are table names (they may be the same table).
+    """
+    selects = []
+    for column in layout.key_columns:
+        conditions = [f"t.{column} = p.{column}", f"bit_count((p.simhash # t.simhash)::bit(64)) <= {int(max_distance)}"]
+        if earlier_only:
+            conditions.append("t.id < p.id")
+        if where:
+            conditions.append(f"({where})")
+        selects.append(f"SELECT p.id, t.id, p.simhash, t.simhash FROM {probe} p "
+                       f"JOIN {target} t ON {' AND '.join(conditions)}")
+    return "\nUNION ALL\n".join(selects)
+
+
+def verified_pairs(connection: sa.Connection, sql: str, max_distance: int,
+                   params: dict | None = None) -> Iterator[np.ndarray]:
+    """Run a :func:`candidate_sql` query; yield ``(probe id, target id, distance)`` rows within ``max_distance``."""
+    for chunk in copy_out_int64(connection, sql, 4, params):
+        distances = hamming_array(to_unsigned_array(chunk[:, 2]), to_unsigned_array(chunk[:, 3]))
+        keep = distances <= max_distance
+        yield np.stack([chunk[keep, 0], chunk[keep, 1], distances[keep].astype(np.int64)], axis=1)
+
+
+def function_statements(schema: str, layout: BlockLayout) -> list[tuple[str, str, str]]:
+    """``(signature, CREATE statement, comment)`` of the SimHash analysts' functions for ``layout``."""
+    k = layout.max_distance
+    lookups = "\n                UNION\n".join(
+        f"                SELECT id, simhash FROM {schema}.documents WHERE {column} = "
+        f"{key_expression(layout, i, 'fingerprint')}"
+        for i, column in enumerate(layout.key_columns))
+    return [
+        ("simdb_hamming(bigint, bigint)",
+         f"""CREATE OR REPLACE FUNCTION {schema}.simdb_hamming(a bigint, b bigint) RETURNS integer
+            LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+            RETURN bit_count((a # b)::bit(64))::integer""",
+         "Bits in which two stored fingerprints differ."),
+        ("simdb_fingerprint_hex(bigint)",
+         f"""CREATE OR REPLACE FUNCTION {schema}.simdb_fingerprint_hex(fingerprint bigint) RETURNS text
+            LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+            RETURN lpad(to_hex(fingerprint), 16, '0')""",
+         "A stored fingerprint as the 16 hex digits the simdb CLI prints."),
+        ("simdb_fingerprint_from_hex(text)",
+         f"""CREATE OR REPLACE FUNCTION {schema}.simdb_fingerprint_from_hex(hex text) RETURNS bigint
+            LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS $$
+            BEGIN
+                IF hex !~* '^(0x)?[0-9a-f]{{1,16}}$' THEN
+                    RAISE EXCEPTION 'simdb_fingerprint_from_hex: % is not a fingerprint', quote_literal(hex)
+                        USING ERRCODE = 'invalid_text_representation',
+                              HINT = 'give up to 16 hex digits, as simdb fingerprint prints them';
+                END IF;
+                RETURN ('x' || lpad(regexp_replace(hex, '^0x', '', 'i'), 16, '0'))::bit(64)::bigint;
+            END $$""",
+         "The stored (signed BIGINT) form of a fingerprint given in hex."),
+        ("simdb_check_distance(integer)",
+         f"""CREATE OR REPLACE FUNCTION {schema}.simdb_check_distance(max_distance integer) RETURNS boolean
+            LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+            BEGIN
+                IF max_distance IS NULL OR max_distance < 0 OR max_distance > {k} THEN
+                    RAISE EXCEPTION 'simdb_near: max_distance must be between 0 and {k} (the index''s maximum '
+                                    'distance), not %', max_distance USING ERRCODE = 'invalid_parameter_value';
+                END IF;
+                RETURN true;
+            END $$""",
+         ""),
+        ("simdb_near(bigint, integer)",
+         f"""CREATE OR REPLACE FUNCTION {schema}.simdb_near(fingerprint bigint, max_distance integer DEFAULT {k})
+            RETURNS TABLE (document_id bigint, distance integer)
+            LANGUAGE sql STABLE PARALLEL SAFE AS $$
+            SELECT c.id, bit_count((c.simhash # fingerprint)::bit(64))::integer
+            FROM (
+{lookups}
+            ) c
+            WHERE {schema}.simdb_check_distance(max_distance)
+              AND bit_count((c.simhash # fingerprint)::bit(64)) <= max_distance
+            $$""",
+         f"Documents within max_distance (default and at most {k}) bits of a fingerprint, found through the "
+         "block-key indexes."),
+    ]

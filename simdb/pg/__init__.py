@@ -1,0 +1,14 @@
+"""The PostgreSQL layer: everything that speaks SQL.
+
+* :mod:`.database`: connections (a server by URL, or the embedded one), the advisory locks,
+  database errors as simdb's errors;
+* :mod:`.migrate` and :mod:`.schema`: the schema's history (alembic) and its current shape;
+* :mod:`.copy`: the one binary COPY path, in (psycopg's ``set_types``) and out (parsed by numpy);
+* :mod:`.chunks`: one ingest chunk's transaction; :mod:`.clusters`, :mod:`.remove`,
+  :mod:`.relayout`: what else writes to an archive;
+* :mod:`.reads`: what the library reads (pairs, exports, statistics, the report's data);
+* :mod:`.functions`: the analysts' functions and views, and the read-only role.
+
+The methods (:mod:`simdb.methods`) own their candidate SQL and SQL functions and run them
+through this layer.
+"""

@@ -1,0 +1,84 @@
+"""The index's description in the database: the ``settings`` table and the method's side tables.
+
+Reading it back gives the :class:`~simdb.settings.IndexSettings` every process must use; under
+the ingest lock, :func:`check_layout` makes sure a process still holds the key layout the index
+has (a relayout may have changed it since the process opened the index).
+"""
+
+from __future__ import annotations
+
+import json
+
+import sqlalchemy as sa
+
+from ..errors import IncompatibleIndex, IndexNotFound
+from ..methods import Method
+from ..settings import IndexSettings
+from . import migrate
+from .database import lock
+
+#: The settings rows that decide which key columns an index has.
+_LAYOUT_ROWS = ("keys", "first_key")
+
+
+def load_settings(connection: sa.Connection) -> IndexSettings:
+    rows = dict(connection.execute(sa.text("SELECT name, value FROM settings")).all())
+    side_tables = {table: dict(connection.exec_driver_sql(f"SELECT * FROM {table}").all())
+                   for table in IndexSettings.side_table_names(rows)}
+    return IndexSettings.from_rows(rows, side_tables)
+
+
+def document_columns(connection: sa.Connection) -> set[str]:
+    return set(connection.execute(sa.text(
+        "SELECT column_name FROM information_schema.columns "
+        "WHERE table_schema = current_schema() AND table_name = 'documents'")).scalars())
+
+
+def check_layout(connection: sa.Connection, method: Method) -> None:
+    """Under the ingest lock: refuse to write keys of a layout the index no longer has."""
+    stored = dict(connection.execute(sa.text("SELECT name, value FROM settings WHERE name = ANY(:names)"),
+                                     {"names": list(_LAYOUT_ROWS)}).all())
+    mine = method.to_rows()
+    if [stored.get(name, 0) for name in _LAYOUT_ROWS] != [mine.get(name, 0) for name in _LAYOUT_ROWS]:
+        raise IncompatibleIndex("the index was re-laid out while this process had it open; open it again (an "
+                                "interrupted ingest can then be resumed)")
+
+
+def save_method(connection: sa.Connection, method: Method) -> None:
+    """Write the method's settings rows (after a relayout)."""
+    for name, value in method.to_rows().items():
+        connection.execute(sa.text(
+            "INSERT INTO settings (name, value) VALUES (:name, CAST(:value AS jsonb)) "
+            "ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value"), {"name": name, "value": json.dumps(value)})
+
+
+def create_index(connection: sa.Connection, schema: str, settings: IndexSettings) -> bool:
+    """Create the index in ``schema`` at the head revision, unless one is there; True if it was created."""
+    lock(connection, schema, "migrate")
+    connection.exec_driver_sql(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+    if migrate.current_revision(connection, schema) is not None:
+        return False
+    side_tables = settings.method.side_tables()
+    migrate.upgrade(connection, schema, layout=settings.layout, new_index_settings=settings.to_rows(),
+                    new_index_idf_terms=side_tables.get("idf_terms"))
+    return True
+
+
+def open_index(connection: sa.Connection, schema: str, where: str) -> IndexSettings:
+    """The stored settings of the index in ``schema`` (``where`` names the database for messages), after
+    upgrading its schema to this simdb's head revision when it is behind."""
+    revision = migrate.current_revision(connection, schema)
+    if revision is None:
+        raise IndexNotFound(f"no simdb index in schema {schema!r} of {where}; create one with `simdb init`")
+    if revision not in migrate.known_revisions():
+        raise IncompatibleIndex(f"the index in schema {schema!r} is at schema revision {revision}, "
+                                "written by a newer simdb; upgrade simdb to open it")
+    stored = load_settings(connection)
+    if revision != migrate.head_revision():
+        lock(connection, schema, "migrate")
+        migrate.upgrade(connection, schema, layout=stored.layout)
+    missing = set(stored.method.key_columns) - document_columns(connection)
+    if missing:
+        raise IncompatibleIndex(f"the documents table lacks key columns {sorted(missing)} that its layout "
+                                "needs; the schema was changed by hand")
+    return stored

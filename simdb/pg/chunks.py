@@ -1,0 +1,212 @@
+"""One ingest chunk, one transaction: stage, set aside stored ids, match, insert, record outcomes.
+
+Under the ingest lock (so concurrent ingests into one index match one after another), the chunk
+gets document ids in input order, is binary-COPY'd into a temporary staging table, and ids already
+stored are set aside (the same text in another batch: a re-run; otherwise an error). The method's
+candidate joins match the staging table against the archive and against the chunk's earlier
+documents; the verified pairs give each document its earliest near-duplicate and its cluster, and
+one ``INSERT ... SELECT`` stores the chunk. Every input record's outcome goes to ``records`` and
+the batch row is updated with the counts and how many input records it has consumed.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+import sqlalchemy as sa
+
+from ..errors import BatchError, InputError
+from ..matches import distinct, earliest
+from ..methods import Method
+from .catalog import check_layout
+from .clusters import merge_clusters
+from .copy import copy_in
+from .database import lock
+
+#: Staged documents whose exact text is already stored or comes earlier in the chunk. Two semi-joins
+#: glued by UNION: with ``OR`` between the two ``EXISTS`` PostgreSQL cannot turn them into hash
+#: joins and rescans the staging table once per row, which is quadratic in the chunk size.
+EXACT_DUPLICATES_SQL = (
+    "SELECT s.id FROM staging s WHERE EXISTS (SELECT 1 FROM documents d WHERE d.content_hash = s.content_hash) "
+    "UNION "
+    "SELECT s.id FROM staging s WHERE EXISTS (SELECT 1 FROM staging e WHERE e.content_hash = s.content_hash "
+    "AND e.id < s.id)")
+
+
+def create_staging(connection: sa.Connection, method: Method) -> list[tuple[str, str]]:
+    """The transaction's temporary staging table; returns its (column, type) list."""
+    columns = ([("id", "int8"), ("external_id", "text"), method.sketch_column]
+               + [(name, "int8") for name in method.key_columns]
+               + [("content_hash", "bytea"), ("length", "int4"), ("metadata", "jsonb")])
+    connection.exec_driver_sql(
+        "CREATE TEMPORARY TABLE staging (" + ", ".join(f"{n} {t} NOT NULL" for n, t in columns)
+        + ", position int8) ON COMMIT DROP")  # position: the record's place in the batch's input
+    return columns
+
+
+def open_batch(connection: sa.Connection, name: str, source: str, first: bool) -> int:
+    if first:
+        batch_id = connection.execute(sa.text(
+            "INSERT INTO batches (name, source, status, started_at) VALUES (:name, :source, 'running', now()) "
+            "ON CONFLICT (name) DO NOTHING RETURNING id"), {"name": name, "source": source}).scalar()
+        if batch_id is None:
+            raise BatchError(f"a batch named {name!r} already exists; choose another «batch» name "
+                             "(or «resume» it if it was interrupted)")
+        return batch_id
+    batch_id = connection.execute(sa.text(
+        "SELECT id FROM batches WHERE name = :name AND status = 'running' FOR UPDATE"), {"name": name}).scalar()
+    if batch_id is None:
+        raise BatchError(f"batch {name!r} was removed or completed by another process during this ingest")
+    return batch_id
+
+
+@dataclass
+class ChunkResult:
+    rejected: list[tuple[int, InputError]]  # (position in the batch's input, error), in input order
+    stored: int
+
+
+def store_chunk(connection: sa.Connection, schema: str, method: Method, chunk, *,
+                 name: str, source: str, first: bool, final: bool, position: int,
+                 rejects: list[tuple[int, InputError]] = (), skip_errors: bool) -> ChunkResult:
+    """Match and insert one chunk inside the caller's transaction; record every input record's outcome
+    (``rejects`` are the reader's, by position) and update the batch's counts."""
+    lock(connection, schema, "ingest")
+    check_layout(connection, method)
+    batch_id = open_batch(connection, name, source, first)
+    count = len(chunk)
+    sequence = connection.execute(sa.text(
+        "SELECT pg_get_serial_sequence('documents', 'id')::regclass::oid")).scalar_one()
+    ids = np.array(connection.execute(sa.text(
+        f"SELECT nextval({int(sequence)}::oid::regclass) FROM generate_series(1, :count)"), {"count": count}
+    ).scalars().all(), dtype=np.int64)
+    keys, stored_sketches = method.keys(chunk.sketches), method.stored(chunk.sketches)
+
+    columns = create_staging(connection, method)
+    column_list = ", ".join(name for name, _ in columns)
+    cursor = connection.connection.dbapi_connection.cursor()
+    with cursor.copy(f"COPY staging ({column_list}, position) FROM STDIN (FORMAT BINARY)") as copy:
+        copy.set_types([t for _, t in columns] + ["int8"])
+        id_list, key_rows = ids.tolist(), keys.tolist()
+        for i in range(count):
+            copy.write_row((id_list[i], chunk.external_ids[i], stored_sketches[i], *key_rows[i],
+                            chunk.content_hashes[i], chunk.lengths[i], chunk.metadata[i], chunk.positions[i]))
+
+    errors, unstored, already = _stored_ids(connection, chunk, ids, batch_id)
+    if errors and not skip_errors:
+        raise errors[0][1]
+    if unstored:
+        connection.execute(sa.text("DELETE FROM staging WHERE id = ANY(:ids)"), {"ids": unstored})
+    connection.exec_driver_sql("ANALYZE staging")
+
+    k = method.max_distance
+    pairs = distinct(itertools.chain(  # (new id, earlier id, distance), every pair
+        method.candidate_pairs(connection, "staging", "documents", k),
+        method.candidate_pairs(connection, "staging", "staging", k, earlier_only=True)))
+    duplicates = earliest(pairs)
+    clusters = merge_clusters(connection, pairs, ids)
+    exact = connection.exec_driver_sql(
+        f"CREATE TEMPORARY TABLE staging_exact ON COMMIT DROP AS {EXACT_DUPLICATES_SQL}").rowcount
+    copy_in(connection, "staging_duplicates (id, duplicate_of, distance)", ["int8", "int8", "int2"],
+            duplicates.tolist(), create=True)
+    # every new document a pair touches gets its merged cluster, including one that is only the earlier
+    # side of its pairs (it has no duplicate_of, yet a later document may link it to another cluster)
+    copy_in(connection, "staging_clusters (id, cluster_id)", ["int8", "int8"], clusters.items(), create=True)
+    connection.exec_driver_sql(
+        f"INSERT INTO documents ({column_list}, batch_id, duplicate_of, duplicate_distance, cluster_id) "
+        f"SELECT {', '.join('s.' + n for n, _ in columns)}, {int(batch_id)}, m.duplicate_of, m.distance, "
+        f"coalesce(c.cluster_id, s.id) FROM staging s LEFT JOIN staging_duplicates m USING (id) "
+        f"LEFT JOIN staging_clusters c USING (id) ORDER BY s.id")
+    copy_in(connection, "near_duplicates (b_id, a_id, distance, batch_id)", ["int8", "int8", "int2", "int4"],
+            ((probe, match, distance, batch_id) for probe, match, distance in pairs.tolist()))
+    within = connection.execute(sa.text(
+        "SELECT count(*) FROM staging_duplicates m JOIN documents o ON o.id = m.duplicate_of "
+        "WHERE o.batch_id = :batch"), {"batch": batch_id}).scalar_one()
+
+    # what became of every input record of the chunk, in the same transaction as the documents
+    connection.exec_driver_sql(
+        "INSERT INTO records (batch_id, position, status, external_id, document_id, duplicate_of, distance) "
+        f"SELECT {int(batch_id)}, s.position, CASE WHEN e.id IS NOT NULL THEN 'exact' "
+        "WHEN m.id IS NOT NULL THEN 'near' ELSE 'new' END, s.external_id, s.id, m.duplicate_of, m.distance "
+        "FROM staging s LEFT JOIN staging_duplicates m USING (id) LEFT JOIN staging_exact e USING (id)")
+    rejected = sorted([*rejects, *errors], key=lambda pair: pair[0])
+    copy_in(connection, "records (batch_id, position, status, external_id, document_id, path, line, reason, hint)",
+            ["int4", "int8", "text", "text", "int8", "text", "int8", "text", "text"],
+            [*((batch_id, chunk.positions[i], "already_stored", chunk.external_ids[i], document, None, None, None,
+                None) for i, document in already),
+             *((batch_id, at, "rejected", getattr(error, "external_id", None), None, error.path, error.line,
+                error.reason, error.hint) for at, error in rejected)])
+
+    stored = count - len(unstored)
+    connection.execute(sa.text(
+        "UPDATE batches SET documents = documents + :stored, new = new + :new, "
+        "exact_duplicates = exact_duplicates + :exact, near_duplicates = near_duplicates + :near, "
+        "within_batch = within_batch + :within, already_stored = already_stored + :already, "
+        "rejected = rejected + :rejected, position = :position, "
+        "status = CASE WHEN :final THEN 'complete' ELSE status END, "
+        "finished_at = CASE WHEN :final THEN clock_timestamp() END WHERE id = :id"),
+        {"stored": stored, "new": stored - len(duplicates), "exact": exact, "near": len(duplicates) - exact,
+         "within": within, "already": len(already), "rejected": len(rejected), "position": position,
+         "final": final, "id": batch_id})
+    return ChunkResult(rejected=rejected, stored=stored)
+
+
+def _stored_ids(connection: sa.Connection, chunk, ids: np.ndarray, batch_id: int
+                ) -> tuple[list[tuple[int, InputError]], list[int], list[tuple[int, int]]]:
+    """Staged ids that are already stored: (rejects by input position, every staging id to leave out,
+    (chunk index, stored document id) of the ones already stored with the same text).
+
+    The same id with the same text in another batch is a re-run: skipped. In this
+    batch, or with another text, it is an error.
+    """
+    rows = connection.execute(sa.text(
+        "SELECT s.id, d.id AS stored_id, d.batch_id = :batch AS same_batch, d.content_hash = s.content_hash "
+        "AS same_text, b.name FROM staging s JOIN documents d USING (external_id) JOIN batches b "
+        "ON b.id = d.batch_id ORDER BY s.id"), {"batch": batch_id}).all()
+    errors, unstored, already = [], [], []
+    for row in rows:
+        i = int(np.searchsorted(ids, row.id))
+        unstored.append(row.id)
+        origin, external_id = chunk.origins[i], chunk.external_ids[i]
+        if row.same_batch:
+            error = _error_at(origin, f"id {external_id!r} appears twice in this batch (first in an earlier "
+                                      "chunk)", "ids must be unique; fix or drop one of them")
+        elif not row.same_text:
+            error = _error_at(origin, f"id {external_id!r} is already stored with a different text "
+                                      f"(batch {row.name!r})",
+                              "give the new document a new id, or remove the old one with simdb remove")
+        else:
+            already.append((i, row.stored_id))
+            continue
+        error.external_id = external_id
+        errors.append((chunk.positions[i], error))
+    return errors, unstored, already
+
+
+def _error_at(origin: str, message: str, hint: str) -> InputError:
+    path, _, line = origin.rpartition(":")
+    if path and line.isdigit():
+        return InputError(message, path=path, line=int(line), hint=hint)
+    return InputError(f"{origin}: {message}", hint=hint)
+
+
+# -- the whole batch ---------------------------------------------------------------------------------
+
+def resume_position(connection: sa.Connection, name: str, resume: bool) -> tuple[int, int] | None:
+    """(records consumed, documents stored) of an interrupted batch to resume, or None for a new batch."""
+    row = connection.execute(sa.text("SELECT status, position, documents FROM batches WHERE name = :name"),
+                             {"name": name}).first()
+    if row is None:
+        if resume:
+            raise BatchError(f"there is no batch {name!r} to resume; run without «resume» to start it")
+        return None
+    if row.status == "complete":
+        raise BatchError(f"batch {name!r} is already complete; choose another name with «batch»")
+    if not resume:
+        raise BatchError(f"batch {name!r} was interrupted after {row.position:,} input records; continue it "
+                         f"with «resume», or remove what it stored with `simdb remove --batch {name}`")
+    return row.position, row.documents
+
+

@@ -1,0 +1,226 @@
+"""What the library reads from an archive: batches, matches, pairs, exports, statistics.
+
+Every function takes an open connection (whose ``search_path`` starts with the index's schema)
+and the method where the answer depends on it; long results are streamed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import sqlalchemy as sa
+
+from ..errors import SimdbError
+from ..matches import distinct
+from ..methods import Method
+from .copy import copy_in
+
+
+def read_only_snapshot(connection: sa.Connection) -> None:
+    """Make the connection's (new) transaction one read-only snapshot: every later read sees the same archive."""
+    connection.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+
+
+def batch_id(connection: sa.Connection, name: str) -> int:
+    found = connection.execute(sa.text("SELECT id FROM batches WHERE name = :name"), {"name": name}).scalar()
+    if found is None:
+        raise SimdbError(f"no batch named {name!r}; `simdb stats` lists the batches")
+    return found
+
+
+def batch_row(connection: sa.Connection, name: str) -> sa.Row:
+    return connection.execute(sa.text("SELECT * FROM batches WHERE name = :name"), {"name": name}).one()
+
+
+def batches(connection: sa.Connection) -> list[sa.Row]:
+    return connection.execute(sa.text(
+        "SELECT name, documents, new, exact_duplicates, near_duplicates, already_stored, rejected, status, "
+        "position, finished_at FROM batches ORDER BY id")).all()
+
+
+def document_count(connection: sa.Connection) -> int:
+    return connection.execute(sa.text("SELECT count(*) FROM documents")).scalar_one()
+
+
+def records(connection: sa.Connection, batch: str, *, after: int = 0, upto: int | None = None,
+            status: str | None = None) -> Iterator[sa.Row]:
+    """The records of a batch at input positions in ``(after, upto]`` (and of one ``status``), in input order,
+    with the external id of the document each duplicates; streamed."""
+    yield from connection.execution_options(yield_per=10_000).execute(sa.text(
+        "SELECT r.position, r.status, r.external_id, r.distance, o.external_id AS duplicate_of_id, r.path, r.line, "
+        "r.reason, r.hint FROM records r JOIN batches b ON b.id = r.batch_id "
+        "LEFT JOIN documents o ON o.id = r.duplicate_of WHERE b.name = :batch AND r.position > :after "
+        "AND (CAST(:upto AS bigint) IS NULL OR r.position <= :upto) "
+        "AND (CAST(:status AS text) IS NULL OR r.status = :status) ORDER BY r.position"),
+        {"batch": batch, "after": after, "upto": upto, "status": status})
+
+
+def documents(connection: sa.Connection, method: Method, ids: Sequence[int]) -> dict[int, sa.Row]:
+    """{id: (id, external_id, sketch, metadata)} of stored documents."""
+    if not ids:
+        return {}
+    return {row.id: row for row in connection.execute(sa.text(
+        f"SELECT id, external_id, {method.sketch_column[0]} AS sketch, metadata FROM documents "
+        "WHERE id = ANY(:ids)"), {"ids": list(ids)})}
+
+
+def lookup(connection: sa.Connection, method: Method, sketch, max_distance: int) -> list[tuple[sa.Row, int]]:
+    """(document, distance) of every stored document within ``max_distance`` of one sketch, in one statement
+    through the method's lookup (the analysts' function where it has one), verified by the method."""
+    candidates, params = method.lookup_sql(sketch, max_distance)
+    rows = connection.execute(sa.text(
+        f"SELECT d.id, d.external_id, d.{method.sketch_column[0]} AS sketch, d.metadata "
+        f"FROM ({candidates}) c JOIN documents d ON d.id = c.document_id"), params).all()
+    distances = method.distances(sketch, [row.sketch for row in rows])
+    return [(row, int(distance)) for row, distance in zip(rows, distances.tolist()) if distance <= max_distance]
+
+
+def match_many(connection: sa.Connection, method: Method, sketches: Sequence, max_distance: int
+               ) -> list[dict[int, int]]:
+    """For each sketch, {document id: distance} of the stored documents within ``max_distance``: one set-based
+    join of a temporary ``probes`` table, as ingest matches a chunk."""
+    keys, values = method.keys(sketches), method.stored(sketches)
+    columns = [("id", "int8"), method.sketch_column, *((c, "int8") for c in method.key_columns)]
+    copy_in(connection, f"probes ({', '.join(name for name, _ in columns)})", [t for _, t in columns],
+            ((i, value, *key_row) for i, (value, key_row) in enumerate(zip(values, keys.tolist()))), create=True)
+    connection.exec_driver_sql("ANALYZE probes")
+    found: list[dict[int, int]] = [{} for _ in sketches]
+    for probe, document, distance in distinct(method.candidate_pairs(connection, "probes", "documents",
+                                                                    max_distance)).tolist():
+        found[probe][document] = distance
+    return found
+
+
+def probe_arrays(connection: sa.Connection, method: Method, sketches: Sequence, max_distance: int
+                 ) -> Iterator[tuple[int, int, int]]:
+    """``(sketch index, document id, distance)`` of the stored documents within ``max_distance`` of each sketch,
+    through the method's candidate joins, with the sketches sent as arrays: it writes nothing, not even a
+    temporary table, so it runs in a read-only transaction. A pair may come more than once."""
+    columns = [("id", "int8"), method.sketch_column, *((c, "int8") for c in method.key_columns)]
+    arrays = ", ".join(f"CAST(%(p_{name})s AS {'bigint' if kind == 'int8' else kind}[])" for name, kind in columns)
+    probe = f"(SELECT * FROM unnest({arrays}) AS probe({', '.join(name for name, _ in columns)}))"
+    keys = method.keys(sketches).tolist()
+    params = {"p_id": list(range(len(sketches))), f"p_{method.sketch_column[0]}": method.stored(sketches),
+              **{f"p_{column}": [row[i] for row in keys] for i, column in enumerate(method.key_columns)}}
+    for chunk in method.candidate_pairs(connection, probe, "documents", max_distance, params=params):
+        yield from chunk.tolist()
+
+
+def stored_ids(connection: sa.Connection, external_ids: Sequence[str]) -> dict[str, sa.Row]:
+    """{external id: (content_hash, batch name)} of those of ``external_ids`` that are stored."""
+    if not external_ids:
+        return {}
+    return {row.external_id: row for row in connection.execute(sa.text(
+        "SELECT d.external_id, d.content_hash, b.name AS batch FROM documents d JOIN batches b ON b.id = d.batch_id "
+        "WHERE d.external_id = ANY(:ids)"), {"ids": list(external_ids)})}
+
+
+def stored_texts(connection: sa.Connection, content_hashes: Sequence[bytes]) -> set[bytes]:
+    """Those of ``content_hashes`` that a stored document has (its exact text is stored)."""
+    if not content_hashes:
+        return set()
+    return set(connection.execute(sa.text(
+        "SELECT DISTINCT content_hash FROM documents WHERE content_hash = ANY(:hashes)"),
+        {"hashes": list(content_hashes)}).scalars())
+
+
+def external_ids(connection: sa.Connection, ids: Sequence[int]) -> dict[int, str]:
+    if not ids:
+        return {}
+    return dict(connection.execute(sa.text("SELECT id, external_id FROM documents WHERE id = ANY(:ids)"),
+                                   {"ids": list(ids)}).all())
+
+
+def pairs(connection: sa.Connection, condition: str, params: dict) -> Iterator[sa.Row]:
+    """Stored pairs ``(a, b, distance)`` (external ids, a stored first) matching ``condition``, streamed."""
+    yield from connection.execution_options(yield_per=10_000).execute(sa.text(
+        "SELECT a.external_id AS a, b.external_id AS b, p.distance FROM near_duplicates p "
+        "JOIN documents a ON a.id = p.a_id JOIN documents b ON b.id = p.b_id "
+        f"WHERE {condition} ORDER BY p.a_id, p.b_id"), params)
+
+
+def export(connection: sa.Connection, method: Method, *, batch: int | None = None,
+           unique: bool = False) -> Iterator[sa.Row]:
+    """Documents' ``(external_id, sketch, metadata, batch)`` in the order stored, streamed: all of them, or
+    those of one batch, and with ``unique`` only the earliest of each cluster (``id = cluster_id``)."""
+    conditions = [*(["d.batch_id = :batch"] if batch is not None else []), *(["d.id = d.cluster_id"] if unique else [])]
+    yield from connection.execution_options(yield_per=10_000).execute(sa.text(
+        f"SELECT d.external_id, d.{method.sketch_column[0]} AS sketch, d.metadata, b.name AS batch "
+        "FROM documents d JOIN batches b ON b.id = d.batch_id "
+        + (f"WHERE {' AND '.join(conditions)} " if conditions else "") + "ORDER BY d.id"), {"batch": batch})
+
+
+def statistics(connection: sa.Connection, method: Method) -> dict:
+    """Counts, batches, size, and the key buckets: the mean number of other documents sharing a document's
+    key (summed over the keys: the candidates a lookup of a stored document meets) and the largest buckets."""
+    counts = connection.execute(sa.text(
+        "SELECT count(*) AS documents, count(duplicate_of) AS duplicates FROM documents")).one()
+    size = connection.execute(sa.text("SELECT pg_total_relation_size('documents')")).scalar_one()
+    means, largest = [], []
+    for column in method.key_columns:
+        means.append(connection.execute(sa.text(
+            "SELECT coalesce(sum(n * (n - 1))::float8 / nullif(sum(n), 0), 0) "  # other documents in its bucket
+            f"FROM (SELECT count(*) AS n FROM documents GROUP BY {column}) b")).scalar_one())
+        largest += [(row.n, column, row.value) for row in connection.execute(sa.text(
+            f"SELECT {column} AS value, count(*) AS n FROM documents GROUP BY {column} ORDER BY n DESC LIMIT 3"))]
+    return {"documents": counts.documents, "duplicates": counts.duplicates, "batches": batches(connection),
+            "table_bytes": size, "measured": sum(means), "largest": sorted(largest, reverse=True)[:5]}
+
+
+def _distance_sample(connection: sa.Connection, method: Method, batch: int | None, population: int,
+                     size: int) -> tuple[list[int], int]:
+    """(candidate pairs at each distance 0..max, documents sampled) for a seeded random sample of documents."""
+    percent = 100.0 * 3 * size / max(population, 1)
+    sampling = f"TABLESAMPLE BERNOULLI ({percent:.6f}) REPEATABLE (2007) " if percent < 100 else ""
+    connection.execute(sa.text("SELECT setseed(0.2007)"))
+    ids = connection.execute(sa.text(
+        f"SELECT id FROM documents {sampling}" + ("WHERE batch_id = :batch " if batch is not None else "")
+        + f"ORDER BY random() LIMIT {int(size)}"), {"batch": batch}).scalars().all()
+    columns = ", ".join(["id", method.sketch_column[0], *method.key_columns])
+    # a derived table, not a temporary one: the report reads in a read-only transaction
+    sample = f"(SELECT {columns} FROM documents WHERE id = ANY('{{{','.join(str(int(i)) for i in ids)}}}'::bigint[]))"
+    found = distinct(method.candidate_pairs(connection, sample, "documents", method.max_possible_distance,
+                                            where="t.id <> p.id"))
+    counts = [0] * (method.max_possible_distance + 1)
+    for distance in found[:, 2].tolist():
+        counts[distance] += 1
+    return counts, len(ids)
+
+
+def report_data(connection: sa.Connection, method: Method, batch: str | None, *, sample_size: int, clusters: int,
+                members: int) -> dict:
+    """Everything ``simdb report`` shows, read in one read-only snapshot."""
+    read_only_snapshot(connection)
+    chosen = batch_id(connection, batch) if batch is not None else None
+    data = {"stored": document_count(connection),
+            "batches": connection.execute(sa.text(
+                "SELECT s.*, coalesce(d.stored, 0) AS stored FROM batch_summary s LEFT JOIN "
+                "(SELECT batch_id, count(*) AS stored FROM documents GROUP BY batch_id) d USING (batch_id) "
+                "ORDER BY s.batch_id")).all()}
+    if not data["stored"]:
+        return data
+    if chosen is None:
+        scope, params, population = "", {}, data["stored"]
+        singletons = "SELECT count(*) FROM (SELECT 1 FROM documents GROUP BY cluster_id HAVING count(*) = 1) s"
+    else:
+        scope = "WHERE cluster_id IN (SELECT cluster_id FROM documents WHERE batch_id = :batch)"
+        params = {"batch": chosen}
+        population = next(row.stored for row in data["batches"] if row.batch_id == chosen)
+        singletons = ("SELECT count(*) FROM documents d WHERE batch_id = :batch AND NOT EXISTS "
+                      "(SELECT 1 FROM documents o WHERE o.cluster_id = d.cluster_id AND o.id <> d.id)")
+    data["counts"], data["sampled"] = _distance_sample(connection, method, chosen, population, sample_size)
+    data["sizes"] = connection.execute(sa.text(
+        f"SELECT size, count(*) FROM duplicate_clusters {scope} GROUP BY size ORDER BY size"), params).all()
+    data["singletons"] = connection.execute(sa.text(singletons), params).scalar_one()
+    data["clusters"] = connection.execute(sa.text(
+        f"SELECT * FROM duplicate_clusters {scope} ORDER BY size DESC, cluster_id LIMIT {int(clusters)}"),
+        params).all()
+    data["members"] = shown = {}
+    for row in connection.execute(sa.text(  # the canonical document first, then the batch's, then the earliest
+            "SELECT * FROM (SELECT d.cluster_id, d.external_id, d.metadata, d.duplicate_distance, b.name AS batch, "
+            "row_number() OVER (PARTITION BY d.cluster_id ORDER BY d.id <> d.cluster_id, "
+            "d.batch_id IS DISTINCT FROM :batch, d.id) AS n FROM documents d JOIN batches b ON b.id = d.batch_id "
+            f"WHERE d.cluster_id = ANY(:clusters)) m WHERE n <= {int(members)} ORDER BY cluster_id, n"),
+            {"clusters": [c.cluster_id for c in data["clusters"]], "batch": chosen}):
+        shown.setdefault(row.cluster_id, []).append(row)
+    return data

@@ -1,0 +1,77 @@
+"""Rebuilding the key columns for a new layout, online.
+
+An archive that outgrows its layout (too many candidates per lookup) gets more blocks, hence
+wider keys. The new key columns are added beside the old ones and numbered after them, filled in
+bounded transactions from the stored sketches (by the method's SQL for its keys), indexed with
+``CREATE INDEX CONCURRENTLY``, and switched to in one short transaction that also fills the rows
+ingested meanwhile, drops the old columns and rewrites the layout in ``settings``. Lookups and
+ingests go on using the old keys until the switch; a process that still holds the old layout
+afterwards fails on the missing columns instead of answering wrongly.
+
+An interrupted relayout leaves the index as it was, plus unused columns that the next relayout
+removes first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+import sqlalchemy as sa
+
+from ..settings import IndexSettings
+from .catalog import check_layout, document_columns, save_method
+from .database import lock
+from .functions import create_functions
+
+
+def relayout(engine: sa.Engine, schema: str, settings: IndexSettings, blocks: int | None, *,
+             rows_per_transaction: int = 200_000, progress: Callable[[str], None] | None = None) -> IndexSettings:
+    """Switch the index to ``blocks`` blocks (default: the best for its size); returns the new settings."""
+    old = settings.method
+    with engine.connect() as connection:
+        documents = connection.execute(sa.text("SELECT count(*) FROM documents")).scalar_one()
+    new = old.relaid_out(blocks, documents)
+    say = progress or (lambda message: None)
+    sketch = old.sketch_column[0]
+
+    with engine.begin() as connection:
+        lock(connection, schema, "migrate")
+        check_layout(connection, old)
+        leftovers = sorted(c for c in document_columns(connection)
+                           if c.startswith("key_") and c not in old.key_columns)
+        for column in leftovers:  # from an interrupted relayout
+            connection.exec_driver_sql(f"ALTER TABLE documents DROP COLUMN {column}")
+        for column in new.key_columns:
+            connection.exec_driver_sql(f"ALTER TABLE documents ADD COLUMN {column} bigint")
+    say(f"added {len(new.key_columns)} key columns ({new.key_columns[0]}..{new.key_columns[-1]})")
+
+    assignments = ", ".join(f"{column} = {expression}"
+                            for column, expression in zip(new.key_columns, new.key_sql(sketch)))
+    with engine.connect() as connection:
+        last = connection.execute(sa.text("SELECT coalesce(max(id), 0) FROM documents")).scalar_one()
+    for start in range(0, last + 1, rows_per_transaction):
+        with engine.begin() as connection:
+            connection.execute(sa.text(f"UPDATE documents SET {assignments} WHERE id >= :start AND id < :end"),
+                               {"start": start, "end": start + rows_per_transaction})
+        say(f"filled keys of documents {start:,}..{min(start + rows_per_transaction, last + 1) - 1:,}")
+
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+        for column in new.key_columns:
+            connection.exec_driver_sql(f"CREATE INDEX CONCURRENTLY ix_documents_{column} ON documents ({column}) "
+                                       "INCLUDE (simhash, id)")
+            say(f"indexed {column}")
+
+    with engine.begin() as connection:
+        lock(connection, schema, "ingest")
+        lock(connection, schema, "migrate")
+        check_layout(connection, old)
+        connection.execute(sa.text(f"UPDATE documents SET {assignments} WHERE {new.key_columns[0]} IS NULL"))
+        for column in new.key_columns:
+            connection.exec_driver_sql(f"ALTER TABLE documents ALTER COLUMN {column} SET NOT NULL")
+        for column in old.key_columns:
+            connection.exec_driver_sql(f"ALTER TABLE documents DROP COLUMN {column}")
+        create_functions(connection, schema, new)  # the lookups join on the new key columns
+        save_method(connection, new)
+    say(f"switched to {new.describe()}")
+    return replace(settings, method=new)

@@ -1,0 +1,19 @@
+"""Which characters belong to which kind of script: the one definition simdb uses.
+
+* Han (CJK unified ideographs, extensions A-G, compatibility ideographs): segmented by jieba.
+* Other scripts written without spaces between words (Thai, Lao, Myanmar, Khmer, Japanese kana):
+  cut into character shingles, there being no words to split on.
+
+``WITHOUT_SPACES`` is both together: text mostly in them is shingled by characters in MinHash mode.
+"""
+
+from __future__ import annotations
+
+import re
+
+HAN = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f"
+OTHER_WITHOUT_SPACES = "\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u3040-\u30ff\u31f0-\u31ff"
+WITHOUT_SPACES = HAN + OTHER_WITHOUT_SPACES
+
+HAN_CHARACTER = re.compile(f"[{HAN}]")
+WITHOUT_SPACES_CHARACTER = re.compile(f"[{WITHOUT_SPACES}]")

@@ -1,0 +1,121 @@
+"""What became of every input record: one verdict each, in input order.
+
+A verdict says whether a record was stored as ``new``, as an ``exact`` or a ``near`` duplicate (and
+of which stored document), was ``already_stored`` (the same id with the same text), or was
+``rejected`` (and why). ``simdb ingest --verdicts`` writes them from the ``records`` table, which is
+written in the same transaction as each chunk; ``simdb check`` computes the same verdicts without
+storing anything.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from .errors import InputError
+from .methods import Method
+from .pg import reads
+from . import jsonlines
+
+STATUSES = ("new", "exact", "near", "already_stored", "rejected")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One input record's outcome. ``position`` is its 1-based place among the input's records."""
+
+    position: int
+    id: str | None
+    status: str
+    batch: str | None = None
+    duplicate_of: str | None = None
+    distance: int | None = None
+    similarity: float | None = None
+    path: str | None = None
+    line: int | None = None
+    reason: str | None = None
+    hint: str | None = None
+
+    def to_json(self, method: Method) -> dict:
+        """The JSON object of a verdicts file: ``distance`` only where the method measures one in bits."""
+        out = {"id": self.id, "status": self.status, "duplicate_of": self.duplicate_of,
+               "similarity": self.similarity}
+        if method.distance_in_verdicts:
+            out["distance"] = self.distance
+        out["batch"] = self.batch
+        out["position"] = self.position
+        if self.status == "rejected":
+            out.update(reason=self.reason, path=self.path, line=self.line, hint=self.hint)
+        return out
+
+
+def verdict(method: Method, *, position: int, external_id: str | None, status: str, batch: str | None,
+            duplicate_of: str | None = None, distance: int | None = None) -> Verdict:
+    """A stored record's verdict; the similarity follows from the distance."""
+    similarity = None if distance is None else round(method.similarity(int(distance)), 4)
+    return Verdict(position, external_id, status, batch, duplicate_of, None if distance is None else int(distance),
+                   similarity)
+
+
+def rejected(position: int, error: InputError, batch: str | None) -> Verdict:
+    return Verdict(position, getattr(error, "external_id", None), "rejected", batch, path=error.path,
+                   line=error.line, reason=error.reason, hint=error.hint)
+
+
+def stored_verdicts(connection: sa.Connection, method: Method, batch: str, *, after: int = 0,
+                    upto: int | None = None, status: str | None = None):
+    """The verdicts of a stored batch at input positions in ``(after, upto]``, in input order, streamed."""
+    for row in reads.records(connection, batch, after=after, upto=upto, status=status):
+        if row.status == "rejected":
+            yield Verdict(row.position, row.external_id, "rejected", batch, path=row.path, line=row.line,
+                          reason=row.reason, hint=row.hint)
+        else:
+            yield verdict(method, position=row.position, external_id=row.external_id, status=row.status,
+                          batch=batch, duplicate_of=row.duplicate_of_id, distance=row.distance)
+
+
+class OutcomeFile:
+    """A JSON-lines file of a batch's records written from the ``records`` table: every verdict, or
+    only the rejects (in the rejects file's format).
+
+    After each chunk commits, its records are read back from the database and appended; a resumed
+    batch first rewrites the file whole from there. So the file never holds a record the database
+    lacks, and after a kill ``resume`` (or ``simdb verdicts``) makes it complete again.
+    """
+
+    def __init__(self, path: str | Path, engine: sa.Engine, method: Method, batch: str, *, what: str,
+                 only_rejected: bool = False) -> None:
+        self.path = str(path)
+        self.engine = engine
+        self.method = method
+        self.batch = batch
+        self.only_rejected = only_rejected
+        self.written = 0  # records up to this input position are in the file
+        self.started = False
+        folder = os.path.dirname(os.path.abspath(self.path))
+        if not os.path.isdir(folder):
+            raise InputError(f"cannot write the {what} file there: the folder does not exist", path=self.path,
+                             hint=f"create the folder, or choose another {what} file")
+        if os.path.isdir(self.path) or not os.access(self.path if os.path.exists(self.path) else folder, os.W_OK):
+            raise InputError(f"cannot write the {what} file there", path=self.path,
+                             hint=f"check the permissions, or choose another {what} file")
+
+    def line(self, item: Verdict) -> dict:
+        if self.only_rejected:
+            return {"path": item.path, "line": item.line, "reason": item.reason, "hint": item.hint,
+                    "position": item.position, "id": item.id}
+        return item.to_json(self.method)
+
+    def sync(self, position: int) -> None:
+        """Append the records of input positions up to ``position`` that the file does not hold yet."""
+        with self.engine.connect() as connection:
+            rows = list(stored_verdicts(connection, self.method, self.batch, after=self.written, upto=position,
+                                        status="rejected" if self.only_rejected else None))
+        with open(self.path, "a" if self.started else "w", encoding="utf-8") as file:
+            for item in rows:
+                file.write(jsonlines.dumps(self.line(item)) + "\n")
+        self.started = True
+        self.written = position
