@@ -160,6 +160,7 @@ def ingest(engine: sa.Engine, schema: str, method: Method,
            progress: Callable[[int], None] | None = None) -> BatchSummary:
     """Ingest a batch in atomic chunks; see the module docstring."""
     started = time.perf_counter()
+    started_at = datetime.now(timezone.utc)  # the batch's start: before reading and fingerprinting, not after
     name = options.batch_name
     with engine.connect() as connection:
         resumed = resume_position(connection, name, options.resume)
@@ -185,7 +186,7 @@ def ingest(engine: sa.Engine, schema: str, method: Method,
             with engine.begin() as connection:
                 result = store_chunk(connection, schema, method, chunk, name=name, source=options.source,
                                       first=first, final=final, position=consumed, rejects=chunk_errors,
-                                      skip_errors=skip_errors)
+                                      skip_errors=skip_errors, started_at=started_at)
             kept = KeptBatch(name, consumed, (kept.documents if kept else 0) + result.stored)
             for file in files:
                 file.sync(consumed)

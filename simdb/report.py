@@ -156,7 +156,7 @@ def _growth(batches, batch: str | None) -> str:
     return _section("Growth by batch", _embed(figure, "cumulative documents per batch"), caption)
 
 
-def _duplicates(batches, batch: str | None) -> str:
+def _duplicates(batches, batch: str | None, method: Method) -> str:
     names = [row.name for row in batches]
     positions = range(len(names))
     figure = new_figure(11, 3.8)
@@ -178,7 +178,8 @@ def _duplicates(batches, batch: str | None) -> str:
         _count_axis(axes)
         _legend(axes)
         _mark_batch(axes, names, batch)
-    caption = "Counted at ingest (batch_summary): exact duplicates share the text; near-duplicates are within k bits."
+    caption = ("Counted at ingest (batch_summary): exact duplicates share the text; near-duplicates are within "
+               f"{method.max_distance} {method.report_terms()['unit']} of an earlier document.")
     if batch:
         row = next(row for row in batches if row.name == batch)
         caption += (f" Batch <b>{_e(batch)}</b>: {row.documents:,} documents, {row.new:,} new, "
@@ -255,19 +256,19 @@ def _compact(metadata: dict) -> str:
     return text if len(text) <= METADATA_CHARS else text[:METADATA_CHARS - 1] + "…"
 
 
-def _largest(clusters, members, batch: str | None) -> str:
+def _largest(clusters, members, batch: str | None, method: Method) -> str:
     if not clusters:
         return _section("Largest clusters", '<p class="empty">No clusters yet.</p>', "")
-    rows = []
+    rows, unit = [], method.report_terms()["unit"]
     for cluster in clusters:
         sample = "".join(f"<li><code>{_e(m.external_id)}</code> ({_e(m.batch)}"
-                         + (f", {m.duplicate_distance} bits" if m.duplicate_distance is not None else "")
+                         + (f", {m.duplicate_distance} {_e(unit)}" if m.duplicate_distance is not None else "")
                          + f") <code>{_e(_compact(m.metadata))}</code></li>" for m in members.get(cluster.cluster_id, []))
         rows.append(f"<tr><td class=\"num\">{cluster.size:,}</td><td><code>{_e(cluster.canonical_id)}</code></td>"
                     f"<td>{_utc(cluster.first_seen)}</td><td>{_utc(cluster.last_seen)}</td>"
                     f"<td>{_e(', '.join(cluster.batches))}</td><td><ul class=\"members\">{sample}</ul></td></tr>")
     table = ("<table><thead><tr><th>size</th><th>canonical id</th><th>first seen (UTC)</th><th>last seen (UTC)</th>"
-             "<th>batches</th><th>sample members: id (batch, bits from the document it duplicates) metadata"
+             "<th>batches</th><th>sample members: id (batch, distance from the document it duplicates) metadata"
              "</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
     scope = f" that include a document of batch <b>{_e(batch)}</b>" if batch else ""
     return _section("Largest clusters", table, f"The {len(clusters)} largest clusters{scope}, canonical (earliest) "
@@ -290,9 +291,9 @@ def build_report(index, batch: str | None = None) -> str:
                 "<code>simdb ingest FILE --batch NAME</code>, then run <code>simdb report</code> again.</p>")
     else:
         with chart_style():
-            body = "\n".join([_growth(batches, batch), _duplicates(batches, batch),
+            body = "\n".join([_growth(batches, batch), _duplicates(batches, batch, method),
                               _distances(data["counts"], data["sampled"], method, batch),
                               _cluster_sizes(data["sizes"], data["singletons"], batch),
-                              _largest(data["clusters"], data["members"], batch)])
+                              _largest(data["clusters"], data["members"], batch, method)])
     header_html = "".join(f"<dt>{_e(key)}</dt><dd>{_e(value)}</dd>" for key, value in header.items())
     return PAGE.substitute(schema=_e(index.database.schema), header=header_html, body=body)

@@ -1,6 +1,7 @@
 """The index against numpy brute force, on a real PostgreSQL."""
 
 import random
+import time
 
 import numpy as np
 import pytest
@@ -11,7 +12,8 @@ from hypothesis import strategies as st
 from simdb import BatchError, IncompatibleIndex, Index, IndexNotFound, InputError, fingerprint
 from simdb.bits import hamming_array, to_signed
 from simdb.text import content_hash
-from simdb.ingest import FingerprintedBatch
+from simdb.ingest import FingerprintedBatch, IngestOptions
+from simdb.inputs import Document
 from simdb.pg.chunks import EXACT_DUPLICATES_SQL, create_staging
 from simdb.samples import sections
 from tests.conftest import assert_consistent, count_rows
@@ -267,3 +269,17 @@ def test_a_batch_built_whole_is_stored_as_one_appended_to(index):
     assert [(v.position, v.id, v.status) for v in index.verdicts("whole")] == [(1, "w-0", "new"), (2, "w-1", "near")]
     with pytest.raises(ValueError, match="one id, sketch"):
         FingerprintedBatch(["a"], [], [], [], [], [])
+
+
+def test_a_batch_lasts_from_its_first_read_to_its_last_commit(index, admin_engine, schema):
+    """batch_summary.duration once began after the first chunk was fingerprinted (0.34 s for a 38 s ingest)."""
+    def slowly():
+        time.sleep(1.5)  # reading and fingerprinting take this long before the first chunk reaches the database
+        yield Document("slow-0", "a document that took its time to arrive")
+        yield Document("slow-1", "another document that took its time to arrive")
+
+    index.ingest(slowly(), IngestOptions(batch="slow"))
+    with admin_engine.connect() as connection:
+        duration = connection.execute(sa.text(
+            f"SELECT extract(epoch FROM duration) FROM {schema}.batch_summary WHERE name = 'slow'")).scalar_one()
+    assert duration >= 1.5

@@ -4,6 +4,7 @@ import json
 import random
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -15,6 +16,8 @@ from simdb import IncompatibleIndex, Index, SimdbError
 from simdb.methods.minhash import signature as minhash
 from simdb.pg.clusters import UnionFind
 from simdb.samples import corpus
+
+CORPUS = list(corpus())
 
 SETTINGS = minhash.MinHashSettings()
 TEXT = "近日，国家统计局发布数据显示，全国居民消费价格同比上涨百分之二，其中食品价格上涨较多，市场供应总体充足。"
@@ -222,3 +225,38 @@ def test_minhash_through_the_cli(run, tmp_path):
     assert "Distances among candidate pairs" in page and "within k = 38" in page
     mixed = run("init", "--method", "minhash", "--blocks", "5")
     assert mixed.exit_code != 0 and "SimHash options" in mixed.output
+
+
+def test_simdb_similar_reads_the_band_indexes_not_the_table(database_url, schema, admin_engine):
+    """Inside the function a bare ``signature`` is the documents column, not the parameter: a band key computed
+    from it matched every row, and every lookup scanned the table. EXPLAIN shows only a Function Scan, so the
+    table's own scan counters are read instead."""
+    with Index.create(database_url, schema=schema, method="minhash") as index:
+        index.add_many([{"id": r["id"], "text": r["text"]} for r in CORPUS[:120]], batch="b")
+        signature = index.fingerprint(CORPUS[5]["text"])
+        expected = {m.external_id for m in index.query(CORPUS[5]["text"])}
+
+    def scans():
+        with admin_engine.connect() as connection:
+            connection.exec_driver_sql("SELECT pg_stat_clear_snapshot()")
+            return connection.execute(sa.text(
+                "SELECT seq_scan, coalesce(idx_scan, 0) FROM pg_stat_user_tables WHERE relid = CAST(:t AS regclass)"),
+                {"t": f"{schema}.documents"}).one()
+
+    before = scans()
+    with admin_engine.connect() as connection:
+        connection.exec_driver_sql(f"SET search_path = {schema}")
+        connection.exec_driver_sql("SET enable_seqscan = off")  # 120 rows: a scan would be cheaper, if possible
+        found = set(connection.execute(sa.text(
+            "SELECT d.external_id FROM simdb_similar(:sig) s JOIN documents d ON d.id = s.document_id"),
+            {"sig": signature}).scalars())
+        connection.exec_driver_sql("SELECT pg_stat_force_next_flush()")
+        connection.commit()
+    for _ in range(50):  # the counters reach the shared statistics when the backend reports them
+        after = scans()
+        if after != before:
+            break
+        time.sleep(0.1)
+    assert found == expected
+    assert after[0] == before[0], "simdb_similar scanned the documents table"
+    assert after[1] > before[1]

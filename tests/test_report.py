@@ -26,9 +26,9 @@ def write_jsonl(path, records):
     return str(path)
 
 
-def ingest_two_batches(run, tmp_path) -> int:
+def ingest_two_batches(run, tmp_path, *init) -> int:
     records = list(corpus())
-    assert run("init").exit_code == 0
+    assert run("init", *init).exit_code == 0
     for name, part in (("first", records[:200]), ("second", records[200:])):
         result = run("ingest", write_jsonl(tmp_path / f"{name}.jsonl", part), "--batch", name)
         assert result.exit_code == 0, result.output
@@ -87,6 +87,16 @@ def test_report_is_one_self_contained_page(run, tmp_path, admin_engine, schema):
     table = page[page.index("<h2>Largest clusters</h2>"):]
     assert table.index(f"<code>{html.escape(canonical)}</code>") < table.index("</tr>", table.index("<tbody>"))
     assert "&quot;source&quot;:&quot;python-reference:" in table  # metadata as compact, escaped JSON
+
+
+def test_a_minhash_report_speaks_of_signature_positions(run, tmp_path):
+    """It said "bits" everywhere: SimHash's unit, not MinHash's."""
+    ingest_two_batches(run, tmp_path, "--method", "minhash")
+    page = write_report(run, tmp_path / "minhash.html")
+    text = re.sub(r"<svg.*?</svg>|data:[^\"']*", "", page, flags=re.S)
+    assert "bits" not in text
+    assert "near-duplicates are within 25 of 128 signature positions of an earlier document" in text
+    assert " of 128 signature positions) <code>" in text  # a cluster member's distance
 
 
 def test_report_for_one_batch(run, tmp_path, admin_engine, schema):

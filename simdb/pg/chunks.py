@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from datetime import datetime
 
 import numpy as np
 import sqlalchemy as sa
@@ -46,11 +47,16 @@ def create_staging(connection: sa.Connection, method: Method) -> list[tuple[str,
     return columns
 
 
-def open_batch(connection: sa.Connection, name: str, source: str, first: bool) -> int:
+def open_batch(connection: sa.Connection, name: str, source: str, first: bool,
+               started_at: datetime | None = None) -> int:
+    """The batch's id: a new batch when ``first`` (started at ``started_at``, when its reading began; default
+    now), else the running batch of that name."""
     if first:
         batch_id = connection.execute(sa.text(
-            "INSERT INTO batches (name, source, status, started_at) VALUES (:name, :source, 'running', now()) "
-            "ON CONFLICT (name) DO NOTHING RETURNING id"), {"name": name, "source": source}).scalar()
+            "INSERT INTO batches (name, source, status, started_at) "
+            "VALUES (:name, :source, 'running', coalesce(CAST(:started AS timestamptz), now())) "
+            "ON CONFLICT (name) DO NOTHING RETURNING id"), {"name": name, "source": source, "started": started_at}
+        ).scalar()
         if batch_id is None:
             raise BatchError(f"a batch named {name!r} already exists; choose another «batch» name "
                              "(or «resume» it if it was interrupted)")
@@ -70,12 +76,13 @@ class ChunkResult:
 
 def store_chunk(connection: sa.Connection, schema: str, method: Method, chunk, *,
                  name: str, source: str, first: bool, final: bool, position: int,
-                 rejects: list[tuple[int, InputError]] = (), skip_errors: bool) -> ChunkResult:
+                 rejects: list[tuple[int, InputError]] = (), skip_errors: bool,
+                 started_at: datetime | None = None) -> ChunkResult:
     """Match and insert one chunk inside the caller's transaction; record every input record's outcome
     (``rejects`` are the reader's, by position) and update the batch's counts."""
     lock(connection, schema, "ingest")
     check_layout(connection, method)
-    batch_id = open_batch(connection, name, source, first)
+    batch_id = open_batch(connection, name, source, first, started_at)
     count = len(chunk)
     sequence = connection.execute(sa.text(
         "SELECT pg_get_serial_sequence('documents', 'id')::regclass::oid")).scalar_one()

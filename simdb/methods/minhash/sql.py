@@ -55,8 +55,11 @@ def band_key_sql(settings: MinHashSettings, band: int | str, signature: str = "s
 def function_statements(schema: str, settings: MinHashSettings) -> list[tuple[str, str, str]]:
     """``(signature, CREATE statement, comment)`` of the MinHash analysts' functions."""
     bands, threshold = settings.bands, settings.threshold
+    # the parameter qualified by the function's name: a bare ``signature`` here is the documents column, which
+    # made every band "match" its own row and every lookup a scan of the table
     lookups = "\n                UNION\n".join(
-        f"                SELECT id, signature AS s FROM {schema}.documents WHERE {column} = {band_key_sql(settings, i)}"
+        f"                SELECT id, signature AS s FROM {schema}.documents "
+        f"WHERE {column} = {band_key_sql(settings, i, 'simdb_similar.signature')}"
         for i, column in enumerate(settings.key_columns))
     return [
         ("simdb_similarity(bytea, bytea)",
