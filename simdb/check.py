@@ -17,7 +17,7 @@ import sqlalchemy as sa
 
 from .errors import InputError
 from .ingest import size_checked
-from .inputs import DEFAULT_MAX_CHARS, Document
+from .inputs import DEFAULT_MAX_CHARS, Document, checks
 from .methods import Method
 from .parallel import Fingerprinted, fingerprint_stream
 from .pg import reads
@@ -101,10 +101,7 @@ def _check_chunk(connection: sa.Connection, method: Method, chunk: list, batch: 
         document, i = item.document, index_of[position]
         name = document.external_id
         if name in seen:
-            error = InputError(f"id {name!r} appears twice in this batch (first at {seen[name]})", path=document.path,
-                               line=document.line, hint="ids must be unique; fix or drop one of them")
-            error.external_id = name
-            yield rejected(position, error, batch)
+            yield rejected(position, checks.repeated_id(name, document.origin, f"first at {seen[name]}"), batch)
             continue
         seen[name] = document.origin
         row = stored.get(name)
@@ -112,11 +109,7 @@ def _check_chunk(connection: sa.Connection, method: Method, chunk: list, batch: 
             if row.content_hash == item.content_hash:
                 yield verdict(method, position=position, external_id=name, status="already_stored", batch=batch)
             else:
-                error = InputError(f"id {name!r} is already stored with a different text (batch {row.batch!r})",
-                                   path=document.path, line=document.line,
-                                   hint="give the new document a new id, or remove the old one with simdb remove")
-                error.external_id = name
-                yield rejected(position, error, batch)
+                yield rejected(position, checks.stored_with_another_text(name, document.origin, row.batch), batch)
             continue
         found_archive = archive.get(i)
         if found_archive:

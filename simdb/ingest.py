@@ -36,7 +36,7 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from .errors import InputError, KeptBatch, SimdbError
-from .inputs import DEFAULT_MAX_CHARS, Document
+from .inputs import DEFAULT_MAX_CHARS, Document, checks
 from .methods import Method
 from .parallel import Fingerprinted, fingerprint_stream
 from .pg import reads
@@ -198,10 +198,8 @@ def ingest(engine: sa.Engine, schema: str, method: Method,
             if isinstance(item, Fingerprinted):
                 document = item.document
                 if document.external_id in seen:
-                    item = InputError(f"id {document.external_id!r} appears twice in this batch "
-                                      f"(first at {seen[document.external_id]})", path=document.path,
-                                      line=document.line, hint="ids must be unique; fix or drop one of them")
-                    item.external_id = document.external_id
+                    item = checks.repeated_id(document.external_id, document.origin,
+                                              f"first at {seen[document.external_id]}")
                 else:
                     seen[document.external_id] = document.origin
                     chunk.append(document.external_id, item.sketch, item.content_hash, len(document.text),

@@ -70,6 +70,32 @@ def metadata(record: dict, id_field: str | None, text_field: str | None, path: s
     return found
 
 
+def repeated_id(external_id: str, origin: str, first: str) -> InputError:
+    """An id that a batch holds twice; ``origin`` is where the second one is (``Document.origin``), ``first``
+    says where the first one is."""
+    return _about(external_id, origin, f"id {external_id!r} appears twice in this batch ({first})",
+                  "ids must be unique; fix or drop one of them")
+
+
+def stored_with_another_text(external_id: str, origin: str, batch: str) -> InputError:
+    """An id already stored (in ``batch``) with a text other than the record's."""
+    return _about(external_id, origin, f"id {external_id!r} is already stored with a different text (batch {batch!r})",
+                  "give the new document a new id, or remove the old one with simdb remove")
+
+
+def _about(external_id: str, origin: str, message: str, hint: str) -> InputError:
+    """An error about one record at its origin: ``path:line``, a path (a text file), or ``document 'id'``."""
+    path, _, line = origin.rpartition(":")
+    if path and line.isdigit():
+        error = InputError(message, path=path, line=int(line), hint=hint)
+    elif origin.startswith("document "):
+        error = InputError(message, hint=hint)  # given through the API: the id in the message says which
+    else:
+        error = InputError(message, path=origin, hint=hint)
+    error.external_id = external_id
+    return error
+
+
 def finite_float(text: str) -> float:
     """``json.loads``'s float parser, refusing numbers too large for a double (1e400 would be infinity)."""
     value = float(text)

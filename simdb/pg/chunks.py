@@ -19,6 +19,7 @@ import numpy as np
 import sqlalchemy as sa
 
 from ..errors import BatchError, InputError
+from ..inputs import checks
 from ..matches import distinct, earliest
 from ..methods import Method
 from .catalog import check_layout
@@ -178,25 +179,14 @@ def _stored_ids(connection: sa.Connection, chunk, ids: np.ndarray, batch_id: int
         unstored.append(row.id)
         origin, external_id = chunk.origins[i], chunk.external_ids[i]
         if row.same_batch:
-            error = _error_at(origin, f"id {external_id!r} appears twice in this batch (first in an earlier "
-                                      "chunk)", "ids must be unique; fix or drop one of them")
+            error = checks.repeated_id(external_id, origin, "first in an earlier chunk")
         elif not row.same_text:
-            error = _error_at(origin, f"id {external_id!r} is already stored with a different text "
-                                      f"(batch {row.name!r})",
-                              "give the new document a new id, or remove the old one with simdb remove")
+            error = checks.stored_with_another_text(external_id, origin, row.name)
         else:
             already.append((i, row.stored_id))
             continue
-        error.external_id = external_id
         errors.append((chunk.positions[i], error))
     return errors, unstored, already
-
-
-def _error_at(origin: str, message: str, hint: str) -> InputError:
-    path, _, line = origin.rpartition(":")
-    if path and line.isdigit():
-        return InputError(message, path=path, line=int(line), hint=hint)
-    return InputError(f"{origin}: {message}", hint=hint)
 
 
 # -- the whole batch ---------------------------------------------------------------------------------
