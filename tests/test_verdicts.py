@@ -125,7 +125,7 @@ def test_a_verdict_says_what_a_script_needs(index):
         list(index.verdicts("nope"))
 
 
-def test_the_reader_role_can_check_and_stores_nothing(database_url, schema, admin_engine, run):
+def test_the_reader_role_can_check_and_look_up_and_stores_nothing(database_url, schema, admin_engine, run):
     role = f"simdb_check_{schema[-8:]}"
     run("init")
     with Index.open(database_url, schema=schema) as index:
@@ -136,6 +136,12 @@ def test_the_reader_role_can_check_and_stores_nothing(database_url, schema, admi
         before = count_rows(admin_engine, schema)
         with Index.open(url.render_as_string(hide_password=False), schema=schema) as reader:
             verdicts = reader.check_many([{"id": f"x-{r['id']}", "text": r["text"]} for r in CORPUS[40:60]])
+            # batch lookups too: a read-only transaction sends its probes as arrays, not a temporary table
+            texts = [r["text"] for r in CORPUS[40:60]]
+            as_reader = [[m.external_id for m in found] for found in reader.query_many(texts)]
+        with Index.open(database_url, schema=schema) as owner:
+            assert as_reader == [[m.external_id for m in found] for found in owner.query_many(texts)]
+            assert all(as_reader[:10])
         assert [v.status for v in verdicts[:10]] == ["exact"] * 10 and all(v.duplicate_of for v in verdicts[:10])
         assert count_rows(admin_engine, schema) == before
         conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)

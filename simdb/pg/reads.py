@@ -78,15 +78,20 @@ def lookup(connection: sa.Connection, method: Method, sketch, max_distance: int)
 def match_many(connection: sa.Connection, method: Method, sketches: Sequence, max_distance: int
                ) -> list[dict[int, int]]:
     """For each sketch, {document id: distance} of the stored documents within ``max_distance``: one set-based
-    join of a temporary ``probes`` table, as ingest matches a chunk."""
-    keys, values = method.keys(sketches), method.stored(sketches)
-    columns = [("id", "int8"), method.sketch_column, *((c, "int8") for c in method.key_columns)]
-    copy_in(connection, f"probes ({', '.join(name for name, _ in columns)})", [t for _, t in columns],
-            ((i, value, *key_row) for i, (value, key_row) in enumerate(zip(values, keys.tolist()))), create=True)
-    connection.exec_driver_sql("ANALYZE probes")
+    join, as ingest matches a chunk. The probes go to a temporary table with statistics (the faster plan: about
+    1.4x the arrays' rate for 1,000 probes into 300k documents), or as arrays where the transaction is read-only
+    (the reader role), which may not create even a temporary table."""
     found: list[dict[int, int]] = [{} for _ in sketches]
-    for probe, document, distance in distinct(method.candidate_pairs(connection, "probes", "documents",
-                                                                    max_distance)).tolist():
+    if connection.exec_driver_sql("SHOW transaction_read_only").scalar_one() == "on":
+        pairs = probe_arrays(connection, method, sketches, max_distance)
+    else:
+        keys, values = method.keys(sketches), method.stored(sketches)
+        columns = [("id", "int8"), method.sketch_column, *((c, "int8") for c in method.key_columns)]
+        copy_in(connection, f"probes ({', '.join(name for name, _ in columns)})", [t for _, t in columns],
+                ((i, value, *key_row) for i, (value, key_row) in enumerate(zip(values, keys.tolist()))), create=True)
+        connection.exec_driver_sql("ANALYZE probes")
+        pairs = distinct(method.candidate_pairs(connection, "probes", "documents", max_distance)).tolist()
+    for probe, document, distance in pairs:
         found[probe][document] = distance
     return found
 
