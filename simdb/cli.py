@@ -32,6 +32,7 @@ from .methods.simhash.fingerprint import learn_idf as learn_idf_from_texts, toke
 from .pg.database import DEFAULT_SCHEMA, redact, translate
 from . import exports, jsonlines
 from .progress import Progress
+from .verdicts import STATUSES
 from .text.tokenize import TOKENIZERS, TokenizerSettings
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
@@ -354,7 +355,7 @@ def check_command(database_url, schema, data_dir, paths, input_format, id_field,
     """
     started = time.perf_counter()
     check_paths(paths)
-    counts = dict.fromkeys(("records", "new", "exact", "near", "already_stored", "rejected"), 0)
+    counts = dict.fromkeys(("records", *STATUSES), 0)
     progress = Progress("check", total_bytes(paths))
     try:
         documents = read_documents(paths, format=input_format, id_field=id_field, text_field=text_field,
@@ -380,7 +381,7 @@ def check_command(database_url, schema, data_dir, paths, input_format, id_field,
 @cli.command()
 @database_options
 @click.option("--batch", "batch_name", required=True, help="The stored batch whose verdicts to print.")
-@click.option("--status", type=click.Choice(["new", "exact", "near", "already_stored", "rejected"]), default=None,
+@click.option("--status", type=click.Choice(STATUSES), default=None,
               help="Only the records with this verdict.")
 @user_errors
 def verdicts(database_url, schema, data_dir, batch_name, status):
