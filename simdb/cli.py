@@ -502,7 +502,7 @@ def export(database_url, schema, data_dir, batch_name, unique, output_format, ou
         simdb export --batch 2024-07 --unique > deduplicated.jsonl
         simdb export --format parquet --output archive.parquet
     """
-    writer = exports.writer(output_format, output_path)
+    writer = exports.Writer(output_format, output_path)
     with open_index(database_url, schema, data_dir) as index:
         count = writer.write(index, batch=batch_name, unique=unique)
     if output_path is not None:

@@ -109,7 +109,3 @@ class Writer:
             if group or not count:
                 flush()
         return count
-
-
-def writer(output_format: str, path: str | None) -> Writer:
-    return Writer(output_format, path)

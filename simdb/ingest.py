@@ -168,8 +168,9 @@ def ingest(engine: sa.Engine, schema: str, method: Method,
     skip_errors = options.on_error == "skip"
     rejects = OutcomeFile(options.rejects or f"rejects-{name}.jsonl", engine, method, name, what="rejects",
                           only_rejected=True) if skip_errors else None
-    files = [f for f in (rejects, OutcomeFile(options.verdicts, engine, method, name, what="verdicts")
-                         if options.verdicts is not None else None) if f is not None]
+    verdicts = OutcomeFile(options.verdicts, engine, method, name, what="verdicts") \
+        if options.verdicts is not None else None
+    files = [file for file in (rejects, verdicts) if file is not None]
     if resumed is not None:
         for file in files:
             file.sync(position)  # the file as the database has it, whatever a kill left behind
@@ -213,9 +214,8 @@ def ingest(engine: sa.Engine, schema: str, method: Method,
             if len(chunk) >= options.chunk_size:
                 commit(final=False)
         if first and consumed == 0:
-            for file in files:
-                if not file.only_rejected:
-                    open(file.path, "w").close()  # no record, no verdict: but the file a script waits for
+            if verdicts is not None:
+                open(verdicts.path, "w").close()  # no record, no verdict: but the file a script waits for
             return BatchSummary(name=name, documents=0, new=0, exact_duplicates=0, near_duplicates=0,
                                 within_batch=0, seconds=time.perf_counter() - started, recorded=False)
         commit(final=True)
