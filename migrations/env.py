@@ -7,15 +7,22 @@ versions/) imports simdb: migrations are history and must not change when simdb'
 There is no alembic.ini.
 """
 
+import re
+
 from alembic import context
 
 config = context.config
 
 
+#: Segments of ``documents`` (revision 0007): partitions simdb creates and merges as the archive grows.
+SEGMENT = re.compile(r"^documents_[0-9]+(_merged)?$")
+
+
 def include_name(name, type_, parent_names):
     # The version table lives in the index's own schema, which is also the
-    # default schema here, so autogenerate would otherwise report it as extra.
-    return not (type_ == "table" and name == "alembic_version")
+    # default schema here, so autogenerate would otherwise report it as extra;
+    # segments are described by the partitioned table they belong to.
+    return not (type_ == "table" and (name == "alembic_version" or SEGMENT.match(name)))
 
 
 context.configure(

@@ -20,7 +20,7 @@ import click
 import psycopg
 import sqlalchemy as sa
 
-from . import __version__
+from . import __version__, exports, jsonlines
 from .bits import format_fingerprint, parse_fingerprint
 from .errors import SimdbError
 from .index import Index
@@ -28,12 +28,12 @@ from .ingest import DEFAULT_CHUNK_SIZE, ON_ERROR, IngestOptions
 from .inputs import DEFAULT_MAX_CHARS, FORMATS, check_paths, read_documents, total_bytes
 from .methods import Method, SimHash
 from .methods.simhash.blocks import MAX_DISTANCE
-from .methods.simhash.fingerprint import learn_idf as learn_idf_from_texts, tokens_for
+from .methods.simhash.fingerprint import learn_idf as learn_idf_from_texts
+from .methods.simhash.fingerprint import tokens_for
 from .pg.database import DEFAULT_SCHEMA, redact, translate
-from . import exports, jsonlines
 from .progress import Progress
-from .verdicts import STATUSES
 from .text.tokenize import TOKENIZERS, TokenizerSettings
+from .verdicts import STATUSES
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
 
@@ -214,9 +214,15 @@ cli.add_command(fingerprint_command, name="fingerprint")
               show_default=True, help="MinHash: the Jaccard similarity that makes a near-duplicate.")
 @click.option("--num-perm", type=click.IntRange(16, 1024), default=128, show_default=True,
               help="MinHash: signature length (a multiple of 4).")
+@click.option("--segment-size", type=click.IntRange(1000), default=None,
+              help="Documents (ids) per new segment: the active segment's indexes must fit in the server's "
+                   "memory [default: 1,000,000].")
+@click.option("--merge-factor", type=click.IntRange(2, 64), default=None,
+              help="Sealed segments of one size that merge into one [default: 4].")
 @user_errors
 def init(database_url, schema, data_dir, max_distance, blocks, tokenizer, jieba_hmm, shingle_size, stopwords,
-         weighting, idf_paths, top_features, expected_size, method, threshold, num_perm):
+         weighting, idf_paths, top_features, expected_size, method, threshold, num_perm, segment_size,
+         merge_factor):
     """Create an index; its settings are stored with it and checked on every open.
 
     Running it again with the same settings leaves the index as it is; with
@@ -245,6 +251,8 @@ def init(database_url, schema, data_dir, max_distance, blocks, tokenizer, jieba_
               "top_features": top_features, "expected_size": expected_size, "threshold": threshold,
               "num_perm": num_perm}
     options = {name: value for name, value in {"method": method, **values}.items() if name in given}
+    options.update({name: value for name, value in (("segment_size", segment_size),
+                                                     ("merge_factor", merge_factor)) if value is not None})
     if idf_paths:
         check_paths(idf_paths)
         options["idf"] = learn_idf(idf_paths, TokenizerSettings(name=tokenizer, jieba_hmm=jieba_hmm,
@@ -275,10 +283,12 @@ def init(database_url, schema, data_dir, max_distance, blocks, tokenizer, jieba_
 @click.option("--resume", is_flag=True, help="Continue an interrupted batch after its last stored chunk.")
 @click.option("--verdicts", "verdicts_path", type=click.Path(dir_okay=False), default=None,
               help="Write every input record's verdict to this file, one JSON object per line, in input order.")
+@click.option("--compact/--no-compact", default=True, show_default=True,
+              help="After the batch, merge segments when the index's policy asks for it (see simdb compact).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
 @user_errors
 def ingest(database_url, schema, data_dir, paths, input_format, id_field, text_field, batch_name, workers,
-           on_error, rejects, max_chars, chunk_size, resume, verdicts_path, as_json):
+           on_error, rejects, max_chars, chunk_size, resume, verdicts_path, compact, as_json):
     """Add the documents in PATHS as one batch, matched against the archive and each other.
 
     Fields other than the id and the text are kept as metadata. Ids already
@@ -299,7 +309,7 @@ def ingest(database_url, schema, data_dir, paths, input_format, id_field, text_f
     started = time.perf_counter()
     options = IngestOptions(batch=batch_name, source=" ".join(paths), on_error=on_error, rejects=rejects,
                             max_chars=max_chars, chunk_size=chunk_size, workers=workers, resume=resume,
-                            verdicts=verdicts_path)
+                            verdicts=verdicts_path, compact=compact)
     check_paths(paths)
     progress = Progress(f"ingest {options.batch or ''}".strip(), total_bytes(paths))
     try:
@@ -544,8 +554,18 @@ def stats(database_url, schema, data_dir, as_json):
             f"{batch['status']}: stopped after {batch['position']:,} input records; continue with --resume"
         click.echo(f"  {batch['name']}: {batch['documents']:,} documents, {batch['new']:,} new, "
                    f"{batch['exact_duplicates']:,} exact, {batch['near_duplicates']:,} near{extra} ({status})")
+    policy = info["segment_policy"]
+    click.echo(f"segments:   {len(info['segments'])} (new ones span {policy['size']:,} ids; "
+               f"{policy['merge_factor']} of a size merge into one)"
+               + ("; a merge is due: simdb compact" if info["compaction_due"] else ""))
+    for segment in info["segments"]:
+        click.echo(f"  {segment['name']}: ids {segment['first_id']:,}..{segment['end_id'] - 1:,}, "
+                   f"{segment['documents']:,} documents, {segment['bytes'] / 2**20:,.1f} MiB"
+                   + (" (active)" if segment["active"] else ""))
     if info["advice"]:
         click.echo(f"warning: {info['advice']}", err=True)
+    for line in info["server_warnings"]:
+        click.echo(f"warning: {line}", err=True)
 
 
 @cli.command()
@@ -628,6 +648,27 @@ def relayout(database_url, schema, data_dir, blocks):
         click.echo(f"relaid out from {before} to {index.layout.describe()}")
 
 
+@cli.command()
+@database_options
+@click.option("--full", is_flag=True, help="Merge every sealed segment into one, whatever the policy says.")
+@click.option("--json", "as_json", is_flag=True, help="Print what was merged as one JSON object.")
+@user_errors
+def compact(database_url, schema, data_dir, full, as_json):
+    """Merge sealed segments of documents, as the index's policy asks (ingest does this after each batch).
+
+    A merge copies its segments into one new segment, indexes it, and swaps it in with one short
+    exclusive lock; ingests wait while it runs, queries go on. An interrupted merge changes nothing.
+
+    \b
+    Example:
+        simdb compact
+        simdb compact --full --json
+    """
+    with open_index(database_url, schema, data_dir) as index:
+        summary = index.compact(full=full, progress=None if as_json else lambda m: click.echo(m, err=True))
+    click.echo(json.dumps(summary.to_json()) if as_json else str(summary))
+
+
 @cli.command(name="grant-reader")
 @database_options
 @click.argument("role")
@@ -675,7 +716,8 @@ def calibrate(pairs_path, documents, label_field, plot_path, as_json):
         simdb calibrate labelled.jsonl
         simdb calibrate pairs.jsonl --documents docs.jsonl --label-field dup_80 --plot cal.png
     """
-    from .calibrate import calibrate as run_calibration, plot, read_pairs
+    from .calibrate import calibrate as run_calibration
+    from .calibrate import plot, read_pairs
 
     result = run_calibration(list(read_pairs(pairs_path, documents=documents, label_field=label_field)))
     plot(result, plot_path)

@@ -15,17 +15,17 @@ import dataclasses
 import functools
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 
 from .bits import format_fingerprint
-from .errors import InputError, SimdbError, parameter
 from .check import check
+from .errors import InputError, SimdbError, parameter
 from .ingest import BatchSummary, FingerprintedBatch, IngestOptions, ingest
 from .inputs import DEFAULT_MAX_CHARS, Document, check_text, checks
 from .methods import Method
-from .pg import catalog, reads
+from .pg import catalog, reads, segments, server
 from .pg.chunks import store_chunk
 from .pg.database import Database
 from .pg.functions import grant_reader
@@ -110,10 +110,15 @@ class Index:
         With ``exist_ok``, an existing index with the same settings is opened
         instead; one with other settings is an :class:`IncompatibleIndex`.
         """
+        storage = {name: settings.pop(name) for name in ("segment_size", "merge_factor")
+                   if settings.get(name) is not None}
         try:
             wanted = IndexSettings.new(**settings)
+            policy = segments.SegmentPolicy(size=storage.get("segment_size", segments.DEFAULT_SIZE),
+                                            merge_factor=storage.get("merge_factor", segments.DEFAULT_MERGE_FACTOR))
         except ValueError as exc:
             raise SimdbError(f"invalid index settings: {exc}") from None
+        wanted = replace(wanted, segments=policy.to_row())
         database = Database.connect(database_url, schema=schema, data_dir=data_dir)
         try:
             with database.engine.begin() as connection:
@@ -207,8 +212,12 @@ class Index:
 
     def ingest(self, items: Iterable[Document | InputError], options: IngestOptions,
                progress: Callable[[int], None] | None = None) -> BatchSummary:
-        """Ingest documents (and, with ``on_error="skip"``, read errors to reject) as one batch."""
-        return ingest(self.database.engine, self.database.schema, self.sketcher, items, options, progress)
+        """Ingest documents (and, with ``on_error="skip"``, read errors to reject) as one batch; then merge
+        segments if the index's policy asks for it (unless ``options.compact`` is false)."""
+        summary = ingest(self.database.engine, self.database.schema, self.sketcher, items, options, progress)
+        if options.compact and summary.recorded:
+            summary = replace(summary, compacted=self.compact().merged)
+        return summary
 
     def verdicts(self, batch: str, *, status: str | None = None) -> Iterator[Verdict]:
         """What became of every input record of a stored batch (of one ``status``), in input order, streamed."""
@@ -267,6 +276,17 @@ class Index:
         self.settings = relayout(self.database.engine, self.database.schema, self.settings, blocks,
                                  progress=progress)
         self.__dict__.pop("sketcher", None)
+
+    def compact(self, *, full: bool = False, progress: Callable[[str], None] | None = None
+                ) -> segments.CompactionSummary:
+        """Merge sealed segments as the index's policy asks (``full``: all of them into one); see
+        :mod:`simdb.pg.segments`."""
+        return segments.compact(self.database.engine, self.database.schema, full=full, progress=progress)
+
+    def segments(self) -> list[segments.Segment]:
+        """The segments of ``documents`` in id order, with their document counts and sizes."""
+        with self.database.engine.connect() as connection:
+            return segments.list_segments(connection, counts=True)
 
     def grant_reader(self, role: str, *, login: bool = False, password: str | None = None) -> bool:
         """Create or update a read-only role for analysts; True if it was created."""
@@ -377,6 +397,9 @@ class Index:
         method = self.settings.method
         with self.database.engine.connect() as connection:
             found = reads.statistics(connection, method)
+            stored_segments = segments.list_segments(connection, counts=True)
+            policy = segments.load_policy(connection)
+            server_warnings = server.warnings(connection)
         documents = found["documents"]
         expected = method.expected_candidates(documents)
         return {
@@ -393,4 +416,8 @@ class Index:
                                     for n, column, value in found["largest"]],
             "advice": method.layout_advice(found["measured"], documents),
             "table_bytes": found["table_bytes"],
+            "segments": [segment.to_json() for segment in stored_segments],
+            "segment_policy": policy.to_row(),
+            "compaction_due": bool(policy.plan([s.width for s in stored_segments if not s.active])),
+            "server_warnings": server_warnings,
         }

@@ -61,6 +61,8 @@ class IngestOptions:
     chunk_size: int = DEFAULT_CHUNK_SIZE
     workers: int | None = 1
     resume: bool = False
+    #: Merge segments after the batch when the index's policy asks for it (see :mod:`simdb.pg.segments`).
+    compact: bool = True
 
     def __post_init__(self) -> None:
         if self.on_error not in ON_ERROR:
@@ -125,6 +127,8 @@ class BatchSummary:
     rejects_path: str | None = None
     #: False when the input held no record at all: no batch was created.
     recorded: bool = True
+    #: Segments merged after the batch (:class:`simdb.pg.segments.CompactionSummary` merges).
+    compacted: list = field(default_factory=list)
 
     def to_json(self, verdicts: str | Path | None = None) -> dict:
         """The summary a script reads (``simdb ingest --json``)."""
@@ -132,7 +136,7 @@ class BatchSummary:
                 "exact_duplicates": self.exact_duplicates, "near_duplicates": self.near_duplicates,
                 "within_batch": self.within_batch, "already_stored": self.already_stored, "rejected": self.rejected,
                 "rejects": self.rejects_path, "verdicts": None if verdicts is None else str(verdicts),
-                "seconds": round(self.seconds, 3)}
+                "seconds": round(self.seconds, 3), "compacted": self.compacted}
 
     def __str__(self) -> str:
         text = (f"batch {self.name!r}: {self.documents:,} documents: {self.new:,} new, "
@@ -142,7 +146,11 @@ class BatchSummary:
             text += f", {self.already_stored:,} already stored"
         if self.rejected:
             text += f", {self.rejected:,} rejected" + (f" (see {self.rejects_path})" if self.rejects_path else "")
-        return f"{text} in {self.seconds:.1f} s"
+        text = f"{text} in {self.seconds:.1f} s"
+        if self.compacted:
+            text += (f"; then merged {sum(len(m['replaced']) for m in self.compacted)} segments into "
+                     f"{len(self.compacted)} in {sum(m['seconds'] for m in self.compacted):.1f} s")
+        return text
 
 
 def size_checked(items: Iterable[Document | InputError], max_chars: int) -> Iterator[Document | InputError]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import unicodedata
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .errors import IncompatibleIndex
 from .methods import Method, SimHash
@@ -51,6 +51,9 @@ class IndexSettings:
     #: Informational: which software built the index (the canaries do the checking).
     created_with: dict = field(default_factory=dict, compare=False)
     canaries: dict = field(default_factory=dict, compare=False)
+    #: How documents are stored in segments (``size``, ``merge_factor``: see :mod:`simdb.pg.segments`);
+    #: storage only, it changes no answer.
+    segments: dict = field(default_factory=lambda: {"size": 1_000_000, "merge_factor": 4}, compare=False)
 
     @property
     def layout(self):
@@ -80,7 +83,8 @@ class IndexSettings:
 
     def to_rows(self) -> dict[str, object]:
         """The settings table's rows (side tables such as ``idf_terms`` are the method's)."""
-        return {**self.method.to_rows(), "created_with": self.created_with, "canaries": self.canaries}
+        return {**self.method.to_rows(), "created_with": self.created_with, "canaries": self.canaries,
+                "segments": self.segments}
 
     @staticmethod
     def side_table_names(rows: dict[str, object]) -> list[str]:
@@ -90,7 +94,8 @@ class IndexSettings:
     def from_rows(cls, rows: dict[str, object], side_tables: dict[str, dict] | None = None) -> "IndexSettings":
         """Read the settings back, with the side tables their method named (:meth:`side_table_names`)."""
         method = Method.stored_class(rows).from_rows(rows, side_tables or {})
-        return cls(method=method, created_with=rows.get("created_with", {}), canaries=rows.get("canaries", {}))
+        made = cls(method=method, created_with=rows.get("created_with", {}), canaries=rows.get("canaries", {}))
+        return replace(made, segments=rows["segments"]) if "segments" in rows else made
 
     # -- checks ----------------------------------------------------------------------------
 

@@ -120,6 +120,9 @@ CASES = [
     ("remove-nothing-said", "simhash", ["remove"], 1, "exactly one of"),
     ("remove-unknown-id", "simhash", ["remove", "--id", "nope"], 1, "no stored document has the id"),
     ("remove-unknown-batch", "simhash", ["remove", "--batch", "nope"], 1, "no batch named"),
+    ("compact-no-index", "none", ["compact"], 1, "no simdb index"),
+    ("init-segment-too-small", "none", ["init", "--segment-size", "10"], 2, "--segment-size"),
+    ("init-merge-factor-one", "none", ["init", "--merge-factor", "1"], 2, "--merge-factor"),
     ("relayout-same", "simhash", ["relayout", "--blocks", "4"], 1, "already uses 4 blocks"),
     ("relayout-minhash", "minhash", ["relayout"], 1, "bands are fixed"),
     ("relayout-minhash-blocks", "minhash", ["relayout", "--blocks", "5"], 1, "bands are fixed"),
@@ -147,7 +150,8 @@ CASES = [
     # an unreachable server, for every command that needs one
     *[(f"unreachable-{args[0]}", "none", [*args, "--database-url", UNREACHABLE], 1, "cannot connect") for args in [
         ["init"], ["ingest", "good.jsonl"], ["query", "x"], ["pairs"], ["export"], ["stats"],
-        ["report", "--output", "r.html"], ["remove", "--id", "x"], ["relayout"], ["grant-reader", "someone"]]],
+        ["report", "--output", "r.html"], ["remove", "--id", "x"], ["relayout"], ["grant-reader", "someone"],
+        ["compact"]]],
     ("not-postgresql", "none", ["stats", "--database-url", "mysql://root@127.0.0.1/x"], 1, "not supported"),
 ]
 

@@ -26,6 +26,7 @@ from .catalog import check_layout
 from .clusters import merge_clusters
 from .copy import copy_in
 from .database import lock
+from .segments import ensure_segments
 
 #: Staged documents whose exact text is already stored or comes earlier in the chunk. Two semi-joins
 #: glued by UNION: with ``OR`` between the two ``EXISTS`` PostgreSQL cannot turn them into hash
@@ -90,6 +91,8 @@ def store_chunk(connection: sa.Connection, schema: str, method: Method, chunk, *
     ids = np.array(connection.execute(sa.text(
         f"SELECT nextval({int(sequence)}::oid::regclass) FROM generate_series(1, :count)"), {"count": count}
     ).scalars().all(), dtype=np.int64)
+    if count:
+        ensure_segments(connection, int(ids[0]), int(ids[-1]))
     keys, stored_sketches = method.keys(chunk.sketches), method.stored(chunk.sketches)
 
     columns = create_staging(connection, method)

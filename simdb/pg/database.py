@@ -141,6 +141,11 @@ class Database:
         if int(version) < 140000:
             engine.dispose()
             raise DatabaseUnavailable(f"{redact(url)} runs PostgreSQL {int(version) // 10000}; simdb needs 14 or newer")
+        if server is not None:  # the embedded server is simdb's own: set it up for an archive on this machine
+            from .server import tune_embedded
+
+            with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+                tune_embedded(connection)
         return cls(engine=engine, schema=schema, server=server)
 
     @property

@@ -160,7 +160,9 @@ def statistics(connection: sa.Connection, method: Method) -> dict:
     key (summed over the keys: the candidates a lookup of a stored document meets) and the largest buckets."""
     counts = connection.execute(sa.text(
         "SELECT count(*) AS documents, count(duplicate_of) AS duplicates FROM documents")).one()
-    size = connection.execute(sa.text("SELECT pg_total_relation_size('documents')")).scalar_one()
+    size = connection.execute(sa.text(  # a partitioned table has no storage of its own: its segments do
+        "SELECT coalesce(sum(pg_total_relation_size(inhrelid)), 0)::int8 FROM pg_inherits "
+        "WHERE inhparent = CAST('documents' AS regclass)")).scalar_one()
     means, largest = [], []
     for column in method.key_columns:
         means.append(connection.execute(sa.text(

@@ -25,6 +25,28 @@ from .database import lock
 from .functions import create_functions
 
 
+def index_segments(connection: sa.Connection, name: str, definition: str) -> None:
+    """In autocommit: the partitioned index ``name`` on ``documents``, built segment by segment with
+    ``CREATE INDEX CONCURRENTLY`` (which a partitioned table does not take) and attached; it becomes valid
+    when every segment has its part. Segments created meanwhile get theirs when they are attached."""
+    connection.exec_driver_sql(f"CREATE INDEX IF NOT EXISTS {name} ON ONLY documents {definition}")
+    while True:
+        missing = connection.execute(sa.text(
+            "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+            "WHERE i.inhparent = CAST('documents' AS regclass) AND NOT EXISTS ("
+            "  SELECT 1 FROM pg_inherits x JOIN pg_index p ON p.indexrelid = x.inhrelid "
+            "  WHERE x.inhparent = CAST(:name AS regclass) AND p.indrelid = c.oid) ORDER BY c.relname"),
+            {"name": name}).scalars().all()
+        if not missing:
+            return
+        for segment in missing:
+            part = f"{segment}_{name.removeprefix('ix_documents_')}"
+            # a part left invalid by an interrupted build is built again
+            connection.exec_driver_sql(f'DROP INDEX CONCURRENTLY IF EXISTS "{part}"')
+            connection.exec_driver_sql(f'CREATE INDEX CONCURRENTLY "{part}" ON "{segment}" {definition}')
+            connection.exec_driver_sql(f'ALTER INDEX {name} ATTACH PARTITION "{part}"')
+
+
 def relayout(engine: sa.Engine, schema: str, settings: IndexSettings, blocks: int | None, *,
              rows_per_transaction: int = 200_000, progress: Callable[[str], None] | None = None) -> IndexSettings:
     """Switch the index to ``blocks`` blocks (default: the best for its size); returns the new settings."""
@@ -57,10 +79,15 @@ def relayout(engine: sa.Engine, schema: str, settings: IndexSettings, blocks: in
         say(f"filled keys of documents {start:,}..{min(start + rows_per_transaction, last + 1) - 1:,}")
 
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
-        for column in new.key_columns:
-            connection.exec_driver_sql(f"CREATE INDEX CONCURRENTLY ix_documents_{column} ON documents ({column}) "
-                                       "INCLUDE (simhash, id)")
-            say(f"indexed {column}")
+        # no merge of segments meanwhile (it takes the migrate lock): the segments being indexed stay
+        key = {"key": f"simdb migrate {schema}"}
+        connection.execute(sa.text("SELECT pg_advisory_lock(hashtextextended(:key, 0))"), key)
+        try:
+            for column in new.key_columns:
+                index_segments(connection, f"ix_documents_{column}", f"({column}) INCLUDE (simhash, id)")
+                say(f"indexed {column}")
+        finally:
+            connection.execute(sa.text("SELECT pg_advisory_unlock(hashtextextended(:key, 0))"), key)
 
     with engine.begin() as connection:
         lock(connection, schema, "ingest")

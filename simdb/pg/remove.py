@@ -84,6 +84,9 @@ def remove(connection: sa.Connection, schema: str, method: Method, *, external_i
     clusters = connection.execute(sa.text(
         "SELECT DISTINCT cluster_id FROM documents WHERE id IN (SELECT id FROM removing)")).scalars().all()
     removed = connection.execute(sa.text("DELETE FROM documents WHERE id IN (SELECT id FROM removing)")).rowcount
+    # their pairs go with them (no foreign key cascades into segments); both sides through their indexes
+    connection.exec_driver_sql("DELETE FROM near_duplicates WHERE a_id IN (SELECT id FROM removing)")
+    connection.exec_driver_sql("DELETE FROM near_duplicates WHERE b_id IN (SELECT id FROM removing)")
     recluster(connection, clusters)  # a removal can split clusters; only those that lost documents are redone
     if batch_id is not None:
         connection.execute(sa.text("DELETE FROM batches WHERE id = :b"), {"b": batch_id})

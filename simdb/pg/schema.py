@@ -6,7 +6,9 @@ schema name: every connection's ``search_path`` starts with the index's
 PostgreSQL schema (``simdb`` unless chosen otherwise), so one database can
 hold several indexes.
 
-``documents`` has one column per block key (``key_0`` .. ``key_{n-1}``), each
+``documents`` is partitioned by ranges of ``id`` into segments (plain tables
+``documents_<first id>``, managed by :mod:`simdb.pg.segments`); its indexes are
+partitioned indexes, so every segment has its own. It has one column per block key (``key_0`` .. ``key_{n-1}``), each
 with its own B-tree index that also carries ``simhash`` and ``id``, so a
 lookup is an index-only scan. A MinHash index stores its signature in
 ``signature`` (``simhash`` stays NULL) and one key column per band.
@@ -18,7 +20,6 @@ import functools
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
-
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -59,8 +60,11 @@ def build_metadata(key_columns: tuple[str, ...]) -> sa.MetaData:
     key_column_objects = [sa.Column(name, sa.BigInteger, nullable=False) for name in key_columns]
     documents = sa.Table(
         "documents", metadata,
-        sa.Column("id", sa.BigInteger, sa.Identity(), primary_key=True),
-        sa.Column("external_id", sa.Text, nullable=False, unique=True),
+        sa.Column("id", sa.BigInteger, primary_key=True, autoincrement=False,
+                  server_default=sa.text("nextval('documents_id_seq'::regclass)")),
+        # unique by the ingest's set-based check under its lock: a partitioned table's unique index must
+        # contain the partition key
+        sa.Column("external_id", sa.Text, nullable=False, index=True),
         sa.Column("batch_id", sa.Integer, sa.ForeignKey("batches.id"), nullable=False, index=True),
         sa.Column("simhash", sa.BigInteger),
         sa.Column("signature", sa.LargeBinary),
@@ -69,19 +73,19 @@ def build_metadata(key_columns: tuple[str, ...]) -> sa.MetaData:
         sa.Column("length", sa.Integer, nullable=False),
         sa.Column("metadata", JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
-        sa.Column("duplicate_of", sa.BigInteger, sa.ForeignKey("documents.id"), index=True),
+        sa.Column("duplicate_of", sa.BigInteger, index=True),  # no foreign keys into segments (see 0007)
         sa.Column("duplicate_distance", sa.SmallInteger),
         sa.Column("cluster_id", sa.BigInteger, nullable=False, index=True),
         sa.CheckConstraint(sa.text("(simhash IS NULL) <> (signature IS NULL)"), name="one_sketch"),
         comment="One row per document: fingerprint (signed BIGINT), block keys, and the earliest near-duplicate.",
+        postgresql_partition_by="RANGE (id)",
     )
     for name in key_columns:
         sa.Index(f"ix_documents_{name}", documents.c[name], postgresql_include=["simhash", "id"])
     sa.Table(
         "near_duplicates", metadata,
-        sa.Column("a_id", sa.BigInteger, sa.ForeignKey("documents.id", ondelete="CASCADE"), primary_key=True),
-        sa.Column("b_id", sa.BigInteger, sa.ForeignKey("documents.id", ondelete="CASCADE"), primary_key=True,
-                  index=True),
+        sa.Column("a_id", sa.BigInteger, primary_key=True),
+        sa.Column("b_id", sa.BigInteger, primary_key=True, index=True),
         sa.Column("distance", sa.SmallInteger, nullable=False),
         sa.Column("batch_id", sa.Integer, sa.ForeignKey("batches.id", ondelete="CASCADE"), nullable=False,
                   index=True),

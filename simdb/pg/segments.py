@@ -1,0 +1,295 @@
+"""Segments: ``documents`` is partitioned by id ranges, so that ingest writes only small indexes.
+
+A segment is a plain table ``documents_<first id>`` attached to ``documents`` for one range of ids.
+Ids only grow, so new documents always land in the newest segment (the *active* one) or in segments
+created for them; older segments are *sealed*: they are read by lookups and candidate joins, and
+written only by the rare relabel of a cluster or a removal. The active segment's indexes stay small
+and in memory however large the archive grows.
+
+Segments are created as ids advance (:func:`ensure_segments`, under the ingest lock), each spanning
+``size`` ids, and merged by :func:`compact`: sealed segments of a similar width are copied, in id
+order, into one new table that is indexed before it replaces them in a single transaction, so an
+interrupted merge leaves the old segments as they were. The policy is size-tiered: a *tier* holds
+segments whose width is ``size * factor**t``; ``factor`` adjacent sealed segments of one tier merge
+into one of the next. The number of segments then stays below ``(factor - 1) * log_factor(n / size) + 2``
+and each document is rewritten about ``log_factor(n / size)`` times in its life.
+
+The settings row ``segments`` holds ``size`` and ``merge_factor``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import sqlalchemy as sa
+
+from ..errors import SimdbError
+from .database import lock
+
+DEFAULT_SIZE = 1_000_000
+DEFAULT_MERGE_FACTOR = 4
+_BOUNDS = re.compile(r"FROM \('?(-?\d+|MINVALUE)'?\) TO \('?(-?\d+|MAXVALUE)'?\)")
+
+
+def segment_name(first_id: int) -> str:
+    return f"documents_{first_id:012d}"
+
+
+@dataclass(frozen=True)
+class Segment:
+    name: str
+    first_id: int  #: the first id of its range
+    end_id: int  #: one past the last id of its range
+    active: bool  #: the newest segment, which receives new documents
+    documents: int | None = None  #: exact count, when asked for
+    bytes: int | None = None  #: table, TOAST and indexes
+
+    @property
+    def width(self) -> int:
+        return self.end_id - self.first_id
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class SegmentPolicy:
+    size: int = DEFAULT_SIZE
+    merge_factor: int = DEFAULT_MERGE_FACTOR
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.size, int) or isinstance(self.size, bool) or self.size < 1:
+            raise SimdbError(f"the segment size must be a positive whole number of ids, not {self.size!r}")
+        if not isinstance(self.merge_factor, int) or self.merge_factor < 2:
+            raise SimdbError(f"the merge factor must be at least 2, not {self.merge_factor!r}")
+
+    def to_row(self) -> dict:
+        return {"size": self.size, "merge_factor": self.merge_factor}
+
+    @classmethod
+    def from_row(cls, row: dict | None) -> "SegmentPolicy":
+        return cls(**(row or {}))
+
+    def tier(self, width: int) -> int:
+        return max(0, int(math.log(max(width, 1) / self.size, self.merge_factor) + 1e-9))
+
+    def plan(self, widths: list[int], full: bool = False) -> list[list[int]]:
+        """Runs of adjacent sealed segments (by index into ``widths``, in id order) to merge: every run of
+        ``merge_factor`` segments of one tier, repeatedly (a merged segment may complete a run of the next
+        tier); ``full`` merges all of them into one."""
+        if full:
+            return [list(range(len(widths)))] if len(widths) > 1 else []
+        groups = [[i] for i in range(len(widths))]  # each group: original indexes it holds
+        sizes = list(widths)
+        while True:
+            tiers = [self.tier(w) for w in sizes]
+            for start in range(len(sizes) - self.merge_factor + 1):
+                window = tiers[start:start + self.merge_factor]
+                if len(set(window)) == 1:
+                    end = start + self.merge_factor
+                    groups[start:end] = [[i for g in groups[start:end] for i in g]]
+                    sizes[start:end] = [sum(sizes[start:end])]
+                    break
+            else:
+                return [g for g in groups if len(g) > 1]
+
+
+def load_policy(connection: sa.Connection) -> SegmentPolicy:
+    row = connection.execute(sa.text("SELECT value FROM settings WHERE name = 'segments'")).scalar()
+    return SegmentPolicy.from_row(row)
+
+
+def save_policy(connection: sa.Connection, policy: SegmentPolicy) -> None:
+    connection.execute(sa.text(
+        "INSERT INTO settings (name, value) VALUES ('segments', CAST(:value AS jsonb)) "
+        "ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value"), {"value": json.dumps(policy.to_row())})
+
+
+def list_segments(connection: sa.Connection, *, counts: bool = False) -> list[Segment]:
+    """The segments in id order; with ``counts``, their exact document counts and sizes on disk."""
+    rows = connection.execute(sa.text(
+        "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid) FROM pg_inherits i "
+        "JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = CAST('documents' AS regclass) "
+        # a table another transaction is attaching or detaching right now shows no bound yet: not ours to list
+        "AND c.relpartbound IS NOT NULL")).all()
+    bounds = []
+    for name, bound in rows:
+        match = _BOUNDS.search(bound or "")
+        if match is None:
+            raise SimdbError(f"segment {name} of documents has the partition bound {bound!r}, which simdb did not "
+                             "create; detach it")
+        low, high = match.groups()
+        bounds.append((name, 0 if low == "MINVALUE" else int(low), 2 ** 63 - 1 if high == "MAXVALUE" else int(high)))
+    bounds.sort(key=lambda row: row[1])
+    segments = []
+    for position, (name, first, end) in enumerate(bounds):
+        documents = size = None
+        if counts:
+            documents = connection.exec_driver_sql(f'SELECT count(*) FROM "{name}"').scalar_one()
+            size = connection.execute(sa.text("SELECT pg_total_relation_size(CAST(:n AS regclass))"),
+                                      {"n": name}).scalar_one()
+        segments.append(Segment(name, first, end, position == len(bounds) - 1, documents, size))
+    return segments
+
+
+def ensure_segments(connection: sa.Connection, first_id: int, last_id: int) -> list[str]:
+    """Under the ingest lock: make sure segments cover ids ``first_id..last_id`` (newly allocated, so above
+    every stored id); returns the names of the segments created. A new segment starts where the last one
+    ends, or at ``first_id`` when the ids skipped past a whole segment's width."""
+    policy = load_policy(connection)
+    segments = list_segments(connection)
+    end = segments[-1].end_id if segments else 1
+    created = []
+    while end <= last_id:
+        start = end if first_id - end < policy.size else first_id
+        created.append(_create_segment(connection, start, start + policy.size))
+        end = start + policy.size
+    return created
+
+
+def _create_segment(connection: sa.Connection, first_id: int, end_id: int, name: str | None = None,
+                    attach: bool = True) -> str:
+    """A new empty segment table; attached (a SHARE UPDATE EXCLUSIVE lock on ``documents``: readers and
+    writers go on) unless ``attach`` is false."""
+    name = name or segment_name(first_id)
+    connection.exec_driver_sql(f'CREATE TABLE "{name}" (LIKE documents INCLUDING DEFAULTS INCLUDING CONSTRAINTS '
+                               "INCLUDING STORAGE)")
+    if attach:
+        connection.exec_driver_sql(f'ALTER TABLE documents ATTACH PARTITION "{name}" '
+                                   f"FOR VALUES FROM ({int(first_id)}) TO ({int(end_id)})")
+    return name
+
+
+# -- merging ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CompactionSummary:
+    merged: list[dict]  #: one per new segment: its name, range, documents, the segments it replaced, seconds
+    segments_before: int
+    segments_after: int
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        if not self.merged:
+            return f"nothing to merge: {self.segments_before} segment(s) as the policy wants them"
+        documents = sum(m["documents"] for m in self.merged)
+        seconds = sum(m["seconds"] for m in self.merged)
+        return (f"merged {sum(len(m['replaced']) for m in self.merged)} segments into {len(self.merged)} "
+                f"({documents:,} documents in {seconds:.1f} s); {self.segments_before} -> {self.segments_after} "
+                "segments")
+
+
+def _index_statements(connection: sa.Connection, table: str) -> list[str]:
+    """CREATE INDEX statements for every index of ``documents`` (its partitioned indexes), on ``table``."""
+    definitions = connection.execute(sa.text(
+        "SELECT i.relname, pg_get_indexdef(i.oid) FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid "
+        "WHERE x.indrelid = CAST('documents' AS regclass) AND NOT x.indisprimary ORDER BY i.relname")).all()
+    statements = []
+    for name, definition in definitions:
+        body = re.sub(r"^CREATE (UNIQUE )?INDEX \S+ ON ONLY (\S+\.)?documents ",
+                      lambda m: f'CREATE {m.group(1) or ""}INDEX "{table}_{name.removeprefix("ix_documents_")}" '
+                                f'ON "{table}" ', definition)
+        if body == definition:
+            raise SimdbError(f"cannot copy the definition of index {name} to a segment: {definition}")
+        statements.append(body)
+    return statements
+
+
+def merge(connection: sa.Connection, run: list[Segment]) -> dict:
+    """Replace adjacent sealed segments by one, inside the caller's transaction (which holds the ingest
+    and migrate locks): copy in id order, index, then detach and drop the old ones and attach the new."""
+    started = time.perf_counter()
+    first, end = run[0].first_id, run[-1].end_id
+    for left, right in zip(run, run[1:]):
+        if left.end_id != right.first_id:
+            raise SimdbError(f"segments {left.name} and {right.name} are not adjacent; cannot merge them")
+    staging = segment_name(first) + "_merged"
+    _create_segment(connection, first, end, staging, attach=False)
+    connection.exec_driver_sql(f'ALTER TABLE "{staging}" SET (autovacuum_enabled = false)')
+    columns = ", ".join(f'"{c}"' for c in connection.execute(sa.text(
+        "SELECT attname FROM pg_attribute WHERE attrelid = CAST('documents' AS regclass) AND attnum > 0 "
+        "AND NOT attisdropped ORDER BY attnum")).scalars())
+    documents = 0
+    for segment in run:
+        documents += connection.exec_driver_sql(
+            f'INSERT INTO "{staging}" ({columns}) SELECT {columns} FROM "{segment.name}" ORDER BY id').rowcount
+    connection.exec_driver_sql(f'ALTER TABLE "{staging}" ADD CONSTRAINT "{staging}_pkey" PRIMARY KEY (id)')
+    for statement in _index_statements(connection, staging):
+        connection.exec_driver_sql(statement)
+    # the range, proven once here so that ATTACH need not scan again
+    connection.exec_driver_sql(f'ALTER TABLE "{staging}" ADD CONSTRAINT "{staging}_range" '
+                               f"CHECK (id >= {int(first)} AND id < {int(end)})")
+    connection.exec_driver_sql(f'ANALYZE "{staging}"')
+    _lock_documents(connection)
+    for segment in run:
+        connection.exec_driver_sql(f'ALTER TABLE documents DETACH PARTITION "{segment.name}"')
+        connection.exec_driver_sql(f'DROP TABLE "{segment.name}"')
+    connection.exec_driver_sql(f'ALTER TABLE documents ATTACH PARTITION "{staging}" '
+                               f"FOR VALUES FROM ({int(first)}) TO ({int(end)})")
+    connection.exec_driver_sql(f'ALTER TABLE "{staging}" DROP CONSTRAINT "{staging}_range"')
+    name = segment_name(first)
+    connection.exec_driver_sql(f'ALTER TABLE "{staging}" RENAME TO "{name}"')
+    connection.exec_driver_sql(f'ALTER TABLE "{name}" RESET (autovacuum_enabled)')
+    for index in connection.execute(sa.text(
+            "SELECT i.relname FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid "
+            "WHERE x.indrelid = CAST(:t AS regclass)"), {"t": name}).scalars():
+        connection.exec_driver_sql(f'ALTER INDEX "{index}" RENAME TO "{index.replace(staging, name, 1)}"')
+    return {"name": name, "first_id": first, "end_id": end, "documents": documents,
+            "replaced": [segment.name for segment in run], "seconds": round(time.perf_counter() - started, 3)}
+
+
+def _lock_documents(connection: sa.Connection, attempts: int = 24, wait: str = "5s") -> None:
+    """ACCESS EXCLUSIVE on ``documents`` (to detach segments), without queueing every new query behind a
+    long-running one: each attempt gives up after ``wait`` and lets the queries through before the next."""
+    for attempt in range(attempts):
+        try:
+            with connection.begin_nested():
+                connection.exec_driver_sql(f"SET LOCAL lock_timeout = '{wait}'")
+                connection.exec_driver_sql("LOCK TABLE documents IN ACCESS EXCLUSIVE MODE")
+                connection.exec_driver_sql("SET LOCAL lock_timeout = 0")
+            return
+        except sa.exc.OperationalError as exc:
+            if getattr(exc.orig, "sqlstate", None) != "55P03" or attempt == attempts - 1:
+                raise
+            time.sleep(1)
+
+
+def compact(engine: sa.Engine, schema: str, *, full: bool = False,
+            progress: Callable[[str], None] | None = None) -> CompactionSummary:
+    """Merge sealed segments as the policy says (or all of them, ``full``), one merge per transaction.
+
+    Each merge holds the ingest lock (ingests wait for it) and, for its last moments, an ACCESS
+    EXCLUSIVE lock on ``documents`` to detach the old segments (queries wait for that).
+    """
+    say = progress or (lambda message: None)
+    with engine.connect() as connection:
+        before = list_segments(connection)
+    merged = []
+    while True:
+        with engine.begin() as connection:
+            lock(connection, schema, "ingest")
+            lock(connection, schema, "migrate")
+            policy = load_policy(connection)
+            sealed = [s for s in list_segments(connection) if not s.active]
+            runs = policy.plan([s.width for s in sealed], full=full)
+            if not runs:
+                break
+            run = [sealed[i] for i in runs[0]]
+            say(f"merging {len(run)} segments ({run[0].name} .. {run[-1].name})")
+            merged.append(merge(connection, run))
+        say(f"merged into {merged[-1]['name']}: {merged[-1]['documents']:,} documents in {merged[-1]['seconds']} s")
+    with engine.connect() as connection:
+        after = list_segments(connection)
+    return CompactionSummary(merged=merged, segments_before=len(before), segments_after=len(after))
+
+
+def needs_compaction(connection: sa.Connection) -> bool:
+    policy = load_policy(connection)
+    return bool(policy.plan([s.width for s in list_segments(connection) if not s.active]))

@@ -1,0 +1,89 @@
+"""Server settings that decide ingest speed at archive scale, recommended for a machine and checked.
+
+PostgreSQL's defaults (128 MB of shared buffers, 1 GB of WAL between checkpoints, a checkpoint
+every 5 minutes) suit a small database. An archive's ingest probes key indexes of many GB and
+writes a fresh full-page image of every index page it touches after each checkpoint; both costs
+fall sharply with a buffer cache that holds the hot indexes and with checkpoints that come
+rarely. The embedded server (:func:`tune_embedded`) applies :func:`recommended` for its machine;
+``simdb stats`` warns about a server below :data:`MINIMUMS`.
+"""
+
+from __future__ import annotations
+
+import os
+
+import sqlalchemy as sa
+
+#: Below these, ``simdb stats`` warns (in PostgreSQL's units: kB for memory, MB for WAL, s for time).
+MINIMUMS = {"shared_buffers": 1024 * 1024, "max_wal_size": 4096, "checkpoint_timeout": 600}
+_UNITS = {"shared_buffers": 8, "max_wal_size": 1, "checkpoint_timeout": 1}  # pg_settings units: 8kB, MB, s
+
+
+def memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 4 * 2**30
+
+
+def recommended(memory: int | None = None) -> dict[str, str]:
+    """Settings for a machine with ``memory`` bytes of RAM that mainly runs simdb: a quarter of it as
+    shared buffers (at most 16 GB), rare checkpoints, compressed full-page images."""
+    memory = memory or memory_bytes()
+    buffers_mb = max(128, min(16 * 1024, memory // 4 // 2**20))
+    return {"shared_buffers": f"{buffers_mb}MB", "effective_cache_size": f"{max(512, memory // 2 // 2**20)}MB",
+            "max_wal_size": "16GB", "min_wal_size": "1GB", "checkpoint_timeout": "30min",
+            "checkpoint_completion_target": "0.9", "wal_compression": "on",
+            "maintenance_work_mem": f"{max(64, min(2048, memory // 16 // 2**20))}MB"}
+
+
+def current(connection: sa.Connection) -> dict[str, tuple[str, str | None]]:
+    """(setting, unit) of the settings simdb cares about."""
+    names = sorted(set(recommended()) | set(MINIMUMS))
+    return {row.name: (row.setting, row.unit) for row in connection.execute(sa.text(
+        "SELECT name, setting, unit FROM pg_settings WHERE name = ANY(:names)"), {"names": names})}
+
+
+def warnings(connection: sa.Connection) -> list[str]:
+    """One line per setting below :data:`MINIMUMS`, with the command that raises it."""
+    found, advice = current(connection), recommended()
+    lines = []
+    for name, minimum in MINIMUMS.items():
+        setting = found.get(name)
+        if setting is None:
+            continue
+        value = int(setting[0]) * _UNITS[name]
+        if value < minimum:
+            lines.append(f"the server's {name} is {_human(name, value)}, below the {_human(name, minimum)} an archive "
+                         f"needs to ingest at full speed; as a superuser: ALTER SYSTEM SET {name} = "
+                         f"'{advice[name]}' (then {'restart' if name == 'shared_buffers' else 'reload'} the server)")
+    if found.get("wal_compression", ("on",))[0] == "off":
+        lines.append("the server's wal_compression is off: full-page images of the key indexes fill the WAL; as a "
+                     "superuser: ALTER SYSTEM SET wal_compression = 'on' (then reload the server)")
+    return lines
+
+
+def _human(name: str, value: int) -> str:
+    if name == "shared_buffers":
+        return f"{value / 1024:,.0f} MB"
+    if name == "max_wal_size":
+        return f"{value / 1024:,.0f} GB" if value >= 1024 else f"{value} MB"
+    return f"{value // 60} min"
+
+
+def tune_embedded(connection: sa.Connection) -> bool:
+    """Apply :func:`recommended` to the embedded server (``ALTER SYSTEM``); True if anything changed.
+
+    All but ``shared_buffers`` take effect at once (reload); ``shared_buffers`` from the server's next
+    start (the embedded server stops when its last process exits)."""
+    wanted = recommended()
+    stored = dict(connection.execute(sa.text(
+        "SELECT name, setting FROM pg_file_settings WHERE sourcefile LIKE '%postgresql.auto.conf'")).all())
+    changed = False
+    for name, value in wanted.items():
+        if stored.get(name) != value:
+            connection.exec_driver_sql(f"ALTER SYSTEM SET {name} = '{value}'")
+            changed = True
+    if changed:
+        connection.exec_driver_sql("SELECT pg_reload_conf()")
+    return changed

@@ -1,0 +1,281 @@
+"""Segments: documents spread over id-range partitions give the same answers as one table, through
+ingest, concurrent ingest, merges, removal and relayout; merges are atomic and follow their policy."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import pytest
+import sqlalchemy as sa
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from simdb import Index
+from simdb.pg import segments
+from simdb.pg.segments import SegmentPolicy
+from simdb.text import content_hash
+from tests.conftest import assert_consistent
+from tests.test_clusters import histories
+from tests.test_index import make_batch
+
+
+def segment_rows(engine, schema):
+    with engine.connect() as connection:
+        connection.exec_driver_sql(f"SET search_path = {schema}")
+        return segments.list_segments(connection, counts=True)
+
+
+def snapshot(engine, schema):
+    """Everything a merge must keep: every document row, every pair."""
+    with engine.connect() as connection:
+        documents = connection.exec_driver_sql(
+            f"SELECT * FROM {schema}.documents ORDER BY id").all()
+        pairs = connection.exec_driver_sql(f"SELECT a_id, b_id, distance FROM {schema}.near_duplicates "
+                                           "ORDER BY 1, 2").all()
+    return [tuple(row) for row in documents], [tuple(row) for row in pairs]
+
+
+# -- the policy ------------------------------------------------------------------------------------
+
+def test_the_policy_merges_runs_of_one_tier_and_cascades():
+    policy = SegmentPolicy(size=100, merge_factor=4)
+    assert policy.plan([100, 100, 100]) == []
+    assert policy.plan([100, 100, 100, 100]) == [[0, 1, 2, 3]]
+    # three of tier 1 and four of tier 0: the four merge into a fourth of tier 1, and those four merge again
+    assert policy.plan([400, 400, 400, 100, 100, 100, 100]) == [[0, 1, 2, 3, 4, 5, 6]]
+    assert policy.plan([1600, 400, 100, 100]) == []
+    assert policy.plan([1600, 400, 100, 100], full=True) == [[0, 1, 2, 3]]
+    assert policy.plan([1600], full=True) == []
+    # segments narrowed by gaps in the ids still count by their range
+    assert SegmentPolicy(size=100, merge_factor=2).plan([100, 100]) == [[0, 1]]
+
+
+def test_segment_counts_stay_logarithmic_as_an_archive_grows():
+    policy = SegmentPolicy(size=1, merge_factor=4)
+    widths = []
+    for _ in range(1000):
+        widths.append(1)
+        for run in policy.plan(widths):
+            widths[run[0]:run[-1] + 1] = [sum(widths[run[0]:run[-1] + 1])]
+        assert len(widths) <= 3 * 5 + 1  # (factor - 1) per tier, log4(1000) < 5 tiers
+    assert sum(widths) == 1000
+
+
+@pytest.mark.parametrize("size, factor", [(0, 4), (10, 1), (2.5, 4)])
+def test_a_bad_policy_is_refused(size, factor):
+    with pytest.raises(Exception, match="segment size|merge factor"):
+        SegmentPolicy(size=size, merge_factor=factor)
+
+
+# -- ingest over segments ----------------------------------------------------------------------------
+
+def test_ingest_creates_segments_as_ids_advance_and_finds_every_pair(database_url, schema, admin_engine):
+    rng = random.Random(7)
+    base = [rng.getrandbits(64) for _ in range(40)]
+    with Index.create(database_url, schema=schema, segment_size=10, merge_factor=3) as index:
+        for number in range(6):
+            fingerprints = [fp ^ (1 << rng.randrange(64)) if rng.random() < 0.7 else rng.getrandbits(64)
+                            for fp in rng.sample(base, 15)]
+            index.add_fingerprinted(make_batch(fingerprints, f"b{number}"), batch=f"b{number}")
+            assert_consistent(admin_engine, schema)
+        stored = segment_rows(admin_engine, schema)
+        assert len(stored) == 9 and [s.active for s in stored] == [False] * 8 + [True]
+        assert all(s.end_id - s.first_id == 10 for s in stored)
+        assert sum(s.documents for s in stored) == 90
+        before = snapshot(admin_engine, schema)
+        summary = index.compact()
+        assert [len(m["replaced"]) for m in summary.merged] == [3, 3]  # 8 sealed: two runs of three merge
+        assert [s.width for s in segment_rows(admin_engine, schema)] == [30, 30, 10, 10, 10]
+        assert snapshot(admin_engine, schema) == before
+        assert_consistent(admin_engine, schema)
+        index.add_fingerprinted(make_batch(base[:5], "after"), batch="after")
+        assert_consistent(admin_engine, schema)
+        assert index.query_fingerprint(base[0])  # stored in the merged segment and found again
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                 HealthCheck.too_slow])
+@given(history=histories(), merge_after=st.lists(st.booleans(), min_size=20, max_size=20))
+def test_segments_merges_and_removals_keep_pairs_and_clusters_exact(database_url, admin_engine, history,
+                                                                   merge_after):
+    chunks, concurrent, removals = history
+    schema = f"simdb_test_{uuid.uuid4().hex[:12]}"
+    try:
+        with Index.create(database_url, schema=schema, segment_size=4, merge_factor=2) as index:
+            names, pending = [], []
+            for number, (chunk, together) in enumerate(zip(chunks, concurrent)):
+                batch = make_batch(chunk, f"c{number}")
+                names += [f"c{number}-{i}" for i in range(len(chunk))]
+                if together:
+                    other = Index.open(database_url, schema=schema)
+                    thread = threading.Thread(target=lambda o=other, b=batch, n=f"c{number}": (
+                        o.add_fingerprinted(b, batch=n), o.close()))
+                    thread.start()
+                    pending.append(thread)
+                else:
+                    index.add_fingerprinted(batch, batch=f"c{number}")
+                if merge_after[number % 20]:
+                    index.compact()  # beside a concurrent ingest, when one runs
+                if not together:
+                    for thread in pending:
+                        thread.join()
+                    pending.clear()
+                    assert_consistent(admin_engine, schema)
+            for thread in pending:
+                thread.join()
+            assert_consistent(admin_engine, schema)
+            for position in removals:
+                index.remove(ids=[names[position]])
+                assert_consistent(admin_engine, schema)
+            index.compact(full=True)
+            assert_consistent(admin_engine, schema)
+            assert len([s for s in segment_rows(admin_engine, schema) if not s.active]) <= 1
+    finally:
+        with admin_engine.begin() as connection:
+            connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+def test_an_id_is_stored_once_across_segments_under_concurrent_ingests(database_url, schema, admin_engine):
+    """No unique index spans segments: the ingest lock and the set-based check keep ids unique. The
+    same ids with the same texts are re-runs (skipped); with other texts, errors."""
+    from simdb.ingest import FingerprintedBatch
+
+    with Index.create(database_url, schema=schema, segment_size=5):
+        pass
+    errors, stored = [], []
+
+    def ingest(number):
+        batch = FingerprintedBatch()
+        for i in range(12):
+            text = f"text {i}" if number % 2 == 0 else f"other text {i}"  # two texts per id
+            batch.append(f"same-{i}", random.getrandbits(64), content_hash(text), 10, {}, f"t{number}:{i + 1}")
+        with Index.open(database_url, schema=schema) as other:
+            try:
+                stored.append(other.add_fingerprinted(batch, batch=f"t{number}").documents)
+            except Exception as error:
+                errors.append(error)
+
+    threads = [threading.Thread(target=ingest, args=(number,)) for number in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    with admin_engine.connect() as connection:
+        ids = connection.exec_driver_sql(f"SELECT external_id FROM {schema}.documents").scalars().all()
+    assert sorted(ids) == sorted(set(ids)) and len(ids) == 12
+    assert sorted(stored) == [0, 0, 12] and len(errors) == 3  # the first stores; its twins skip; the others fail
+    assert all("different text" in str(error) for error in errors), errors
+
+
+# -- merges are atomic -------------------------------------------------------------------------------
+
+def test_a_merge_killed_at_any_moment_leaves_the_old_segments(database_url, schema, admin_engine):
+    rng = random.Random(3)
+    with Index.create(database_url, schema=schema, segment_size=1000) as index:
+        for number in range(8):
+            index.add_fingerprinted(make_batch([rng.getrandbits(64) for _ in range(1000)], f"b{number}"),
+                                    batch=f"b{number}")
+    before, names_before = snapshot(admin_engine, schema), [s.name for s in segment_rows(admin_engine, schema)]
+    merged = [names_before[0], names_before[-1]]
+    environment = {**os.environ, "SIMDB_DATABASE_URL": database_url, "SIMDB_SCHEMA": schema}
+    delay, names = 0.4, names_before
+    while names != merged:  # kill ever later, until a merge gets through
+        process = subprocess.Popen([sys.executable, "-m", "simdb", "compact", "--full"], env=environment,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(delay)
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        for _ in range(50):  # until the server has noticed the lost connection and rolled back
+            with admin_engine.connect() as connection:
+                if not connection.execute(sa.text(
+                        "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation "
+                        "WHERE c.relname LIKE '%merged'")).scalar_one():
+                    break
+            time.sleep(0.1)
+        names = [s.name for s in segment_rows(admin_engine, schema)]
+        assert names in (names_before, merged)
+        assert snapshot(admin_engine, schema) == before
+        with admin_engine.connect() as connection:
+            assert not connection.execute(sa.text(
+                "SELECT count(*) FROM pg_tables WHERE schemaname = :s AND tablename LIKE '%merged'"),
+                {"s": schema}).scalar_one()
+        delay *= 1.5
+    assert_consistent(admin_engine, schema)
+
+
+# -- lookups use every segment's indexes ---------------------------------------------------------------
+
+def test_lookups_use_the_indexes_of_every_segment(database_url, schema, admin_engine):
+    rng = random.Random(11)
+    fingerprints = [rng.getrandbits(64) for _ in range(300)]
+    with Index.create(database_url, schema=schema, segment_size=100) as index:
+        for number in range(3):
+            index.add_fingerprinted(make_batch(fingerprints[number * 100:(number + 1) * 100], f"b{number}"),
+                                    batch=f"b{number}")
+        assert len(index.segments()) == 3
+        probe = fingerprints[150]
+        notices = []
+        with admin_engine.connect() as connection:
+            connection.exec_driver_sql(f"SET search_path = {schema}")
+            connection.exec_driver_sql("LOAD 'auto_explain'")
+            for setting in ("auto_explain.log_min_duration = 0", "auto_explain.log_nested_statements = on",
+                            "client_min_messages = log", "enable_seqscan = off"):
+                connection.exec_driver_sql(f"SET {setting}")
+            connection.connection.dbapi_connection.add_notice_handler(lambda d: notices.append(d.message_primary))
+            found = connection.execute(sa.text("SELECT document_id, distance FROM simdb_near(:fp)"),
+                                       {"fp": probe - 2**64 if probe >= 2**63 else probe}).all()
+        plans = "\n".join(notices)
+        assert [distance for _, distance in found] == [0]
+        assert "Seq Scan" not in plans
+        segments_now = len(index.segments())
+        for column in index.layout.key_columns:  # every key of every segment through its own index
+            assert plans.count(f"Index Cond: ({column} = ") >= segments_now, (column, plans)
+
+
+# -- stats, CLI ----------------------------------------------------------------------------------------
+
+def test_stats_lists_segments_and_compact_reports_json(run, database_url, schema, tmp_path):
+    assert run("init", "--segment-size", "1000", "--merge-factor", "2").exit_code == 0
+    path = tmp_path / "docs.jsonl"
+    for number in range(3):
+        path.write_text("".join(json.dumps({"id": f"{number}-{i}", "text": f"document {number} {i} " * 5}) + "\n"
+                                for i in range(700)))
+        result = run("ingest", str(path), "--batch", f"b{number}", "--no-compact", "--workers", "1")
+        assert result.exit_code == 0, result.output
+    result = run("stats", "--json")
+    info = json.loads(result.stdout)
+    assert [s["documents"] for s in info["segments"]] == [1000, 1000, 100]
+    assert info["compaction_due"] is True and info["segment_policy"] == {"size": 1000, "merge_factor": 2}
+    assert "a merge is due" in run("stats").stdout
+    result = run("compact", "--json")
+    merged = json.loads(result.stdout)
+    assert [m["documents"] for m in merged["merged"]] == [2000]
+    assert merged["segments_before"] == 3 and merged["segments_after"] == 2
+    assert "nothing to merge" in run("compact").stdout
+
+
+def test_stats_warns_about_server_settings_below_what_an_archive_needs(index, admin_engine):
+    from simdb.pg import server
+
+    with admin_engine.connect() as connection:
+        buffers = connection.execute(sa.text("SELECT setting::int8 * 8 FROM pg_settings "
+                                             "WHERE name = 'shared_buffers'")).scalar_one()
+    warnings = index.stats()["server_warnings"]
+    assert any("shared_buffers" in line for line in warnings) == (buffers < server.MINIMUMS["shared_buffers"])
+    assert all("ALTER SYSTEM SET" in line for line in warnings)
+
+
+def test_recommended_settings_scale_with_memory():
+    from simdb.pg import server
+
+    small, large = server.recommended(4 * 2**30), server.recommended(64 * 2**30)
+    assert small["shared_buffers"] == "1024MB" and large["shared_buffers"] == "16384MB"
+    assert small["max_wal_size"] == "16GB" and small["wal_compression"] == "on"
