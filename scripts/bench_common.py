@@ -67,6 +67,73 @@ class Server:
         self.close()
 
 
+def bulk_load(url: str, admin: sa.Engine, schema: str, layout, size: int, rng: np.random.Generator,
+              max_distance: int = 3) -> tuple[np.ndarray, dict]:
+    """A new index in ``schema`` holding ``size`` random fingerprints (ids 1..size, each its own cluster) as
+    one sealed segment, loaded the way a restore would: binary COPY FREEZE into the bare segment table,
+    simdb's own index definitions, ATTACH, VACUUM ANALYZE. Returns the fingerprints and the timings."""
+    from simdb.bits import to_signed_array
+    from simdb.pg import segments
+    from simdb.pg.copy import copy_in
+
+    timings, started = {}, time.perf_counter()
+    simdb.Index.create(url, schema=schema, blocks=layout.blocks, max_distance=max_distance).close()
+    fps = random_u64(rng, size)
+    name = segments.segment_name(1)
+    columns = ["id", "external_id", "batch_id", "simhash", *layout.key_columns, "content_hash", "length",
+               "metadata", "cluster_id"]
+    types = ["int8", "text", "int4", "int8", *["int8"] * len(layout.key_columns), "bytea", "int4", "jsonb", "int8"]
+    engine = sa.create_engine(postgres_url(url))
+    try:
+        with engine.begin() as c:
+            c.exec_driver_sql(f"SET search_path TO {schema}")
+            batch_id = c.execute(sa.text(
+                "INSERT INTO batches (name, source, status, started_at, finished_at, documents, new, position) "
+                "VALUES ('archive', 'bulk load', 'complete', now(), now(), :n, :n, :n) RETURNING id"),
+                {"n": size}).scalar_one()
+            c.exec_driver_sql(f"CREATE TABLE {name} (LIKE documents INCLUDING DEFAULTS INCLUDING CONSTRAINTS)")
+
+            def rows():
+                step = 500_000
+                for first in range(0, size, step):
+                    part = fps[first:first + step]
+                    keys, signed = layout.block_keys_array(part).tolist(), to_signed_array(part).tolist()
+                    hashes = rng.bytes(16 * len(part))
+                    for i in range(len(part)):
+                        row_id = first + i + 1
+                        yield (row_id, f"arc-{row_id:010d}", batch_id, signed[i], *keys[i],
+                               hashes[16 * i:16 * i + 16], 1000, {}, row_id)
+                    if (first // step) % 4 == 3:
+                        log(f"  COPY {first + step:,} rows")
+
+            start = time.perf_counter()
+            copy_in(c, f"{name} ({', '.join(columns)})", types, rows(), freeze=True)
+            c.exec_driver_sql(f"SELECT setval('documents_id_seq', {int(size)})")
+        timings["copy"] = time.perf_counter() - start
+        start = time.perf_counter()
+        with admin.connect() as c:
+            c.exec_driver_sql(f"SET search_path TO {schema}")
+            c.exec_driver_sql("SET maintenance_work_mem = '1GB'")
+            c.exec_driver_sql(f"ALTER TABLE {name} ADD CONSTRAINT {name}_pkey PRIMARY KEY (id)")
+            for statement in segments._index_statements(c, name):
+                c.exec_driver_sql(statement)
+            c.exec_driver_sql(f"ALTER TABLE {name} ADD CONSTRAINT {name}_range CHECK (id >= 1 AND id < {size + 1})")
+            c.exec_driver_sql(f"ALTER TABLE documents ATTACH PARTITION {name} FOR VALUES FROM (1) TO ({size + 1})")
+            c.exec_driver_sql(f"ALTER TABLE {name} DROP CONSTRAINT {name}_range")
+            timings["indexes"] = time.perf_counter() - start
+            start = time.perf_counter()
+            c.exec_driver_sql(f"VACUUM ANALYZE {name}")
+            timings["vacuum"] = time.perf_counter() - start
+            timings["bytes"] = c.execute(sa.text("SELECT pg_total_relation_size(CAST(:t AS regclass))"),
+                                         {"t": f"{schema}.{name}"}).scalar_one()
+    finally:
+        engine.dispose()
+    timings["total"] = time.perf_counter() - started
+    log(f"  bulk load of {size:,}: COPY {timings['copy']:.0f} s, indexes {timings['indexes']:.0f} s, VACUUM "
+        f"{timings['vacuum']:.0f} s; {timings['bytes'] / 2**30:.1f} GiB")
+    return fps, timings
+
+
 def checkpoint(admin: sa.Engine) -> None:
     """Flush dirty pages so that one measurement does not pay for the previous one's writes."""
     try:

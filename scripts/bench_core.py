@@ -41,6 +41,7 @@ from bench_common import (DATABASE_HELP, STARTED, Server, command_line, log, mac
 import simdb
 from simdb.bits import to_signed, to_signed_array
 from simdb.ingest import FingerprintedBatch
+from simdb.pg import segments
 from simdb.pg.copy import copy_in
 
 SCHEMA, RAW_SCHEMA = "simdb_bench", "simdb_bench_raw"
@@ -133,6 +134,7 @@ def raw_copy(url: str, data: Data, blocks: int, k: int) -> float:
             batch_id = connection.execute(sa.text(
                 "INSERT INTO batches (name, source, status, started_at, documents) "
                 "VALUES ('raw', 'bench', 'complete', now(), :n) RETURNING id"), {"n": len(batch)}).scalar_one()
+            segments.ensure_segments(connection, 1, len(batch))  # the segments the rows' ids go to
             start = time.perf_counter()
             keys = layout.block_keys_array(data.fingerprints).tolist()
             signed = to_signed_array(data.fingerprints).tolist()

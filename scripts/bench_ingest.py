@@ -11,10 +11,10 @@ It measures, on this machine, in one run:
 * the archive path without tokenization: precomputed random fingerprints (1 % of them
   near copies of stored ones) through ``Index.add_fingerprinted``, one transaction per
   chunk: ``--documents`` (1M) into an empty archive, and ``--added`` (100k) into an
-  archive of ``--archive`` (10M) rows. The big archive is built by a binary
-  ``COPY ... FREEZE`` into simdb's own ``documents`` table stripped of its indexes and
-  constraints, which are then rebuilt from their own definitions, and ``VACUUM
-  ANALYZE``; its layout is ``BlockLayout.for_size(3, archive)`` (5 blocks at 10M), and
+  archive of ``--archive`` (10M) rows. The big archive is built as one segment by a
+  binary ``COPY ... FREEZE`` into the bare segment table, indexed from simdb's own
+  definitions, attached, and ``VACUUM ANALYZE``d (``bench_common.bulk_load``); its
+  layout is ``BlockLayout.for_size(3, archive)`` (5 blocks at 10M), and
   the default 4-block layout is measured the same way unless ``--no-default-layout``;
 * the naive path: ``--naive`` documents, each with one SELECT on the block keys,
   popcount in Python and one INSERT through SQLAlchemy Core, one commit per document,
@@ -61,17 +61,16 @@ from pathlib import Path
 import numpy as np
 import sqlalchemy as sa
 
-from bench_common import DATABASE_HELP, Server, checkpoint, log, print_table, random_u64, rate, ratio, rss_bytes
+from bench_common import (DATABASE_HELP, Server, bulk_load, checkpoint, log, print_table, random_u64, rate,
+                          ratio, rss_bytes)
 
 import simdb
-from simdb.bits import to_signed_array
 from simdb.ingest import DEFAULT_CHUNK_SIZE, FingerprintedBatch
 from simdb.inputs import Document
 from simdb.methods.simhash import SimHash
 from simdb.methods.simhash.blocks import BlockLayout
 from simdb.parallel import default_workers, fingerprint_stream
-from simdb.pg.copy import copy_in
-from simdb.pg.database import postgres_url
+from simdb.pg import segments
 
 PREFIX = "simdb_bench_ingest"
 SCHEMAS = {name: f"{PREFIX}_{name}" for name in ("empty", "archive", "archive_default", "text", "small", "large")}
@@ -273,107 +272,10 @@ def ingest_empty(url: str, admin: sa.Engine, args, rng: np.random.Generator) -> 
 
 # -- the big archive: bulk load, then the same add_fingerprinted ----------------------------------
 
-ARCHIVE_PREFIX = "arc-"
-
-
-def archive_rows(rng: np.random.Generator, layout: BlockLayout, first_id: int, fps: np.ndarray, batch_id: int,
-                 cluster: bool):
-    """Rows (id, external_id, batch_id, simhash, keys..., content_hash, length, metadata [, cluster_id = id])."""
-    n = len(fps)
-    ids = range(first_id, first_id + n)
-    keys = layout.block_keys_array(fps).tolist()
-    signed = to_signed_array(fps).tolist()
-    hashes = rng.bytes(16 * n)
-    lengths = rng.integers(200, 5000, n).tolist()
-    for i, row_id in enumerate(ids):
-        row = (row_id, f"{ARCHIVE_PREFIX}{row_id:010d}", batch_id, signed[i], *keys[i], hashes[16 * i:16 * i + 16],
-               lengths[i], {})
-        yield (*row, row_id) if cluster else row  # every archive row is its own cluster
-
-
 def build_archive(url: str, admin: sa.Engine, schema: str, layout: BlockLayout, size: int,
                   rng: np.random.Generator) -> tuple[np.ndarray, dict]:
-    """simdb's schema with ``size`` random rows: COPY FREEZE into the bare table, its own indexes rebuilt, VACUUM."""
-    timings, started = {}, time.perf_counter()
-    simdb.Index.create(url, schema=schema, blocks=layout.blocks, max_distance=K).close()
-    table = f"{schema}.documents"
-    with admin.connect() as c:
-        # the table's keys and foreign keys, and the foreign keys of other tables that point at it
-        constraints = c.execute(sa.text(
-            "SELECT conname, contype, pg_get_constraintdef(oid) AS definition, conrelid::regclass::text AS owner "
-            "FROM pg_constraint WHERE (conrelid = CAST(:t AS regclass) AND contype IN ('p', 'u', 'f')) "
-            "OR (confrelid = CAST(:t AS regclass) AND contype = 'f')"), {"t": table}).all()
-        indexes = c.execute(sa.text(
-            "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = :s AND tablename = 'documents' "
-            "AND indexname NOT IN (SELECT conname FROM pg_constraint WHERE conrelid = CAST(:t AS regclass))"),
-            {"s": schema, "t": table}).all()
-        before = sorted(c.execute(sa.text("SELECT indexdef FROM pg_indexes WHERE schemaname = :s"),
-                                  {"s": schema}).scalars())
-        required = set(c.execute(sa.text(
-            "SELECT column_name FROM information_schema.columns WHERE table_schema = :s "
-            "AND table_name = 'documents' AND is_nullable = 'NO' AND column_default IS NULL AND is_identity = 'NO'"),
-            {"s": schema}).scalars())
-    columns = ["id", "external_id", "batch_id", "simhash", *layout.key_columns, "content_hash", "length", "metadata"]
-    cluster = "cluster_id" in required  # schema revision 0003 on: each document's cluster (here, itself)
-    if cluster:
-        columns.append("cluster_id")
-    if required - set(columns):
-        raise RuntimeError(f"the benchmark cannot fill documents columns {sorted(required - set(columns))}")
-    fps = random_u64(rng, size)
-    engine = sa.create_engine(postgres_url(url))
-    try:
-        with engine.begin() as connection:
-            batch_id = connection.execute(sa.text(
-                f"INSERT INTO {schema}.batches (name, source, status, started_at, finished_at, documents, new, "
-                "position) VALUES ('archive', 'bench_ingest bulk load', 'complete', now(), now(), :n, :n, :n) "
-                "RETURNING id"),
-                {"n": size}).scalar_one()
-            for row in sorted(constraints, key=lambda row: row.contype != "f"):  # foreign keys first
-                connection.exec_driver_sql(f"ALTER TABLE {row.owner} DROP CONSTRAINT {row.conname}")
-            for name, _ in indexes:
-                connection.exec_driver_sql(f"DROP INDEX {schema}.{name}")
-            connection.exec_driver_sql(f"TRUNCATE {table}")  # so that COPY may FREEZE
-            start = time.perf_counter()
-            types = ["int8", "text", "int4", "int8", *["int8"] * len(layout.key_columns), "bytea", "int4", "jsonb",
-                     *(["int8"] if cluster else [])]
-
-            def rows():
-                step = 500_000
-                for first in range(0, size, step):
-                    yield from archive_rows(rng, layout, first + 1, fps[first:first + step], batch_id, cluster)
-                    if (first // step) % 4 == 3:
-                        log(f"  COPY {first + step:,} rows")
-
-            copy_in(connection, f"{table} ({', '.join(columns)})", types, rows(), freeze=True)
-            connection.exec_driver_sql(
-                f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), {int(size)})")
-        timings["copy"] = time.perf_counter() - start
-        log(f"  COPY of {size:,} rows: {timings['copy']:.0f} s; rebuilding {len(constraints) + len(indexes)} "
-            "indexes and constraints")
-        start = time.perf_counter()
-        with admin.connect() as c:
-            c.exec_driver_sql("SET maintenance_work_mem = '1GB'")
-            for row in sorted(constraints, key=lambda row: row.contype == "f"):  # foreign keys last
-                c.exec_driver_sql(f"ALTER TABLE {row.owner} ADD CONSTRAINT {row.conname} {row.definition}")
-            for name, definition in indexes:
-                c.exec_driver_sql(definition)
-            timings["indexes"] = time.perf_counter() - start
-            start = time.perf_counter()
-            c.exec_driver_sql(f"VACUUM ANALYZE {table}")
-            c.exec_driver_sql(f"VACUUM ANALYZE {schema}.batches")
-            timings["vacuum"] = time.perf_counter() - start
-            after = sorted(c.execute(sa.text("SELECT indexdef FROM pg_indexes WHERE schemaname = :s"),
-                                     {"s": schema}).scalars())
-            timings["bytes"] = c.execute(sa.text("SELECT pg_total_relation_size(CAST(:t AS regclass))"),
-                                         {"t": table}).scalar_one()
-    finally:
-        engine.dispose()
-    if after != before:
-        raise RuntimeError(f"the rebuilt indexes differ from simdb's: {sorted(set(before) ^ set(after))}")
-    timings["total"] = time.perf_counter() - started
-    log(f"  indexes {timings['indexes']:.0f} s, VACUUM ANALYZE {timings['vacuum']:.0f} s; "
-        f"{mb(timings['bytes'])} with indexes")
-    return fps, timings
+    """simdb's schema with ``size`` random rows as one sealed segment (bench_common.bulk_load)."""
+    return bulk_load(url, admin, schema, layout, size, rng, K)
 
 
 def ingest_into(url: str, admin: sa.Engine, schema: str, stored: np.ndarray, count: int, prefix: str,
@@ -438,6 +340,8 @@ def naive_ingest(url: str, schema: str, layout: BlockLayout, stored: np.ndarray,
         with engine.begin() as c:
             batch_id = c.execute(batches.insert().values(name="naive", source="bench", status="running",
                                                          started_at=sa.func.now()).returning(batches.c.id)).scalar_one()
+            first = c.execute(sa.text("SELECT last_value + 1 FROM documents_id_seq")).scalar_one()
+            segments.ensure_segments(c, first, first + count)  # the naive client's rows need a segment too
         start = time.perf_counter()
         for i, fp in enumerate(fps.tolist()):
             keys = dict(zip(layout.key_columns, layout.block_keys(fp)))
@@ -809,9 +713,9 @@ def header_lines(f, e, a, peer, c, args, server: dict, embedded: bool, load_star
             if name in a:
                 r, b = a[name], a[name]["build"]
                 lines.append(
-                    f"archive of {args.archive:,} ({r['layout'].describe()}): built by binary COPY FREEZE into "
-                    f"simdb's documents table stripped of indexes and constraints ({b['copy']:.0f} s), its own "
-                    f"indexes and constraints rebuilt from their definitions ({b['indexes']:.0f} s), VACUUM ANALYZE "
+                    f"archive of {args.archive:,} ({r['layout'].describe()}): built as one segment by binary COPY FREEZE "
+                    f"into the bare segment table ({b['copy']:.0f} s), simdb's own indexes and constraints from their "
+                    f"definitions and ATTACH ({b['indexes']:.0f} s), VACUUM ANALYZE "
                     f"({b['vacuum']:.0f} s): {mb(b['bytes'])}; then CHECKPOINT; the {r['documents']:,} marked "
                     f"{r['duplicates']:,} duplicates (planted {r['planted']:,}); WAL meanwhile (whole server) "
                     f"{mb(r['wal'][0])}, {r['wal'][1]:,} full-page images; slowest statements: "

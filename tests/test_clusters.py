@@ -34,37 +34,47 @@ def histories(draw):
     return chunks, concurrent, removals
 
 
+def replay(database_url, admin_engine, schema, index, history, after_chunk=None) -> None:
+    """Ingest a drawn history into ``index`` (a chunk drawn ``concurrent`` runs in its own connection beside
+    the next one), call ``after_chunk(number)`` after each chunk, then remove the drawn documents;
+    brute-force checks after every step that waits for all ingests."""
+    chunks, concurrent, removals = history
+    names = []
+    pending: list[threading.Thread] = []
+    for number, (chunk, together) in enumerate(zip(chunks, concurrent)):
+        batch = make_batch(chunk, f"c{number}")
+        names += [f"c{number}-{i}" for i in range(len(chunk))]
+        if together:  # runs beside the next chunk, in its own connection
+            other = Index.open(database_url, schema=schema)
+            thread = threading.Thread(target=lambda o=other, b=batch, n=f"c{number}": (
+                o.add_fingerprinted(b, batch=n), o.close()))
+            thread.start()
+            pending.append(thread)
+        else:
+            index.add_fingerprinted(batch, batch=f"c{number}")
+        if after_chunk is not None:
+            after_chunk(number)
+        if not together:
+            for thread in pending:
+                thread.join()
+            pending.clear()
+            assert_consistent(admin_engine, schema)
+    for thread in pending:
+        thread.join()
+    assert_consistent(admin_engine, schema)
+    for position in removals:
+        index.remove(ids=[names[position]])
+        assert_consistent(admin_engine, schema)
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                  HealthCheck.too_slow])
 @given(history=histories())
 def test_clusters_are_the_connected_components_of_the_pairs(database_url, admin_engine, history):
-    chunks, concurrent, removals = history
     schema = f"simdb_test_{uuid.uuid4().hex[:12]}"
     try:
         with Index.create(database_url, schema=schema) as index:
-            names = []
-            pending: list[threading.Thread] = []
-            for number, (chunk, together) in enumerate(zip(chunks, concurrent)):
-                batch = make_batch(chunk, f"c{number}")
-                names += [f"c{number}-{i}" for i in range(len(chunk))]
-                if together:  # runs beside the next chunk, in its own connection
-                    other = Index.open(database_url, schema=schema)
-                    thread = threading.Thread(target=lambda o=other, b=batch, n=f"c{number}": (
-                        o.add_fingerprinted(b, batch=n), o.close()))
-                    thread.start()
-                    pending.append(thread)
-                else:
-                    index.add_fingerprinted(batch, batch=f"c{number}")
-                    for thread in pending:
-                        thread.join()
-                    pending.clear()
-                    assert_consistent(admin_engine, schema)
-            for thread in pending:
-                thread.join()
-            assert_consistent(admin_engine, schema)
-            for position in removals:
-                index.remove(ids=[names[position]])
-                assert_consistent(admin_engine, schema)
+            replay(database_url, admin_engine, schema, index, history)
     finally:
         with admin_engine.begin() as connection:
             connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {schema} CASCADE")

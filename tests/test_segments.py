@@ -23,7 +23,7 @@ from simdb.pg import segments
 from simdb.pg.segments import SegmentPolicy
 from simdb.text import content_hash
 from tests.conftest import assert_consistent
-from tests.test_clusters import histories
+from tests.test_clusters import histories, replay
 from tests.test_index import make_batch
 
 
@@ -106,35 +106,12 @@ def test_ingest_creates_segments_as_ids_advance_and_finds_every_pair(database_ur
 @given(history=histories(), merge_after=st.lists(st.booleans(), min_size=20, max_size=20))
 def test_segments_merges_and_removals_keep_pairs_and_clusters_exact(database_url, admin_engine, history,
                                                                    merge_after):
-    chunks, concurrent, removals = history
     schema = f"simdb_test_{uuid.uuid4().hex[:12]}"
     try:
         with Index.create(database_url, schema=schema, segment_size=4, merge_factor=2) as index:
-            names, pending = [], []
-            for number, (chunk, together) in enumerate(zip(chunks, concurrent)):
-                batch = make_batch(chunk, f"c{number}")
-                names += [f"c{number}-{i}" for i in range(len(chunk))]
-                if together:
-                    other = Index.open(database_url, schema=schema)
-                    thread = threading.Thread(target=lambda o=other, b=batch, n=f"c{number}": (
-                        o.add_fingerprinted(b, batch=n), o.close()))
-                    thread.start()
-                    pending.append(thread)
-                else:
-                    index.add_fingerprinted(batch, batch=f"c{number}")
-                if merge_after[number % 20]:
-                    index.compact()  # beside a concurrent ingest, when one runs
-                if not together:
-                    for thread in pending:
-                        thread.join()
-                    pending.clear()
-                    assert_consistent(admin_engine, schema)
-            for thread in pending:
-                thread.join()
-            assert_consistent(admin_engine, schema)
-            for position in removals:
-                index.remove(ids=[names[position]])
-                assert_consistent(admin_engine, schema)
+            # a merge after some chunks, beside a concurrent ingest when one runs
+            replay(database_url, admin_engine, schema, index, history,
+                   after_chunk=lambda number: merge_after[number % 20] and index.compact())
             index.compact(full=True)
             assert_consistent(admin_engine, schema)
             assert len([s for s in segment_rows(admin_engine, schema) if not s.active]) <= 1

@@ -7,7 +7,7 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 
-from simdb import format_fingerprint
+from simdb import Index, format_fingerprint
 from simdb.bits import hamming, to_signed
 from simdb.pg.database import postgres_url
 from tests.test_index import flip, make_batch
@@ -102,6 +102,9 @@ def test_the_reader_role_reads_everything_and_writes_nothing(filled, database_ur
         for statement in ("UPDATE documents SET length = 0", "CREATE TABLE mine (x int)", "DELETE FROM settings"):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 connection.execute(statement)
+    with Index.open(conninfo, schema=index.database.schema) as as_reader:  # stats counts every segment
+        stats = as_reader.stats()
+    assert sum(segment["documents"] for segment in stats["segments"]) == len(fingerprints)
 
 
 def test_grant_reader_refuses_bad_or_administrative_roles(run):

@@ -130,7 +130,10 @@ def list_segments(connection: sa.Connection, *, counts: bool = False) -> list[Se
     for position, (name, first, end) in enumerate(bounds):
         documents = size = None
         if counts:
-            documents = connection.exec_driver_sql(f'SELECT count(*) FROM "{name}"').scalar_one()
+            # through documents (pruned to the segment), which a read-only role may read
+            documents = connection.execute(sa.text(
+                "SELECT count(*) FROM documents WHERE id >= :first AND id < :end"), {"first": first, "end": end}
+            ).scalar_one()
             size = connection.execute(sa.text("SELECT pg_total_relation_size(CAST(:n AS regclass))"),
                                       {"n": name}).scalar_one()
         segments.append(Segment(name, first, end, position == len(bounds) - 1, documents, size))

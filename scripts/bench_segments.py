@@ -1,0 +1,265 @@
+"""Ingest at archive scale: segments against one big table, raw COPY and an empty archive, in one run.
+
+It measures, on this machine, in one run, without tokenization (precomputed random 64-bit
+fingerprints, 1 % of them near copies of stored ones, through ``Index.add_fingerprinted``):
+
+* an archive of ``--archive`` (10M) documents, built once by a bulk load into one sealed segment
+  (COPY FREEZE into the bare segment table, simdb's own index definitions, ATTACH), in the layout
+  ``--expected-size`` would pick for it;
+* ``--added`` (100k) documents into it, segmented (they go to a new, small active segment) and
+  unsegmented (the big segment re-attached with an open range, so they go into its 10M-row indexes,
+  as before segments); each ingest's WAL bytes and full-page images;
+* the same ``--added`` into an empty archive (the flat-rate reference) and a raw binary COPY of the
+  same rows into a bare table (the floor);
+* lookups at the archive's size: ``Index.query_fingerprint`` p50/p99 and ``simdb_near`` p50 over
+  ``--lookups`` probes (half near copies), and one ``query_fingerprints`` batch of 1,000;
+* lookup cost against the number of segments: the 100k added documents split into 1, 2, 4 and 8
+  extra segments (merged back with ``simdb compact`` in between, whose rate is reported too).
+
+Server settings are reported in the header; run it once on a server with defaults and once with
+the recommended ones (``--embedded`` starts simdb's embedded server, tuned for this machine).
+
+Run (about 15 minutes at 10M on 2 cores)::
+
+    .venv/bin/python scripts/bench_segments.py --markdown
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import sqlalchemy as sa
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import (DATABASE_HELP, Server, bulk_load, command_line, log, machine,  # noqa: E402
+                          print_table, random_u64)
+
+import simdb  # noqa: E402
+from simdb.bits import to_signed_array  # noqa: E402
+from simdb.ingest import FingerprintedBatch  # noqa: E402
+from simdb.methods.simhash.blocks import BlockLayout  # noqa: E402
+from simdb.pg import segments  # noqa: E402
+from simdb.pg.copy import copy_in  # noqa: E402
+from simdb.pg.database import postgres_url  # noqa: E402
+from simdb.pg.server import current, recommended  # noqa: E402
+
+K = 3
+NEAR_FRACTION = 0.01
+SCHEMA, EMPTY = "simdb_bench_segments", "simdb_bench_segments_empty"
+
+
+def new_fingerprints(rng: np.random.Generator, count: int, stored: np.ndarray) -> np.ndarray:
+    fps = random_u64(rng, count)
+    near = int(count * NEAR_FRACTION)
+    sources = stored[rng.integers(0, len(stored), near)] if len(stored) else random_u64(rng, near)
+    flips = rng.integers(0, 64, (near, 2)).astype(np.uint64)
+    fps[:near] = sources ^ (np.uint64(1) << flips[:, 0]) ^ (np.uint64(1) << flips[:, 1])
+    return fps
+
+
+def batch_of(rng: np.random.Generator, fps: np.ndarray, prefix: str) -> FingerprintedBatch:
+    batch = FingerprintedBatch()
+    hashes = rng.bytes(16 * len(fps))
+    for i, fp in enumerate(fps.tolist()):
+        batch.append(f"{prefix}-{i:08d}", fp, hashes[16 * i:16 * i + 16], 1000, {}, f"{prefix}:{i + 1}")
+    return batch
+
+
+def wal(admin: sa.Engine) -> tuple[str, int]:
+    with admin.connect() as c:
+        return (c.exec_driver_sql("SELECT pg_current_wal_lsn()::text").scalar_one(),
+                c.exec_driver_sql("SELECT wal_fpi FROM pg_stat_wal").scalar_one())
+
+
+def wal_since(admin: sa.Engine, before: tuple[str, int]) -> tuple[int, int]:
+    time.sleep(1.0)  # backends report their WAL counters about once a second
+    with admin.connect() as c:
+        written = c.execute(sa.text("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), CAST(:l AS pg_lsn))"),
+                            {"l": before[0]}).scalar_one()
+        return int(written), c.exec_driver_sql("SELECT wal_fpi FROM pg_stat_wal").scalar_one() - before[1]
+
+
+def reopen_big_segment(server: Server, end: int) -> None:
+    """Re-attach the first segment with the range [1, end): new documents go into its big indexes."""
+    name = segments.segment_name(1)
+    with server.admin.connect() as c:
+        c.exec_driver_sql(f"SET search_path TO {SCHEMA}")
+        for segment in segments.list_segments(c)[1:]:
+            count = c.exec_driver_sql(f"SELECT count(*) FROM {segment.name}").scalar_one()
+            if count:
+                raise RuntimeError(f"segment {segment.name} is not empty")
+            c.exec_driver_sql(f"ALTER TABLE documents DETACH PARTITION {segment.name}")
+            c.exec_driver_sql(f"DROP TABLE {segment.name}")
+        c.exec_driver_sql(f"ALTER TABLE documents DETACH PARTITION {name}")
+        c.exec_driver_sql(f"ALTER TABLE documents ATTACH PARTITION {name} FOR VALUES FROM (1) TO ({end})")
+
+
+def timed_ingest(server: Server, schema: str, fps: np.ndarray, prefix: str, rng) -> dict:
+    batch = batch_of(rng, fps, prefix)
+    server.checkpoint()
+    before = wal(server.admin)
+    with simdb.Index.open(server.url, schema=schema) as index:
+        summary = index.add_fingerprinted(batch, batch=prefix)
+    written, images = wal_since(server.admin, before)
+    log(f"  {prefix}: {summary} ({len(fps) / summary.seconds:,.0f} docs/s); WAL {written / 2**20:,.0f} MB, "
+        f"{images:,} full-page images")
+    return {"seconds": summary.seconds, "rate": len(fps) / summary.seconds, "wal": written, "fpi": images,
+            "duplicates": summary.near_duplicates + summary.exact_duplicates, "documents": len(fps)}
+
+
+def raw_copy(server: Server, layout: BlockLayout, fps: np.ndarray, rng) -> float:
+    columns = ["id", "external_id", "simhash", *layout.key_columns, "content_hash", "length", "metadata"]
+    types = ["int8", "text", "int8", *["int8"] * len(layout.key_columns), "bytea", "int4", "jsonb"]
+    keys, signed, hashes = layout.block_keys_array(fps).tolist(), to_signed_array(fps).tolist(), rng.bytes(16 * len(fps))
+    rows = [(i, f"raw-{i}", signed[i], *keys[i], hashes[16 * i:16 * i + 16], 1000, {}) for i in range(len(fps))]
+    engine = sa.create_engine(postgres_url(server.url))
+    try:
+        with engine.begin() as c:
+            c.exec_driver_sql("CREATE TEMPORARY TABLE raw (" + ", ".join(f"{n} {t}" for n, t in zip(columns, types))
+                              + ") ON COMMIT DROP")
+            start = time.perf_counter()
+            copy_in(c, f"raw ({', '.join(columns)})", types, rows)
+            return time.perf_counter() - start
+    finally:
+        engine.dispose()
+
+
+def lookups(server: Server, stored: np.ndarray, count: int, rng) -> dict:
+    probes = np.concatenate([stored[rng.integers(0, len(stored), count // 2)] ^ np.uint64(1),  # near copies
+                             random_u64(rng, count - count // 2)])
+    signed = to_signed_array(probes).tolist()
+    with simdb.Index.open(server.url, schema=SCHEMA) as index:
+        index.query_fingerprint(int(probes[0]))
+        times = []
+        for fp in probes.tolist():
+            start = time.perf_counter()
+            index.query_fingerprint(fp)
+            times.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        index.query_fingerprints(probes[:1000].tolist())
+        batch = time.perf_counter() - start
+        near = []
+        with index.database.engine.connect() as c:
+            for fp in signed:
+                start = time.perf_counter()
+                c.execute(sa.text("SELECT * FROM simdb_near(:fp)"), {"fp": fp}).all()
+                near.append(time.perf_counter() - start)
+    times.sort()
+    near.sort()
+    return {"p50": statistics.median(times), "p99": times[int(len(times) * 0.99)], "near_p50": statistics.median(near),
+            "batch_rate": 1000 / batch}
+
+
+def segment_curve(server: Server, stored: np.ndarray, rng) -> list[tuple[int, float, float]]:
+    """(segments, lookup p50, simdb_near p50) as the extra documents are split into more segments."""
+    curve = []
+    probes = random_u64(rng, 300)
+    with simdb.Index.open(server.url, schema=SCHEMA) as index:
+        for extra in (0, 1, 3, 7):
+            if extra:  # extra small segments, each of 1,000 documents (ids moved past the active segment)
+                with index.database.engine.begin() as c:
+                    segments.save_policy(c, segments.SegmentPolicy(size=1000, merge_factor=64))
+                    last = segments.list_segments(c)[-1]
+                    c.execute(sa.text("SELECT setval('documents_id_seq', :v)"), {"v": last.end_id - 1})
+                for number in range(extra):
+                    index.add_fingerprinted(batch_of(rng, random_u64(rng, 1000), f"curve{len(curve)}-{number}"),
+                                            batch=f"curve{len(curve)}-{number}")
+            with index.database.engine.connect() as c:
+                total = len(segments.list_segments(c))
+            times, near = [], []
+            for fp in probes.tolist():
+                start = time.perf_counter()
+                index.query_fingerprint(fp)
+                times.append(time.perf_counter() - start)
+            with index.database.engine.connect() as c:
+                for fp in to_signed_array(probes).tolist():
+                    start = time.perf_counter()
+                    c.execute(sa.text("SELECT * FROM simdb_near(:fp)"), {"fp": fp}).all()
+                    near.append(time.perf_counter() - start)
+            curve.append((total, statistics.median(times), statistics.median(near)))
+            log(f"  {total} segments: lookup p50 {curve[-1][1] * 1e3:.2f} ms, simdb_near p50 {curve[-1][2] * 1e3:.2f} ms")
+    return curve
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--database-url", help=DATABASE_HELP)
+    parser.add_argument("--archive", type=int, default=10_000_000)
+    parser.add_argument("--added", type=int, default=100_000)
+    parser.add_argument("--lookups", type=int, default=2000)
+    parser.add_argument("--seed", type=int, default=20261123)
+    parser.add_argument("--markdown", action="store_true")
+    args = parser.parse_args(argv)
+    rng = np.random.default_rng(args.seed)
+    layout = BlockLayout.for_size(K, args.archive)
+    with Server(args.database_url) as server:
+        server.drop_schemas(SCHEMA, EMPTY)
+        with server.admin.connect() as c:
+            settings = {name: value for name, (value, _) in current(c).items()}
+        log(f"server settings: {settings}")
+        try:
+            log(f"empty archive, {layout.describe()}: {args.added:,} documents")
+            simdb.Index.create(server.url, schema=EMPTY, blocks=layout.blocks, max_distance=K).close()
+            empty = timed_ingest(server, EMPTY, new_fingerprints(rng, args.added, np.empty(0, np.uint64)), "empty",
+                                 rng)
+            server.drop_schemas(EMPTY)
+            copy_seconds = raw_copy(server, layout, random_u64(rng, args.added), rng)
+            log(f"  raw COPY of {args.added:,}: {args.added / copy_seconds:,.0f} rows/s")
+
+            log(f"bulk-loading an archive of {args.archive:,}")
+            stored, build = bulk_load(server.url, server.admin, SCHEMA, layout, args.archive, rng)
+            segmented = timed_ingest(server, SCHEMA, new_fingerprints(rng, args.added, stored), "segmented", rng)
+            found = lookups(server, stored, args.lookups, rng)
+            log(f"  lookups: p50 {found['p50'] * 1e3:.2f} ms, simdb_near p50 {found['near_p50'] * 1e3:.2f} ms, "
+                f"batch {found['batch_rate']:,.0f} q/s")
+            curve = segment_curve(server, stored, rng)
+            with simdb.Index.open(server.url, schema=SCHEMA) as index:
+                with index.database.engine.begin() as c:
+                    segments.save_policy(c, segments.SegmentPolicy())
+                for name in [b["name"] for b in index.stats()["batches"] if b["name"] != "archive"]:
+                    index.remove(batch=name)  # back to the bulk-loaded archive: the ingests and the curve's
+                start = time.perf_counter()
+                merged = index.compact(full=True)
+                merge_seconds = time.perf_counter() - start
+                log(f"  {merged}")
+                with index.database.engine.connect() as c:
+                    documents = c.exec_driver_sql("SELECT count(*) FROM documents").scalar_one()
+                    end = c.exec_driver_sql("SELECT last_value + 1 FROM documents_id_seq").scalar_one()
+            log("unsegmented: the big segment takes the new documents")
+            reopen_big_segment(server, end + 10 * args.added)
+            unsegmented = timed_ingest(server, SCHEMA, new_fingerprints(rng, args.added, stored), "unsegmented", rng)
+        finally:
+            server.drop_schemas(SCHEMA, EMPTY)
+        rows = [
+            (f"{args.added:,} into {args.archive:,} (segmented)", f"{segmented['rate']:,.0f} docs/s",
+             f"{empty['rate']:,.0f} docs/s into an empty archive", f"{segmented['rate'] / empty['rate']:.2f}x"),
+            (f"{args.added:,} into {args.archive:,} (unsegmented, as before)", f"{segmented['rate']:,.0f} docs/s",
+             f"{unsegmented['rate']:,.0f} docs/s", f"{segmented['rate'] / unsegmented['rate']:.2f}x"),
+            ("raw binary COPY of the same rows into a bare table", f"{segmented['rate']:,.0f} docs/s",
+             f"{args.added / copy_seconds:,.0f} rows/s", f"{segmented['rate'] * copy_seconds / args.added:.2f}x"),
+            ("WAL per document (segmented / unsegmented)", f"{segmented['wal'] / args.added:,.0f} B, "
+             f"{segmented['fpi']:,} FPI", f"{unsegmented['wal'] / args.added:,.0f} B, {unsegmented['fpi']:,} FPI",
+             f"{unsegmented['wal'] / max(segmented['wal'], 1):.1f}x less"),
+            (f"lookup p50 / p99 at {args.archive:,} (Index.query_fingerprint)",
+             f"{found['p50'] * 1e3:.2f} / {found['p99'] * 1e3:.2f} ms", "", ""),
+            ("simdb_near p50", f"{found['near_p50'] * 1e3:.2f} ms", "", ""),
+            ("1,000-query batch (query_fingerprints)", f"{found['batch_rate']:,.0f} q/s", "", ""),
+            (f"merge of every segment ({documents:,} documents)", f"{documents / merge_seconds:,.0f} docs/s",
+             f"bulk load {args.archive / build['total']:,.0f} docs/s",
+             f"{(documents / merge_seconds) / (args.archive / build['total']):.2f}x"),
+            *((f"lookup with {n} segments (p50, simdb_near p50)", f"{a * 1e3:.2f} ms, {b * 1e3:.2f} ms",
+               f"{curve[0][1] * 1e3:.2f} ms with {curve[0][0]}", f"{a / curve[0][1]:.2f}x") for n, a, b in curve[1:]),
+        ]
+        header = [machine(server.version(), server.embedded), command_line("bench_segments.py"),
+                  f"layout: {layout.describe()}; server: " + ", ".join(f"{k}={v}" for k, v in sorted(settings.items())),
+                  "recommended for this machine: " + ", ".join(f"{k}={v}" for k, v in recommended().items())]
+        print_table(header, rows, args.markdown)
+
+
+if __name__ == "__main__":
+    main()
