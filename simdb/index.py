@@ -114,8 +114,8 @@ class Index:
                    if settings.get(name) is not None}
         try:
             wanted = IndexSettings.new(**settings)
-            policy = segments.SegmentPolicy(size=storage.get("segment_size", segments.DEFAULT_SIZE),
-                                            merge_factor=storage.get("merge_factor", segments.DEFAULT_MERGE_FACTOR))
+            policy = segments.SegmentPolicy(**{{"segment_size": "size"}.get(name, name): value
+                                               for name, value in storage.items()})
         except ValueError as exc:
             raise SimdbError(f"invalid index settings: {exc}") from None
         wanted = replace(wanted, segments=policy.to_row())

@@ -22,6 +22,10 @@ from dataclasses import dataclass, field, replace
 from .errors import IncompatibleIndex
 from .methods import Method, SimHash
 
+#: Documents (ids) per new segment, and sealed segments of one size that merge into one (simdb.pg.segments).
+DEFAULT_SEGMENT_SIZE = 1_000_000
+DEFAULT_MERGE_FACTOR = 4
+
 CANARY_TEXTS = (
     "The quick brown fox jumps over the lazy dog; near-duplicate detection since 1997.",
     "人民日报：全国各地庆祝新年，经济持续稳定增长，人民生活水平不断提高。",
@@ -53,7 +57,8 @@ class IndexSettings:
     canaries: dict = field(default_factory=dict, compare=False)
     #: How documents are stored in segments (``size``, ``merge_factor``: see :mod:`simdb.pg.segments`);
     #: storage only, it changes no answer.
-    segments: dict = field(default_factory=lambda: {"size": 1_000_000, "merge_factor": 4}, compare=False)
+    segments: dict = field(default_factory=lambda: {"size": DEFAULT_SEGMENT_SIZE,
+                                                    "merge_factor": DEFAULT_MERGE_FACTOR}, compare=False)
 
     @property
     def layout(self):

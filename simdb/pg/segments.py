@@ -29,10 +29,9 @@ from dataclasses import asdict, dataclass
 import sqlalchemy as sa
 
 from ..errors import SimdbError
+from ..settings import DEFAULT_MERGE_FACTOR, DEFAULT_SEGMENT_SIZE
 from .database import lock
 
-DEFAULT_SIZE = 1_000_000
-DEFAULT_MERGE_FACTOR = 4
 _BOUNDS = re.compile(r"FROM \('?(-?\d+|MINVALUE)'?\) TO \('?(-?\d+|MAXVALUE)'?\)")
 
 
@@ -59,7 +58,7 @@ class Segment:
 
 @dataclass(frozen=True)
 class SegmentPolicy:
-    size: int = DEFAULT_SIZE
+    size: int = DEFAULT_SEGMENT_SIZE
     merge_factor: int = DEFAULT_MERGE_FACTOR
 
     def __post_init__(self) -> None:
