@@ -107,6 +107,29 @@ def test_the_reader_role_reads_everything_and_writes_nothing(filled, database_ur
     assert sum(segment["documents"] for segment in stats["segments"]) == len(fingerprints)
 
 
+def test_a_reader_of_two_indexes_keeps_both_schemas_and_its_settings_stay_in_this_database(
+        index, database_url, admin_engine, reader_role):
+    other = f"simdb_test_{uuid.uuid4().hex[:12]}"
+    try:
+        with Index.create(database_url, schema=other) as second:
+            index.grant_reader(reader_role)
+            second.grant_reader(reader_role)
+            second.grant_reader(reader_role)  # again: nothing repeated
+        with admin_engine.connect() as connection:
+            server_wide = connection.execute(sa.text(
+                "SELECT rolconfig FROM pg_roles WHERE rolname = :r"), {"r": reader_role}).scalar()
+            here = connection.execute(sa.text(
+                "SELECT s.setconfig FROM pg_db_role_setting s JOIN pg_roles r ON r.oid = s.setrole "
+                "JOIN pg_database d ON d.oid = s.setdatabase WHERE r.rolname = :r AND d.datname = current_database()"),
+                {"r": reader_role}).scalar()
+        assert server_wide is None  # other databases on the server are left alone
+        assert sorted(here) == sorted(["default_transaction_read_only=on",
+                                       f"search_path={index.database.schema}, {other}, public"])
+    finally:
+        with admin_engine.begin() as connection:
+            connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {other} CASCADE")
+
+
 def test_grant_reader_refuses_bad_or_administrative_roles(run):
     run("init")
     assert run("grant-reader", "Bad-Name").output.startswith("Error: invalid role name 'Bad-Name'")

@@ -107,8 +107,30 @@ def grant_reader(connection: sa.Connection, schema: str, role: str, *, login: bo
         f"GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA {schema} TO {role}",
         f"ALTER DEFAULT PRIVILEGES IN SCHEMA {schema} GRANT SELECT ON TABLES TO {role}",
         f"REVOKE CREATE ON SCHEMA {schema} FROM {role}",
-        f"ALTER ROLE {role} SET default_transaction_read_only = on",
-        f"ALTER ROLE {role} SET search_path = {schema}, public",
     ):
         connection.exec_driver_sql(statement)
+    # the role's settings hold in this database only (another database on the server may be none of simdb's),
+    # and its search_path keeps every schema granted here before, adding this one
+    database = connection.exec_driver_sql("SELECT current_database()").scalar_one()
+    path = [name for name in _role_search_path(connection, role) if name != "public"]
+    path = [*path, schema] if schema not in path else path
+    with raw.cursor() as cursor:
+        for setting in (sql.SQL("default_transaction_read_only = on"),
+                        sql.SQL("search_path = {}").format(sql.SQL(", ").join(
+                            [*map(sql.Identifier, path), sql.Identifier("public")]))):
+            cursor.execute(sql.SQL("ALTER ROLE {} IN DATABASE {} SET ").format(
+                sql.Identifier(role), sql.Identifier(database)) + setting)
     return created
+
+
+def _role_search_path(connection: sa.Connection, role: str) -> list[str]:
+    """The schemas of ``role``'s search_path setting in this database (empty if it has none)."""
+    settings = connection.execute(sa.text(
+        "SELECT s.setconfig FROM pg_db_role_setting s JOIN pg_roles r ON r.oid = s.setrole "
+        "JOIN pg_database d ON d.oid = s.setdatabase WHERE r.rolname = :role AND d.datname = current_database()"),
+        {"role": role}).scalar() or []
+    for setting in settings:
+        name, _, value = setting.partition("=")
+        if name == "search_path":
+            return [part.strip().strip('"') for part in value.split(",") if part.strip()]
+    return []
