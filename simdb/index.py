@@ -21,7 +21,7 @@ from pathlib import Path
 
 from .bits import format_fingerprint
 from .check import check
-from .errors import InputError, SimdbError, parameter
+from .errors import IncompatibleIndex, InputError, SimdbError, parameter
 from .ingest import BatchSummary, FingerprintedBatch, IngestOptions, ingest
 from .inputs import DEFAULT_MAX_CHARS, Document, check_text, checks
 from .methods import Method
@@ -132,6 +132,14 @@ class Index:
                      for name in _SUMMARY_NAMES.get(given, (given,))}
             index = cls._open(database, {} if created else asked)
             index.created = created
+            stored = index.settings.segments  # storage settings, compared like the others when asked for
+            differences = [f"{name}: asked {value!r}, stored {stored.get(key)!r}" for name, key in
+                           (("segment_size", "size"), ("merge_factor", "merge_factor"))
+                           if (value := storage.get(name)) is not None and stored.get(key) != value]
+            if differences:
+                raise IncompatibleIndex("the index was created with other segment settings ("
+                                        + "; ".join(differences) + "). Open it without those options, or create "
+                                        f"a new index in another {parameter('schema')}")
             return index
         except BaseException:
             database.close()

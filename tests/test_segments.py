@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from simdb import Index
+from simdb.errors import IncompatibleIndex
 from simdb.pg import segments
 from simdb.pg.segments import SegmentPolicy
 from simdb.text import content_hash
@@ -99,6 +100,19 @@ def test_ingest_creates_segments_as_ids_advance_and_finds_every_pair(database_ur
         index.add_fingerprinted(make_batch(base[:5], "after"), batch="after")
         assert_consistent(admin_engine, schema)
         assert index.query_fingerprint(base[0])  # stored in the merged segment and found again
+
+
+def test_init_again_compares_the_segment_settings_it_is_given(database_url, schema, run):
+    with Index.create(database_url, schema=schema, segment_size=5000, merge_factor=3):
+        pass
+    with Index.create(database_url, schema=schema, exist_ok=True, segment_size=5000) as same:
+        assert same.settings.segments == {"size": 5000, "merge_factor": 3}
+    with Index.create(database_url, schema=schema, exist_ok=True):  # not asked: not compared
+        pass
+    with pytest.raises(IncompatibleIndex, match="segment_size: asked 6000, stored 5000"):
+        Index.create(database_url, schema=schema, exist_ok=True, segment_size=6000)
+    result = run("init", "--merge-factor", "4")
+    assert result.exit_code == 1 and "merge_factor: asked 4, stored 3" in result.output
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
