@@ -12,12 +12,15 @@ fingerprints, 1 % of them near copies of stored ones, through ``Index.add_finger
 * the same ``--added`` into an empty archive (the flat-rate reference) and a raw binary COPY of the
   same rows into a bare table (the floor);
 * lookups at the archive's size: ``Index.query_fingerprint`` p50/p99 and ``simdb_near`` p50 over
-  ``--lookups`` probes (half near copies), and one ``query_fingerprints`` batch of 1,000;
-* lookup cost against the number of segments: the 100k added documents split into 1, 2, 4 and 8
-  extra segments (merged back with ``simdb compact`` in between, whose rate is reported too).
+  ``--lookups`` probes (half near copies), and one ``query_fingerprints`` batch of 1,000 (after one
+  warm-up batch);
+* lookup cost against the number of segments: 1, 3 and 7 more segments of 1,000 documents each
+  (p50 of 300 random probes through ``Index.query_fingerprint`` and ``simdb_near``);
+* a full merge (``simdb compact --full``) of the whole archive, beside the bulk load's rate.
 
-Server settings are reported in the header; run it once on a server with defaults and once with
-the recommended ones (``--embedded`` starts simdb's embedded server, tuned for this machine).
+Server settings are reported in the header, with the ones simdb recommends for this machine;
+run it once on a server with defaults and once on one with the recommended settings (give its
+``--database-url``).
 
 Run (about 15 minutes at 10M on 2 cores)::
 
