@@ -71,7 +71,7 @@ def bulk_load(url: str, admin: sa.Engine, schema: str, layout, size: int, rng: n
               max_distance: int = 3) -> tuple[np.ndarray, dict]:
     """A new index in ``schema`` holding ``size`` random fingerprints (ids 1..size, each its own cluster) as
     one sealed segment, loaded the way a restore would: binary COPY FREEZE into the bare segment table,
-    simdb's own index definitions, ATTACH, VACUUM ANALYZE. Returns the fingerprints and the timings."""
+    indexed and attached as a merge does (``segments.index_bare``, ``attach_indexed``), VACUUM. Returns the fingerprints and the timings."""
     from simdb.bits import to_signed_array
     from simdb.pg import segments
     from simdb.pg.copy import copy_in
@@ -114,15 +114,11 @@ def bulk_load(url: str, admin: sa.Engine, schema: str, layout, size: int, rng: n
         with admin.connect() as c:
             c.exec_driver_sql(f"SET search_path TO {schema}")
             c.exec_driver_sql("SET maintenance_work_mem = '1GB'")
-            c.exec_driver_sql(f"ALTER TABLE {name} ADD CONSTRAINT {name}_pkey PRIMARY KEY (id)")
-            for statement in segments._index_statements(c, name):
-                c.exec_driver_sql(statement)
-            c.exec_driver_sql(f"ALTER TABLE {name} ADD CONSTRAINT {name}_range CHECK (id >= 1 AND id < {size + 1})")
-            c.exec_driver_sql(f"ALTER TABLE documents ATTACH PARTITION {name} FOR VALUES FROM (1) TO ({size + 1})")
-            c.exec_driver_sql(f"ALTER TABLE {name} DROP CONSTRAINT {name}_range")
+            segments.index_bare(c, name, 1, size + 1)  # as a merge builds its segment
+            segments.attach_indexed(c, name, 1, size + 1)
             timings["indexes"] = time.perf_counter() - start
             start = time.perf_counter()
-            c.exec_driver_sql(f"VACUUM ANALYZE {name}")
+            c.exec_driver_sql(f"VACUUM {name}")  # the visibility map, for index-only scans
             timings["vacuum"] = time.perf_counter() - start
             timings["bytes"] = c.execute(sa.text("SELECT pg_total_relation_size(CAST(:t AS regclass))"),
                                          {"t": f"{schema}.{name}"}).scalar_one()

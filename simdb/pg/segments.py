@@ -204,6 +204,25 @@ def _index_statements(connection: sa.Connection, table: str) -> list[str]:
     return statements
 
 
+def index_bare(connection: sa.Connection, table: str, first_id: int, end_id: int) -> None:
+    """Give a filled, unattached segment table ``documents``' primary key and indexes (its own index
+    definitions, so that ATTACH adopts them instead of building its own), a CHECK proving its id range (so
+    that ATTACH need not scan it), and planner statistics."""
+    connection.exec_driver_sql(f'ALTER TABLE "{table}" ADD CONSTRAINT "{table}_pkey" PRIMARY KEY (id)')
+    for statement in _index_statements(connection, table):
+        connection.exec_driver_sql(statement)
+    connection.exec_driver_sql(f'ALTER TABLE "{table}" ADD CONSTRAINT "{table}_range" '
+                               f"CHECK (id >= {int(first_id)} AND id < {int(end_id)})")
+    connection.exec_driver_sql(f'ANALYZE "{table}"')
+
+
+def attach_indexed(connection: sa.Connection, table: str, first_id: int, end_id: int) -> None:
+    """Attach a table prepared by :func:`index_bare` as the segment for ids ``first_id..end_id - 1``."""
+    connection.exec_driver_sql(f'ALTER TABLE documents ATTACH PARTITION "{table}" '
+                               f"FOR VALUES FROM ({int(first_id)}) TO ({int(end_id)})")
+    connection.exec_driver_sql(f'ALTER TABLE "{table}" DROP CONSTRAINT "{table}_range"')
+
+
 def merge(connection: sa.Connection, run: list[Segment]) -> dict:
     """Replace adjacent sealed segments by one, inside the caller's transaction (which holds the ingest
     and migrate locks): copy in id order, index, then detach and drop the old ones and attach the new."""
@@ -222,20 +241,12 @@ def merge(connection: sa.Connection, run: list[Segment]) -> dict:
     for segment in run:
         documents += connection.exec_driver_sql(
             f'INSERT INTO "{staging}" ({columns}) SELECT {columns} FROM "{segment.name}" ORDER BY id').rowcount
-    connection.exec_driver_sql(f'ALTER TABLE "{staging}" ADD CONSTRAINT "{staging}_pkey" PRIMARY KEY (id)')
-    for statement in _index_statements(connection, staging):
-        connection.exec_driver_sql(statement)
-    # the range, proven once here so that ATTACH need not scan again
-    connection.exec_driver_sql(f'ALTER TABLE "{staging}" ADD CONSTRAINT "{staging}_range" '
-                               f"CHECK (id >= {int(first)} AND id < {int(end)})")
-    connection.exec_driver_sql(f'ANALYZE "{staging}"')
+    index_bare(connection, staging, first, end)
     _lock_documents(connection)
     for segment in run:
         connection.exec_driver_sql(f'ALTER TABLE documents DETACH PARTITION "{segment.name}"')
         connection.exec_driver_sql(f'DROP TABLE "{segment.name}"')
-    connection.exec_driver_sql(f'ALTER TABLE documents ATTACH PARTITION "{staging}" '
-                               f"FOR VALUES FROM ({int(first)}) TO ({int(end)})")
-    connection.exec_driver_sql(f'ALTER TABLE "{staging}" DROP CONSTRAINT "{staging}_range"')
+    attach_indexed(connection, staging, first, end)
     name = segment_name(first)
     connection.exec_driver_sql(f'ALTER TABLE "{staging}" RENAME TO "{name}"')
     connection.exec_driver_sql(f'ALTER TABLE "{name}" RESET (autovacuum_enabled)')
