@@ -1,9 +1,15 @@
 """Text -> tokens -> fingerprint."""
 
+import math
 import subprocess
 import sys
+from fractions import Fraction
 
+import numpy as np
 import pytest
+import xxhash
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from simdb import InputError, fingerprint, hamming
 from simdb.methods.simhash.fingerprint import FingerprintSettings, simhash, tokens_for, weighted_features
@@ -84,3 +90,24 @@ def test_punctuation_only_text_still_has_a_fingerprint():
 def test_empty_text_is_an_error(text):
     with pytest.raises(InputError, match="empty or only whitespace"):
         fingerprint(text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.text(min_size=1, max_size=3), st.sampled_from([1.0, 1.0 + math.log(2), 1.0 + math.log(3),
+                                                                              0.1, 2.5 * math.log(7), 1e-3])),
+                min_size=1, max_size=40, unique_by=lambda feature: feature[0]),
+       st.randoms(use_true_random=False))
+def test_simhash_is_the_sign_of_the_exact_sum_whatever_the_order_of_its_features(features, random):
+    """Equal weights cancel to exactly zero, where a floating-point sum can land on either side depending on
+    its order and on the CPU's BLAS kernel: a fingerprint must not depend on either."""
+    names = [name for name, _ in features]
+    weights = [weight for _, weight in features]
+    expected = 0
+    for bit in range(64):
+        exact = sum((Fraction(w) if xxhash.xxh3_64_intdigest(n.encode(), 5) >> bit & 1 else -Fraction(w))
+                    for n, w in zip(names, weights))
+        expected |= (exact > 0) << bit
+    order = list(range(len(names)))
+    random.shuffle(order)
+    assert simhash(names, np.array(weights), 5) == expected
+    assert simhash([names[i] for i in order], np.array([weights[i] for i in order]), 5) == expected

@@ -138,11 +138,25 @@ def weighted_features(tokens: list[str], weighting: str, idf: IdfTable | None = 
 
 
 def simhash(features: list[str], weights: np.ndarray, seed: int = DEFAULT_SEED) -> int:
-    """The 64-bit SimHash of weighted features."""
+    """The 64-bit SimHash of weighted features: bit ``i`` is set when the exact sum of the weights, each
+    signed by bit ``i`` of its feature's hash, is positive.
+
+    The sums are taken in floating point, where their rounding depends on the order of the features and on
+    the machine (numpy's matrix product runs different BLAS kernels on different CPUs). Where a sum lies
+    within the worst-case rounding error of zero -- equal weights cancelling, which is common -- its sign
+    is taken from the exactly rounded sum (:func:`math.fsum`) instead, so a fingerprint is the same on every
+    machine and for every order of its features.
+    """
     hashes = np.fromiter((xxhash.xxh3_64_intdigest(f.encode("utf-8"), seed) for f in features),
                          dtype="<u8", count=len(features))
     bits = np.unpackbits(hashes.view(np.uint8).reshape(-1, 8), axis=1, bitorder="little")
-    totals = weights @ (bits.astype(np.float64) * 2.0 - 1.0)
+    signs = bits.astype(np.float64) * 2.0 - 1.0
+    totals = weights @ signs
+    # any order of summation errs by at most (n - 1) * 2**-53 * sum(|w|); twice that leaves room for the
+    # rounding of the bound itself
+    bound = len(features) * 2.0**-52 * float(np.abs(weights).sum())
+    for column in np.flatnonzero(np.abs(totals) <= bound):
+        totals[column] = math.fsum((weights * signs[:, column]).tolist())
     packed = np.packbits(totals > 0, bitorder="little")
     return int(packed.view("<u8")[0])
 
