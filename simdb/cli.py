@@ -546,6 +546,8 @@ def stats(database_url, schema, data_dir, as_json):
                + f"; largest key bucket {largest:,}")
     settings = ", ".join(f"{k}={v}" for k, v in info["settings"].items())
     click.echo(f"settings:   {settings}")
+    if info["segmenters"]:
+        click.echo(f"segmenters: {', '.join(info['segmenters'])} (same tokens; checked by the canaries on open)")
     click.echo(f"batches:    {len(info['batches'])}")
     for batch in info["batches"]:
         extra = "".join(f", {batch[k]:,} {label}" for k, label in (("already_stored", "already stored"),

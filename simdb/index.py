@@ -408,6 +408,7 @@ class Index:
             stored_segments = segments.list_segments(connection, counts=True)
             policy = segments.load_policy(connection)
             server_warnings = server.warnings(connection)
+            stored_settings = catalog.load_settings(connection)  # ingests since the open add segmenters
         documents = found["documents"]
         expected = method.expected_candidates(documents)
         return {
@@ -418,6 +419,7 @@ class Index:
             "batches": [dict(row._mapping) for row in found["batches"]],
             "settings": self.settings.summary(),
             "layout": method.describe(),
+            "segmenters": list(stored_settings.segmenters),
             "expected_candidates_per_lookup": None if expected is None else round(expected, 2),
             "measured_candidates_per_lookup": round(found["measured"], 2),
             "largest_key_buckets": [{"key": column, "value": value, "documents": n}

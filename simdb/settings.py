@@ -59,6 +59,10 @@ class IndexSettings:
     #: storage only, it changes no answer.
     segments: dict = field(default_factory=lambda: {"size": DEFAULT_SEGMENT_SIZE,
                                                     "merge_factor": DEFAULT_MERGE_FACTOR}, compare=False)
+    #: Every word segmenter that has written sketches to the index, with its version (``rjieba 0.2.2``,
+    #: ``jieba 0.42.1``): each ingest adds its own (:func:`simdb.pg.catalog.record_segmenter`); they give
+    #: the same tokens, which the canaries check on every open.
+    segmenters: tuple = field(default=(), compare=False)
 
     @property
     def layout(self):
@@ -79,17 +83,18 @@ class IndexSettings:
             made = Method.named(method).new(**options)
         except TypeError as exc:  # an option of another method
             raise ValueError(f"{exc}".replace("new()", f"the {method} method")) from None
-        created_with = {"simdb": __version__, "jieba": _version("jieba"), "opencc": _version("opencc"),
-                        "xxhash": _version("xxhash"), "numpy": _version("numpy"),
-                        "unicode": unicodedata.unidata_version}
-        return cls(method=made, created_with=created_with, canaries=compute_canaries(made))
+        created_with = {"simdb": __version__, "jieba": _version("jieba"), "rjieba": _version("rjieba"),
+                        "segmenter": made.segmenter, "opencc": _version("opencc"), "xxhash": _version("xxhash"),
+                        "numpy": _version("numpy"), "unicode": unicodedata.unidata_version}
+        return cls(method=made, created_with=created_with, canaries=compute_canaries(made),
+                   segmenters=(made.segmenter,) if made.segmenter else ())
 
     # -- storage: one row per name in the settings table -------------------------------------
 
     def to_rows(self) -> dict[str, object]:
         """The settings table's rows (side tables such as ``idf_terms`` are the method's)."""
         return {**self.method.to_rows(), "created_with": self.created_with, "canaries": self.canaries,
-                "segments": self.segments}
+                "segments": self.segments, "segmenters": list(self.segmenters)}
 
     @staticmethod
     def side_table_names(rows: dict[str, object]) -> list[str]:
@@ -99,7 +104,12 @@ class IndexSettings:
     def from_rows(cls, rows: dict[str, object], side_tables: dict[str, dict] | None = None) -> "IndexSettings":
         """Read the settings back, with the side tables their method named (:meth:`side_table_names`)."""
         method = Method.stored_class(rows).from_rows(rows, side_tables or {})
-        made = cls(method=method, created_with=rows.get("created_with", {}), canaries=rows.get("canaries", {}))
+        created_with = rows.get("created_with", {})
+        segmenters = rows.get("segmenters")
+        if segmenters is None:  # written before segmenters were recorded: jieba did all the segmenting
+            segmenters = [f"jieba {created_with.get('jieba', 'unknown')}"] if method.segmenter else []
+        made = cls(method=method, created_with=created_with, canaries=rows.get("canaries", {}),
+                   segmenters=tuple(segmenters))
         return replace(made, segments=rows["segments"]) if "segments" in rows else made
 
     # -- checks ----------------------------------------------------------------------------
@@ -122,9 +132,10 @@ class IndexSettings:
             built = self.created_with
             raise IncompatibleIndex(
                 f"this environment fingerprints {len(changed)} reference text(s) differently from the one "
-                f"that built the index (built with simdb {built.get('simdb')}, jieba {built.get('jieba')}, "
-                f"Unicode {built.get('unicode')}; here jieba {_version('jieba')}, Unicode "
-                f"{unicodedata.unidata_version}). Install the versions that built it, or rebuild the index")
+                f"that built the index (built with simdb {built.get('simdb')}, segmenters "
+                f"{', '.join(self.segmenters) or 'none'}, Unicode {built.get('unicode')}; here "
+                f"{self.method.segmenter or 'no segmenter'}, Unicode {unicodedata.unidata_version}). Install the "
+                "versions that built it (SIMDB_SEGMENTER=jieba makes jieba itself segment), or rebuild the index")
 
     def summary(self) -> dict[str, object]:
         """Flat, human-facing view of the settings that change answers."""

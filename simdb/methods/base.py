@@ -110,6 +110,12 @@ class Method(ABC):
     def algorithm(self) -> str:
         """Names the text -> sketch recipe; a change that can change a sketch gets a new name."""
 
+    @property
+    def segmenter(self) -> str | None:
+        """The word segmenter (and its version) this process's sketches go through, if any; recorded with the
+        index by every ingest (see :mod:`simdb.text.segment`)."""
+        return None
+
     # -- text -> sketch ------------------------------------------------------------------------
 
     @abstractmethod

@@ -52,6 +52,17 @@ def save_method(connection: sa.Connection, method: Method) -> None:
             "ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value"), {"name": name, "value": json.dumps(value)})
 
 
+def record_segmenter(connection: sa.Connection, method: Method) -> None:
+    """Add this process's word segmenter to the index's ``segmenters`` row unless it is there (under the
+    ingest lock, before the chunk's sketches are stored)."""
+    if method.segmenter is None:
+        return
+    connection.execute(sa.text(
+        "INSERT INTO settings (name, value) VALUES ('segmenters', jsonb_build_array(CAST(:name AS text))) "
+        "ON CONFLICT (name) DO UPDATE SET value = settings.value || EXCLUDED.value "
+        "WHERE NOT settings.value @> EXCLUDED.value"), {"name": method.segmenter})
+
+
 def create_index(connection: sa.Connection, schema: str, settings: IndexSettings) -> bool:
     """Create the index in ``schema`` at the head revision, unless one is there; True if it was created."""
     lock(connection, schema, "migrate")

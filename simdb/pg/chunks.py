@@ -22,7 +22,7 @@ from ..errors import BatchError, InputError
 from ..inputs import checks
 from ..matches import distinct, earliest
 from ..methods import Method
-from .catalog import check_layout
+from .catalog import check_layout, record_segmenter
 from .clusters import merge_clusters
 from .copy import copy_in
 from .database import lock
@@ -84,6 +84,7 @@ def store_chunk(connection: sa.Connection, schema: str, method: Method, chunk, *
     (``rejects`` are the reader's, by position) and update the batch's counts."""
     lock(connection, schema, "ingest")
     check_layout(connection, method)
+    record_segmenter(connection, method)
     batch_id = open_batch(connection, name, source, first, started_at)
     count = len(chunk)
     sequence = connection.execute(sa.text(

@@ -3,8 +3,9 @@
 The ``auto`` tokenizer cuts text into runs by script and tokenizes each run the
 way that script wants:
 
-* Han characters: jieba (dictionary only; its HMM for unknown words is off by
-  default because it makes segmentation of the same phrase depend on context);
+* Han characters: jieba's segmentation (dictionary only; its HMM for unknown words is
+  off by default because it makes segmentation of the same phrase depend on context),
+  run by jieba-rs where that gives the same tokens (:mod:`.segment`);
 * scripts written without spaces (Thai, Lao, Khmer, Myanmar, Japanese kana):
   character n-gram shingles, since there are no words to split on;
 * everything else: the space-delimited words that normalization left.
@@ -16,12 +17,11 @@ tokenizers force one treatment for the whole text: ``words``, ``jieba``, or
 
 from __future__ import annotations
 
-import functools
-import logging
 import re
 from dataclasses import dataclass
 
 from .scripts import HAN, OTHER_WITHOUT_SPACES
+from .segment import cut
 
 TOKENIZERS = ("auto", "words", "jieba", "shingles")
 
@@ -56,17 +56,6 @@ class TokenizerSettings:
             raise ValueError(f"shingle size must be between 1 and 16, not {self.shingle_size}")
 
 
-@functools.cache
-def _jieba():
-    """One jieba tokenizer per process, dictionary loaded on first use (~1.4 s)."""
-    import jieba
-
-    jieba.setLogLevel(logging.WARNING)
-    tokenizer = jieba.Tokenizer()
-    tokenizer.initialize()
-    return tokenizer
-
-
 def shingles(text: str, size: int) -> list[str]:
     """Overlapping character n-grams; a text shorter than ``size`` is one shingle."""
     if len(text) <= size:
@@ -75,7 +64,7 @@ def shingles(text: str, size: int) -> list[str]:
 
 
 def jieba_tokens(text: str, hmm: bool) -> list[str]:
-    return [token for token in _jieba().lcut(text, HMM=hmm) if not token.isspace()]
+    return [token for token in cut(text, hmm) if not token.isspace()]
 
 
 def tokenize(normalized: str, settings: TokenizerSettings = TokenizerSettings()) -> list[str]:

@@ -18,6 +18,7 @@ import sqlalchemy as sa
 from ...bits import (BITS, format_fingerprint, hamming_array, to_signed, to_signed_array, to_unsigned,
                      to_unsigned_array)
 from ...errors import IncompatibleIndex, InputError, SimdbError
+from ...text.segment import segmenter_name
 from ...text.tokenize import TokenizerSettings
 from ..base import Method
 from .blocks import BlockLayout, layouts_for
@@ -67,6 +68,11 @@ class SimHash(Method):
     @property
     def algorithm(self) -> str:
         return self.fingerprints.algorithm
+
+    @property
+    def segmenter(self) -> str | None:
+        tokenizer = self.fingerprints.tokenizer
+        return segmenter_name(tokenizer.jieba_hmm) if tokenizer.name in ("auto", "jieba") else None
 
     def to_rows(self) -> dict[str, object]:
         idf = self.fingerprints.idf
