@@ -10,7 +10,9 @@ isolated and leave nothing behind.
 from __future__ import annotations
 
 import functools
+import json
 import os
+import pathlib
 import shutil
 import tempfile
 import uuid
@@ -25,6 +27,8 @@ from simdb.cli import cli
 from simdb.pg.database import postgres_url, redact, start_embedded
 
 LOCAL_SERVER = "postgresql://postgres@127.0.0.1:5432/test"
+#: The labelled devset of real text (beside the checkout in ../shared/devset, or SIMDB_DEVSET).
+DEVSET = pathlib.Path(os.environ.get("SIMDB_DEVSET", pathlib.Path(__file__).parents[2] / "shared" / "devset"))
 
 
 def _answers(url: str) -> bool:
@@ -60,6 +64,15 @@ def pytest_sessionfinish(session, exitstatus):
         if server is not None:
             server.cleanup()
             shutil.rmtree(str(server.pgdata.parent), ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def devset_texts() -> list[str]:
+    """Every text of the devset; the test is skipped, saying why, where there is none."""
+    files = sorted((DEVSET / "docs").glob("*.jsonl"))
+    if not files:
+        pytest.skip(f"no devset at {DEVSET} (set SIMDB_DEVSET to its folder)")
+    return [json.loads(line)["text"] for path in files for line in path.open(encoding="utf-8")]
 
 
 @pytest.fixture(scope="session")

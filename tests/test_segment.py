@@ -1,17 +1,13 @@
 """rjieba (jieba-rs) must segment exactly as jieba does with its HMM off, or fingerprints would change.
 
 jieba is the reference: every comparison runs both on the same text. The devset (real Chinese and
-English text, ``../shared/devset`` beside the checkout or ``SIMDB_DEVSET``) is compared whole, raw and
-normalized; generated text mixes jieba's dictionary words with the characters its segmentation treats
+English text: the ``devset_texts`` fixture) is compared whole, raw and normalized; generated text mixes jieba's dictionary words with the characters its segmentation treats
 specially (Latin letters and digits it groups, ``+#&._%-``, whitespace, Han outside its main range).
 """
 
 from __future__ import annotations
 
 import functools
-import json
-import os
-import pathlib
 
 import pytest
 from hypothesis import given, settings
@@ -25,9 +21,6 @@ from simdb.text.tokenize import _RUNS
 
 rjieba = pytest.importorskip("rjieba", reason="rjieba has no wheel for this platform; jieba segments alone")
 
-DEVSET = pathlib.Path(os.environ.get("SIMDB_DEVSET", pathlib.Path(__file__).parents[2] / "shared" / "devset"))
-
-
 def reference(text: str) -> list[str]:
     return segment._jieba().lcut(text, HMM=False)
 
@@ -36,20 +29,13 @@ def fast(text: str) -> list[str]:
     return rjieba.cut(text, False)
 
 
-def devset_texts() -> list[str]:
-    files = sorted((DEVSET / "docs").glob("*.jsonl"))
-    if not files:
-        pytest.skip(f"no devset at {DEVSET} (set SIMDB_DEVSET to its folder)")
-    return [json.loads(line)["text"] for path in files for line in path.open(encoding="utf-8")]
-
-
 @pytest.mark.slow
-def test_rjieba_gives_jiebas_tokens_on_every_devset_text():
-    texts = devset_texts()
+def test_rjieba_gives_jiebas_tokens_on_every_devset_text(devset_texts):
+    texts = devset_texts
     differing = []
     for text in texts:
         normalized = normalize(text)
-        runs = [run.group() for run in _RUNS.finditer(normalized) if run.lastgroup == "han"]
+        runs = [han for han, _, _ in _RUNS.findall(normalized) if han]
         for piece in (text, normalized, *runs):
             if fast(piece) != reference(piece):
                 differing.append(piece[:60])

@@ -17,3 +17,31 @@ WITHOUT_SPACES = HAN + OTHER_WITHOUT_SPACES
 
 HAN_CHARACTER = re.compile(f"[{HAN}]")
 WITHOUT_SPACES_CHARACTER = re.compile(f"[{WITHOUT_SPACES}]")
+
+
+def expand(ranges: str) -> list[str]:
+    """The characters of a regular-expression class body made only of characters and ``a-b`` ranges, such as
+    :data:`HAN`."""
+    characters, i = [], 0
+    while i < len(ranges):
+        if i + 2 < len(ranges) and ranges[i + 1] == "-":
+            characters.extend(chr(cp) for cp in range(ord(ranges[i]), ord(ranges[i + 2]) + 1))
+            i += 3
+        else:
+            characters.append(ranges[i])
+            i += 1
+    return characters
+
+
+def character_class(characters) -> str:
+    """A regular-expression class body (ranges, escaped) matching exactly ``characters``."""
+    points = sorted({ord(c) for c in characters})
+    parts, i = [], 0
+    while i < len(points):
+        j = i
+        while j + 1 < len(points) and points[j + 1] == points[j] + 1:
+            j += 1
+        first, last = re.escape(chr(points[i])), re.escape(chr(points[j]))
+        parts.append(first if i == j else f"{first}-{last}")
+        i = j + 1
+    return "".join(parts)

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import xxhash
 
-from ...text.normalize import fold, normalized_or_folded
-from ...text.tokenize import TokenizerSettings, tokenize
+from ...text.normalize import fold, fold_and_simplify, normalized_or_folded
+from ...text.tokenize import TokenizerSettings, count_punctuated, tokenize
 from ..base import DEFAULT_SEED
 
 #: Names the whole text -> fingerprint recipe. Any change to normalization,
@@ -115,18 +115,26 @@ class FingerprintSettings:
             raise ValueError("the hash seed must be an unsigned 64-bit integer")
 
 
-def weighted_features(tokens: list[str], weighting: str, idf: IdfTable | None = None,
+#: ``1 + ln(tf)`` for the common term frequencies, computed once (the same ``math.log`` values).
+_SUBLINEAR = np.array([0.0] + [1.0 + math.log(c) for c in range(1, 1024)])
+
+
+def weighted_features(tokens: list[str] | Counter, weighting: str, idf: IdfTable | None = None,
                       top_features: int = 0) -> tuple[list[str], np.ndarray]:
-    """Distinct tokens and their weights (with ``tfidf``: the ``top_features`` heaviest)."""
-    counts = Counter(tokens)
+    """Distinct tokens (given as a list, or already counted) and their weights (with ``tfidf``: the
+    ``top_features`` heaviest)."""
+    counts = tokens if isinstance(tokens, Counter) else Counter(tokens)
     features = list(counts)
     if weighting == "binary":
         weights = np.ones(len(features))
-    elif weighting == "tf":
-        weights = np.fromiter(counts.values(), dtype=np.float64, count=len(features))
     else:
-        weights = np.fromiter((1.0 + math.log(c) for c in counts.values()), dtype=np.float64,
-                              count=len(features))
+        frequencies = np.fromiter(counts.values(), dtype=np.int64, count=len(features))
+        if weighting == "tf":
+            weights = frequencies.astype(np.float64)
+        elif len(features) and frequencies.max() < len(_SUBLINEAR):
+            weights = _SUBLINEAR[frequencies]
+        else:
+            weights = np.array([1.0 + math.log(c) for c in frequencies.tolist()])
     if weighting == "tfidf":
         weights = weights * np.fromiter((idf.weight(f) for f in features), dtype=np.float64, count=len(features))
         if 0 < top_features < len(features):
@@ -174,14 +182,24 @@ def tokens_for(text: str, settings: FingerprintSettings) -> list[str]:
     return tokenize(normalized, settings.tokenizer) or [c for c in fold(text) if not c.isspace()]
 
 
+def token_counts(text: str, settings: FingerprintSettings) -> Counter:
+    """``Counter(tokens_for(text, settings))``, by the ``auto`` tokenizer's fast path where it applies."""
+    if settings.tokenizer.name == "auto":  # the default: without building the normalized text
+        counts = count_punctuated(fold_and_simplify(text, settings.algorithm != "simhash64-v1"), settings.tokenizer)
+        if counts:
+            return counts
+    return Counter(tokens_for(text, settings))
+
+
 def fingerprint(text: str, settings: FingerprintSettings = FingerprintSettings()) -> int:
     """Text -> unsigned 64-bit SimHash under ``settings``."""
-    features, weights = weighted_features(tokens_for(text, settings), settings.weighting, settings.idf,
+    features, weights = weighted_features(token_counts(text, settings), settings.weighting, settings.idf,
                                           settings.top_features)
     return simhash(features, weights, settings.seed)
 
 
 def learn_idf(texts: Iterable[str], tokenizer: TokenizerSettings = TokenizerSettings()) -> IdfTable:
-    """Document frequencies of the tokens of ``texts`` (a sample of the archive), for tfidf weighting."""
+    """Document frequencies of the tokens of ``texts`` (a sample of the archive), for tfidf weighting (on
+    every core: :func:`simdb.parallel.distinct_tokens`)."""
     settings = FingerprintSettings(tokenizer=tokenizer)
-    return IdfTable.learn(tokens_for(text, settings) for text in texts if text.strip())
+    return IdfTable.learn(list(token_counts(text, settings)) for text in texts if text.strip())

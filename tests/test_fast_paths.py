@@ -1,0 +1,60 @@
+"""The fingerprint's fast paths give exactly what the plain definitions give.
+
+``fold`` replaces characters by their own NFKC forms before asking ``unicodedata`` to normalize what is
+left, and the ``auto`` tokenizer counts the tokens of runs read out of text whose punctuation is still
+in, segmented in one call: both are held to the straightforward versions on generated text rich in the
+characters that make them differ (full-width and compatibility forms, combining marks, Hangul jamo,
+punctuation inside scripts without spaces, astral characters) and on every devset text.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections import Counter
+import unicodedata
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simdb.text.normalize import fold, fold_and_simplify, normalize
+from simdb.text.tokenize import TokenizerSettings, count_punctuated, tokenize
+
+_TRICKY = st.sampled_from(list("abcXYZ019 \t\n\u3000\u00a0,.!?;:'\"()[]{}+-*/=<>@#$%^&_~|\\，。！？：；（）《》、…—·「」"
+                               "人民日报北京天安门中文與網路設定頭髮後來發現的了是和")
+                          + ["\u0e3f", "\u0e4f", "\u30fb", "\u30a0", "\u309b", "สวัส", "ดี", "カタカナ", "ひらがな",
+                             "\U0001f600", "\U0001d11e", "\U00020000", "\U0002a6d6", "\uf900", "\u3400", "é", "e\u0301",
+                             "\u2f00", "\u3192", "ﬁ", "Ⅻ", "①", "²", "\u0338", "=\u0338", "Ａ", "ＴＥＸＴ", "\u1100\u1161",
+                             "\u0301", "\u0327", "\u212b", "\u1161", "\u11a8", "가", "ｶ", "\uff9e", "\uff9f", "ß", "İ",
+                             "\u0345", "\u03b9", "ǅ"])
+
+
+def _tokens_both_ways(text: str, tokenizer: TokenizerSettings) -> tuple[Counter, Counter]:
+    return (Counter(tokenize(normalize(text), tokenizer)),
+            count_punctuated(fold_and_simplify(text), tokenizer) if normalize(text) else Counter())
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.lists(st.one_of(_TRICKY, st.text(max_size=3)), max_size=30).map("".join), st.booleans(), st.booleans())
+def test_the_fingerprints_fast_path_gives_the_tokens_of_the_normalized_text(text, hmm, stopwords):
+    tokenizer = TokenizerSettings(jieba_hmm=hmm, stopwords=stopwords)
+    slow, fast = _tokens_both_ways(text, tokenizer)
+    assert fast == slow
+
+
+@pytest.mark.slow
+def test_the_fingerprints_fast_path_gives_the_tokens_of_every_devset_text(devset_texts):
+    differing = [text[:60] for text in devset_texts
+                 if operator.ne(*_tokens_both_ways(text, TokenizerSettings()))]
+    assert differing == []
+
+
+@settings(max_examples=5000, deadline=None)
+@given(st.lists(st.one_of(_TRICKY, st.text(max_size=3)), max_size=30).map("".join))
+def test_fold_is_nfkc_then_casefold(text):
+    assert fold(text) == unicodedata.normalize("NFKC", text).casefold()
+
+
+@pytest.mark.slow
+def test_fold_is_nfkc_then_casefold_on_every_devset_text(devset_texts):
+    assert [t[:60] for t in devset_texts if fold(t) != unicodedata.normalize("NFKC", t).casefold()] == []
