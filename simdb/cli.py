@@ -28,8 +28,8 @@ from .ingest import DEFAULT_CHUNK_SIZE, ON_ERROR, IngestOptions
 from .inputs import DEFAULT_MAX_CHARS, FORMATS, check_paths, read_documents, total_bytes
 from .methods import Method, SimHash
 from .methods.simhash.blocks import MAX_DISTANCE
-from .methods.simhash.fingerprint import learn_idf as learn_idf_from_texts
-from .methods.simhash.fingerprint import tokens_for
+from .methods.simhash.fingerprint import IdfTable, tokens_for
+from .parallel import distinct_tokens
 from .pg.database import DEFAULT_SCHEMA, redact, translate
 from .progress import Progress
 from .text.tokenize import TOKENIZERS, TokenizerSettings
@@ -120,12 +120,13 @@ def open_index(database_url, schema, data_dir) -> Index:
     return Index.open(database_url, schema=schema, data_dir=data_dir)
 
 
-def learn_idf(paths, tokenizer: TokenizerSettings):
-    """IDF weights from the documents in ``paths`` (read like ``simdb ingest`` reads them)."""
+def learn_idf(paths, tokenizer: TokenizerSettings, workers: int | None):
+    """IDF weights from the documents in ``paths`` (read like ``simdb ingest`` reads them), tokenized on
+    ``workers`` processes."""
     progress = Progress("learning IDF weights", total_bytes(paths))
     try:
-        return learn_idf_from_texts((document.text for document in read_documents(
-            paths, progress=progress.add_bytes)), tokenizer)
+        return IdfTable.learn(distinct_tokens((document.text for document in read_documents(
+            paths, progress=progress.add_bytes)), tokenizer, workers=workers))
     finally:
         progress.close()
 
@@ -219,10 +220,12 @@ cli.add_command(fingerprint_command, name="fingerprint")
                    "memory [default: 1,000,000].")
 @click.option("--merge-factor", type=click.IntRange(2, 64), default=None,
               help="Sealed segments of one size that merge into one [default: 4].")
+@click.option("--workers", type=click.IntRange(1), default=None,
+              help="Processes tokenizing the --idf-from sample in parallel [default: all cores].")
 @user_errors
 def init(database_url, schema, data_dir, max_distance, blocks, tokenizer, jieba_hmm, shingle_size, stopwords,
          weighting, idf_paths, top_features, expected_size, method, threshold, num_perm, segment_size,
-         merge_factor):
+         merge_factor, workers):
     """Create an index; its settings are stored with it and checked on every open.
 
     Running it again with the same settings leaves the index as it is; with
@@ -256,7 +259,8 @@ def init(database_url, schema, data_dir, max_distance, blocks, tokenizer, jieba_
     if idf_paths:
         check_paths(idf_paths)
         options["idf"] = learn_idf(idf_paths, TokenizerSettings(name=tokenizer, jieba_hmm=jieba_hmm,
-                                                                shingle_size=shingle_size, stopwords=stopwords))
+                                                                shingle_size=shingle_size, stopwords=stopwords),
+                                   workers)
     with Index.create(database_url, schema=schema, data_dir=data_dir, exist_ok=True, **options) as index:
         verb = "created" if index.created else "found existing"
         click.echo(f"{verb} index in schema {schema!r} of {index.database.display_url}")

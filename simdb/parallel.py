@@ -18,13 +18,15 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 
 from .errors import InputError
 from .inputs import Document
 from .methods import Method
+from .methods.simhash.fingerprint import FingerprintSettings, token_counts
+from .text.tokenize import TokenizerSettings
 from .text import content_hash
 
 #: Documents per task sent to a worker: large enough to amortise the inter-process
@@ -71,11 +73,13 @@ def _exit_with_parent(parent: int) -> None:
     threading.Thread(target=watch, name="simdb-parent-watch", daemon=True).start()
 
 
-def _start_worker(method: Method, parent: int) -> None:
+def _start_worker(method: Method, parent: int | None) -> None:
+    """Worker set-up (``parent`` None: the work runs in this process)."""
     global _method
-    _exit_with_parent(parent)
     _method = method
-    method.sketch("预热 jieba 與 OpenCC")  # load jieba's dictionary and OpenCC now, once per worker
+    if parent is not None:
+        _exit_with_parent(parent)
+        method.sketch("预热 jieba 與 OpenCC")  # load jieba's dictionary and OpenCC now, once per worker
 
 
 def _fingerprint_texts(texts: list[str]) -> list[tuple[int | bytes, bytes] | tuple[str, str | None]]:
@@ -84,7 +88,8 @@ def _fingerprint_texts(texts: list[str]) -> list[tuple[int | bytes, bytes] | tup
             for text, result in zip(texts, _method.sketch_many(texts))]
 
 
-def _chunks(items: Iterable, size: int) -> Iterator[list]:
+def batched(items: Iterable, size: int) -> Iterator[list]:
+    """Lists of ``size`` items (the last one shorter)."""
     chunk = []
     for item in items:
         chunk.append(item)
@@ -98,33 +103,67 @@ def _chunks(items: Iterable, size: int) -> Iterator[list]:
 def fingerprint_stream(items: Iterable[Document | InputError], method: Method, *,
                        workers: int | None = None) -> Iterator[Fingerprinted | InputError]:
     """Fingerprint documents in input order; read errors pass through, fingerprint errors become InputErrors."""
+    chunks = ((chunk, [d.text for d in chunk if isinstance(d, Document)]) for chunk in batched(items, TASK_SIZE))
+    for chunk, results in ordered_map(_fingerprint_texts, chunks, workers=workers, initializer=_start_worker,
+                                      initargs=(method,)):
+        yield from _merge(chunk, results)
+
+
+_tokenizer: FingerprintSettings | None = None
+
+
+def _start_tokenizer(settings: FingerprintSettings, parent: int | None) -> None:
+    global _tokenizer
+    _tokenizer = settings
+    if parent is not None:
+        _exit_with_parent(parent)
+
+
+def _distinct_tokens(texts: list[str]) -> list[list[str]]:
+    return [list(token_counts(text, _tokenizer)) for text in texts]
+
+
+def distinct_tokens(texts: Iterable[str], tokenizer: TokenizerSettings, *,
+                    workers: int | None = None) -> Iterator[list[str]]:
+    """Each text's distinct SimHash tokens, in input order, tokenized on ``workers`` processes (None: every
+    core); texts of nothing but whitespace are left out. What ``simdb init --idf-from`` learns IDF weights
+    from (:meth:`IdfTable.learn <simdb.methods.simhash.fingerprint.IdfTable.learn>`)."""
+    tasks = ((None, chunk) for chunk in batched((text for text in texts if text.strip()), TASK_SIZE))
+    for _, results in ordered_map(_distinct_tokens, tasks, workers=workers, initializer=_start_tokenizer,
+                                  initargs=(FingerprintSettings(tokenizer=tokenizer),)):
+        yield from results
+
+
+def ordered_map(function: Callable[[list], list], tasks: Iterable[tuple[object, list]], *, workers: int | None,
+                initializer: Callable, initargs: tuple) -> Iterator[tuple[object, list]]:
+    """``(key, function(payload))`` for each ``(key, payload)`` task, in order, on ``workers`` processes.
+
+    ``initializer(*initargs, parent_pid)`` prepares each worker (in this process too, when it does the work
+    itself: with one worker, or when the tasks are too few to be worth starting a pool). At most a few tasks
+    per worker are in flight, so memory stays flat however many tasks there are."""
     workers = default_workers() if workers is None else workers
     if workers < 1:
         raise ValueError(f"workers must be at least 1, not {workers}")
-    items = iter(items)
-    # Starting workers costs a second or two (each loads jieba): not worth it for a small input.
-    head = list(itertools.islice(items, TASK_SIZE * workers)) if workers > 1 else []
-    if workers == 1 or len(head) < TASK_SIZE * workers:
-        global _method
-        _method = method
-        for chunk in _chunks(itertools.chain(head, items), TASK_SIZE):
-            yield from _merge(chunk, _fingerprint_texts([d.text for d in chunk if isinstance(d, Document)]))
+    tasks = iter(tasks)
+    # Starting workers costs a second or two (each loads its dictionaries): not worth it for a small input.
+    head = list(itertools.islice(tasks, workers)) if workers > 1 else []
+    if workers == 1 or len(head) < workers:
+        initializer(*initargs, None)
+        for key, payload in itertools.chain(head, tasks):
+            yield key, function(payload)
         return
-    items = itertools.chain(head, items)
-
     context = multiprocessing.get_context("spawn")  # no inherited locks, connections or threads
-    with ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker,
-                             initargs=(method, os.getpid())) as pool:
-        pending: deque[tuple[list, Future]] = deque()
-        for chunk in _chunks(items, TASK_SIZE):
-            texts = [d.text for d in chunk if isinstance(d, Document)]
-            pending.append((chunk, pool.submit(_fingerprint_texts, texts)))
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=initializer,
+                             initargs=(*initargs, os.getpid())) as pool:
+        pending: deque[tuple[object, Future]] = deque()
+        for key, payload in itertools.chain(head, tasks):
+            pending.append((key, pool.submit(function, payload)))
             if len(pending) >= workers * TASKS_IN_FLIGHT_PER_WORKER:
-                done_chunk, future = pending.popleft()
-                yield from _merge(done_chunk, future.result())
+                done_key, future = pending.popleft()
+                yield done_key, future.result()
         while pending:
-            done_chunk, future = pending.popleft()
-            yield from _merge(done_chunk, future.result())
+            done_key, future = pending.popleft()
+            yield done_key, future.result()
 
 
 def _merge(chunk: list, results: list) -> Iterator[Fingerprinted | InputError]:

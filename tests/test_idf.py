@@ -8,7 +8,9 @@ import sqlalchemy as sa
 
 from simdb import IncompatibleIndex, Index
 from simdb.methods.simhash.fingerprint import IDF_MIN_DF, FingerprintSettings, IdfTable, fingerprint, learn_idf
+from simdb.parallel import TASK_SIZE, distinct_tokens
 from simdb.samples import corpus
+from simdb.text.tokenize import TokenizerSettings
 
 TEXTS = [r["text"] for r in list(corpus())[:200]]
 
@@ -97,3 +99,25 @@ def test_indexes_built_by_the_previous_recipe_keep_their_fingerprints(database_u
     with Index.open(database_url, schema=schema) as old:
         assert old.settings.fingerprints.algorithm == "simhash64-v1"
         assert old.fingerprint("頭髮乾燥，後來發現") == fingerprint("頭髮乾燥，後來發現", v1)
+
+
+@pytest.mark.slow
+def test_the_sample_is_tokenized_on_every_core_into_the_same_table():
+    """``simdb init --idf-from`` tokenizes in a pool of workers; the table is the one one process learns, token
+    for token (the texts: enough for several tasks per worker, blank ones left out)."""
+    texts = [f"{r['text']} {copy}" for copy in range(4) for r in corpus()] + ["   ", ""]
+    assert len(texts) > 2 * TASK_SIZE * 2
+    alone = learn_idf(texts)
+    pooled = IdfTable.learn(distinct_tokens(texts, TokenizerSettings(), workers=2))
+    assert (pooled.documents, pooled.digest) == (alone.documents, alone.digest)
+    assert pooled.documents == len(texts) - 2
+
+
+def test_idf_from_learns_the_table_a_single_process_learns(run, tmp_path, schema, database_url):
+    sample = tmp_path / "sample.jsonl"
+    sample.write_text("".join(json.dumps({"id": str(i), "text": t}, ensure_ascii=False) + "\n"
+                              for i, t in enumerate(TEXTS)), encoding="utf-8")
+    result = run("init", "--idf-from", str(sample), "--workers", "2")
+    assert result.exit_code == 0, result.output
+    with Index.open(database_url, schema=schema) as index:
+        assert index.settings.fingerprints.idf.digest == learn_idf(TEXTS).digest
