@@ -4,12 +4,14 @@
 left, and the ``auto`` tokenizer counts the tokens of runs read out of text whose punctuation is still
 in, segmented in one call: both are held to the straightforward versions on generated text rich in the
 characters that make them differ (full-width and compatibility forms, combining marks, Hangul jamo,
-punctuation inside scripts without spaces, astral characters) and on every devset text.
+punctuation inside scripts without spaces, astral characters) and on every devset text. So are the
+regular expressions that strip punctuation and count MinHash's letters without a loop in Python.
 """
 
 from __future__ import annotations
 
 import operator
+import re
 from collections import Counter
 import unicodedata
 
@@ -17,7 +19,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simdb.text.normalize import fold, fold_and_simplify, normalize
+from simdb.methods.minhash.signature import writes_without_spaces
+from simdb.text.normalize import fold, fold_and_simplify, normalize, punctuation_and_symbols, strip_punctuation
+from simdb.text.scripts import WITHOUT_SPACES_CHARACTER
 from simdb.text.tokenize import TokenizerSettings, count_punctuated, tokenize
 
 _TRICKY = st.sampled_from(list("abcXYZ019 \t\n\u3000\u00a0,.!?;:'\"()[]{}+-*/=<>@#$%^&_~|\\，。！？：；（）《》、…—·「」"
@@ -58,3 +62,18 @@ def test_fold_is_nfkc_then_casefold(text):
 @pytest.mark.slow
 def test_fold_is_nfkc_then_casefold_on_every_devset_text(devset_texts):
     assert [t[:60] for t in devset_texts if fold(t) != unicodedata.normalize("NFKC", t).casefold()] == []
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.lists(st.one_of(_TRICKY, st.text(max_size=3)), max_size=30).map("".join))
+def test_punctuation_is_stripped_as_translate_then_collapse_did(text):
+    stripped = re.sub(r"\s+", " ", text.translate(dict.fromkeys(punctuation_and_symbols(), " "))).strip()
+    assert strip_punctuation(text) == stripped
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.lists(st.one_of(_TRICKY, st.text(max_size=3)), max_size=30).map("".join))
+def test_minhash_counts_letters_as_a_loop_over_the_characters_did(text):
+    letters = sum(1 for c in text if c.isalpha())
+    expected = letters > 0 and 4 * len(WITHOUT_SPACES_CHARACTER.findall(text)) >= letters
+    assert writes_without_spaces(text) == expected

@@ -17,7 +17,7 @@ import unicodedata
 from ..errors import InputError
 from .scripts import HAN_CHARACTER, character_class
 
-_WHITESPACE = re.compile(r"\s+")
+_ASTRAL = re.compile("[\\U00010000-\\U0010ffff]")
 
 
 @functools.cache
@@ -59,9 +59,6 @@ def _compatibility_forms() -> tuple[dict[str, str], re.Pattern]:
     return forms, re.compile(f"([{character_class(forms)}])")
 
 
-_ASTRAL = re.compile("[\U00010000-\U0010ffff]")
-
-
 def fold(text: str) -> str:
     """NFKC and case folding only: width, compatibility forms and case vanish.
 
@@ -90,9 +87,18 @@ def fold_and_simplify(text: str, simplify_script: bool = True) -> str:
     return simplify(text) if simplify_script else text
 
 
+@functools.cache
+def _separators() -> re.Pattern:
+    """Runs of whitespace, punctuation and symbols of the Basic Multilingual Plane (a class with thousands
+    of scattered astral ranges is matched slowly: :func:`strip_punctuation` translates those)."""
+    return re.compile(rf"[\s{character_class(chr(cp) for cp in punctuation_and_symbols() if cp <= 0xFFFF)}]+")
+
+
 def strip_punctuation(text: str) -> str:
     """Punctuation and symbols -> spaces, runs of whitespace collapsed, the ends stripped."""
-    return _WHITESPACE.sub(" ", text.translate(_punctuation_table())).strip()
+    if _ASTRAL.search(text):
+        text = text.translate(_punctuation_table())
+    return _separators().sub(" ", text).strip()
 
 
 def normalize(text: str, simplify_script: bool = True) -> str:

@@ -101,14 +101,16 @@ def tokenize(normalized: str, settings: TokenizerSettings = TokenizerSettings())
 def _punctuated_runs() -> tuple[re.Pattern, re.Pattern, re.Pattern]:
     """The runs of :data:`_RUNS`, read out of text whose punctuation and symbols are still in (they separate
     runs as the spaces normalization makes of them would), one kind at a time: what is not Han (to be
-    replaced by a space), runs of the other scripts without spaces, words. Only the separators of the Basic
-    Multilingual Plane are in the classes (a class with thousands of scattered astral ranges is matched
-    slowly); :func:`count_punctuated` turns the others into spaces first."""
+    replaced by a space), runs of the other scripts without spaces, words. The classes hold characters of
+    the Basic Multilingual Plane only, which ``re`` matches by table lookup (with a single astral range in a
+    class it tests every range in turn): :func:`count_punctuated` sends other text the plain way."""
     separators = {chr(cp) for cp in punctuation_and_symbols() if cp <= 0xFFFF}
-    assert not separators & set(expand(HAN)), "a Han character is punctuation"
-    nospace = character_class(c for c in expand(OTHER_WITHOUT_SPACES) if c not in separators)
-    return (re.compile(f"[^{HAN}]+"), re.compile(f"[{nospace}]+"),
-            re.compile(rf"[^\s{HAN}{OTHER_WITHOUT_SPACES}{character_class(separators)}]+"))
+    han = [c for c in expand(HAN) if c <= "\uffff"]
+    assert not separators & set(han), "a Han character is punctuation"
+    nospace = [c for c in expand(OTHER_WITHOUT_SPACES) if c not in separators]
+    han, nospace, others = character_class(han), character_class(nospace), character_class(expand(OTHER_WITHOUT_SPACES))
+    return (re.compile(f"[^{han}]+"), re.compile(f"[{nospace}]+"),
+            re.compile(rf"[^\s{han}{others}{character_class(separators)}]+"))
 
 
 _ASTRAL = re.compile("[\U00010000-\U0010ffff]")
@@ -122,11 +124,12 @@ def count_punctuated(folded: str, settings: TokenizerSettings = TokenizerSetting
     """
     if settings.name != "auto":
         raise ValueError("count_punctuated is the auto tokenizer's")
-    if _ASTRAL.search(folded):
-        folded = strip_punctuation(folded)
+    if _ASTRAL.search(folded):  # rare: the plain way
+        return Counter(tokenize(strip_punctuation(folded), settings))
     not_han, nospace, word = _punctuated_runs()
     # the Han runs, one space between two: jieba cuts at every space, so each run is segmented on its own
-    counts = Counter(cut(not_han.sub(" ", folded), settings.jieba_hmm))
+    han = not_han.sub(" ", folded)
+    counts = Counter(cut(han, settings.jieba_hmm)) if han.strip() else Counter()
     counts.pop(" ", None)
     counts.update(word.findall(folded))
     if nospace.search(folded):

@@ -31,8 +31,10 @@ sets, which is what "near-duplicate" means for most archives:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
+import re
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -40,7 +42,7 @@ import numpy as np
 import xxhash
 
 from ...text.normalize import normalized_or_folded
-from ...text.scripts import WITHOUT_SPACES_CHARACTER
+from ...text.scripts import WITHOUT_SPACES_CHARACTER, character_class
 from ..base import DEFAULT_SEED
 
 #: Names the text -> signature recipe; bump on any change that can change a signature.
@@ -173,10 +175,28 @@ def _ngram_hashes(units: np.ndarray, n: int) -> np.ndarray:
     return _mix(hashes + np.uint64(n))
 
 
+@functools.cache
+def _not_counted() -> tuple[re.Pattern, re.Pattern]:
+    """Runs of characters of the Basic Multilingual Plane that are not letters (``str.isalpha``), and runs
+    of those that are not in a script written without spaces: deleting them leaves what is counted."""
+    bmp = [chr(cp) for cp in range(0x10000) if not 0xD800 <= cp < 0xE000]
+    return (re.compile(f"[{character_class(c for c in bmp if not c.isalpha())}]+"),
+            re.compile(f"[{character_class(c for c in bmp if not WITHOUT_SPACES_CHARACTER.match(c))}]+"))
+
+
+_ASTRAL = re.compile("[\\U00010000-\\U0010ffff]")
+
+
 def writes_without_spaces(text: str) -> bool:
     """True when at least a quarter of the letters belong to scripts written without spaces."""
-    letters = sum(1 for c in text if c.isalpha())
-    return letters > 0 and 4 * len(WITHOUT_SPACES_CHARACTER.findall(text)) >= letters
+    if _ASTRAL.search(text):
+        letters = sum(1 for c in text if c.isalpha())
+        without_spaces = len(WITHOUT_SPACES_CHARACTER.findall(text))
+    else:  # the same counts, with no loop over the characters in Python
+        not_letters, not_without_spaces = _not_counted()
+        letters = len(not_letters.sub("", text))
+        without_spaces = len(not_without_spaces.sub("", text))
+    return letters > 0 and 4 * without_spaces >= letters
 
 
 def shingle_hashes(text: str, settings: MinHashSettings) -> np.ndarray:
