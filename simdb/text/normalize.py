@@ -15,9 +15,7 @@ import sys
 import unicodedata
 
 from ..errors import InputError
-from .scripts import HAN_CHARACTER, character_class
-
-_ASTRAL = re.compile("[\\U00010000-\\U0010ffff]")
+from .scripts import ASTRAL_CHARACTER, HAN_CHARACTER, character_class
 
 
 @functools.cache
@@ -70,7 +68,7 @@ def fold(text: str) -> str:
     """
     if text.isascii():
         return text.casefold()
-    if _ASTRAL.search(text) is None:
+    if ASTRAL_CHARACTER.search(text) is None:
         forms, pattern = _compatibility_forms()
         parts = pattern.split(text)
         if len(parts) > 1:
@@ -88,15 +86,21 @@ def fold_and_simplify(text: str, simplify_script: bool = True) -> str:
 
 
 @functools.cache
+def bmp_punctuation() -> frozenset[str]:
+    """The punctuation and symbols of the Basic Multilingual Plane (the fast paths' classes)."""
+    return frozenset(chr(cp) for cp in punctuation_and_symbols() if cp <= 0xFFFF)
+
+
+@functools.cache
 def _separators() -> re.Pattern:
-    """Runs of whitespace, punctuation and symbols of the Basic Multilingual Plane (a class with thousands
-    of scattered astral ranges is matched slowly: :func:`strip_punctuation` translates those)."""
-    return re.compile(rf"[\s{character_class(chr(cp) for cp in punctuation_and_symbols() if cp <= 0xFFFF)}]+")
+    """Runs of whitespace and of the Basic Multilingual Plane's punctuation and symbols
+    (:func:`strip_punctuation` translates the astral ones first)."""
+    return re.compile(rf"[\s{character_class(bmp_punctuation())}]+")
 
 
 def strip_punctuation(text: str) -> str:
     """Punctuation and symbols -> spaces, runs of whitespace collapsed, the ends stripped."""
-    if _ASTRAL.search(text):
+    if ASTRAL_CHARACTER.search(text):
         text = text.translate(_punctuation_table())
     return _separators().sub(" ", text).strip()
 

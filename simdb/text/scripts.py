@@ -16,6 +16,10 @@ OTHER_WITHOUT_SPACES = "\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u3040-\u30ff\u31
 WITHOUT_SPACES = HAN + OTHER_WITHOUT_SPACES
 
 HAN_CHARACTER = re.compile(f"[{HAN}]")
+#: A character beyond the Basic Multilingual Plane. ``re`` matches a class of BMP characters by table lookup but
+#: tests an astral range one by one, so the fast paths' classes hold BMP characters only and text with an
+#: astral character goes the plain way.
+ASTRAL_CHARACTER = re.compile("[\U00010000-\U0010ffff]")
 WITHOUT_SPACES_CHARACTER = re.compile(f"[{WITHOUT_SPACES}]")
 
 

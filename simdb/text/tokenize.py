@@ -22,8 +22,8 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
-from .normalize import punctuation_and_symbols, strip_punctuation
-from .scripts import HAN, OTHER_WITHOUT_SPACES, character_class, expand
+from .normalize import bmp_punctuation, strip_punctuation
+from .scripts import ASTRAL_CHARACTER, HAN, OTHER_WITHOUT_SPACES, character_class, expand
 from .segment import cut
 
 TOKENIZERS = ("auto", "words", "jieba", "shingles")
@@ -104,16 +104,13 @@ def _punctuated_runs() -> tuple[re.Pattern, re.Pattern, re.Pattern]:
     replaced by a space), runs of the other scripts without spaces, words. The classes hold characters of
     the Basic Multilingual Plane only, which ``re`` matches by table lookup (with a single astral range in a
     class it tests every range in turn): :func:`count_punctuated` sends other text the plain way."""
-    separators = {chr(cp) for cp in punctuation_and_symbols() if cp <= 0xFFFF}
-    han = [c for c in expand(HAN) if c <= "\uffff"]
-    assert not separators & set(han), "a Han character is punctuation"
-    nospace = [c for c in expand(OTHER_WITHOUT_SPACES) if c not in separators]
-    han, nospace, others = character_class(han), character_class(nospace), character_class(expand(OTHER_WITHOUT_SPACES))
+    separators = bmp_punctuation()
+    han_characters = [c for c in expand(HAN) if c <= "\uffff"]
+    assert not separators.intersection(han_characters), "a Han character is punctuation"
+    han = character_class(han_characters)
+    nospace = character_class(c for c in expand(OTHER_WITHOUT_SPACES) if c not in separators)
     return (re.compile(f"[^{han}]+"), re.compile(f"[{nospace}]+"),
-            re.compile(rf"[^\s{han}{others}{character_class(separators)}]+"))
-
-
-_ASTRAL = re.compile("[\U00010000-\U0010ffff]")
+            re.compile(rf"[^\s{han}{character_class(expand(OTHER_WITHOUT_SPACES))}{character_class(separators)}]+"))
 
 
 def count_punctuated(folded: str, settings: TokenizerSettings = TokenizerSettings()) -> Counter:
@@ -124,7 +121,7 @@ def count_punctuated(folded: str, settings: TokenizerSettings = TokenizerSetting
     """
     if settings.name != "auto":
         raise ValueError("count_punctuated is the auto tokenizer's")
-    if _ASTRAL.search(folded):  # rare: the plain way
+    if ASTRAL_CHARACTER.search(folded):  # rare: the plain way
         return Counter(tokenize(strip_punctuation(folded), settings))
     not_han, nospace, word = _punctuated_runs()
     # the Han runs, one space between two: jieba cuts at every space, so each run is segmented on its own

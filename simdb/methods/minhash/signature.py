@@ -42,7 +42,7 @@ import numpy as np
 import xxhash
 
 from ...text.normalize import normalized_or_folded
-from ...text.scripts import WITHOUT_SPACES_CHARACTER, character_class
+from ...text.scripts import ASTRAL_CHARACTER, WITHOUT_SPACES_CHARACTER, character_class
 from ..base import DEFAULT_SEED
 
 #: Names the text -> signature recipe; bump on any change that can change a signature.
@@ -184,12 +184,9 @@ def _not_counted() -> tuple[re.Pattern, re.Pattern]:
             re.compile(f"[{character_class(c for c in bmp if not WITHOUT_SPACES_CHARACTER.match(c))}]+"))
 
 
-_ASTRAL = re.compile("[\\U00010000-\\U0010ffff]")
-
-
 def writes_without_spaces(text: str) -> bool:
     """True when at least a quarter of the letters belong to scripts written without spaces."""
-    if _ASTRAL.search(text):
+    if ASTRAL_CHARACTER.search(text):
         letters = sum(1 for c in text if c.isalpha())
         without_spaces = len(WITHOUT_SPACES_CHARACTER.findall(text))
     else:  # the same counts, with no loop over the characters in Python
