@@ -3,6 +3,7 @@
 import random
 from datetime import datetime, timedelta, timezone
 
+import numpy as np
 import pytest
 import sqlalchemy as sa
 from alembic import command
@@ -138,3 +139,25 @@ def test_stats_advises_relayout_when_buckets_grow(index):
     assert stats["largest_key_buckets"][0] == {"key": "key_0", "value": 0xBEEF, "documents": 400}
     assert stats["advice"] == (f"lookups meet {stats['measured_candidates_per_lookup']:,.0f} candidates on average: the archive has outgrown its layout; "
                                "run `simdb relayout --blocks 5`")
+
+
+def test_removing_a_batch_reads_only_the_pairs_of_documents_that_pointed_at_it(index):
+    """Regression: re-pointing documents was one UPDATE whose plan ran its LATERAL "earliest remaining pair"
+    subquery for every document of the archive before filtering on ``duplicate_of`` (a batch of 100k out
+    of a 10M archive took more than 8 minutes). The near_duplicates index scans of the removal, counted in
+    its own transaction, must follow the documents that pointed at the removed ones, not the archive."""
+    from simdb.pg.remove import remove
+
+    rng = np.random.default_rng(5)
+    archive = [int(v) for v in rng.integers(0, 2**63, 6000, dtype=np.int64)]
+    gone = archive[:2000]
+    index.add_fingerprinted(make_batch(archive[2000:], "base"), batch="base")
+    index.add_fingerprinted(make_batch(gone, "gone"), batch="gone")
+    index.add_fingerprinted(make_batch([flip(fp, [3]) for fp in gone], "later"), batch="later")
+    with index.database.engine.begin() as connection:
+        summary = remove(connection, index.database.schema, index.settings.method, batch="gone")
+        scans = connection.execute(sa.text(
+            "SELECT idx_scan FROM pg_stat_xact_user_tables WHERE relid = CAST('near_duplicates' AS regclass)")
+        ).scalar_one()
+    assert (summary.removed, summary.repointed, summary.now_original) == (2000, 0, 2000)
+    assert scans < 4000, f"{scans} index scans of near_duplicates to remove 2,000 documents from 8,000"

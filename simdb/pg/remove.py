@@ -71,14 +71,18 @@ def remove(connection: sa.Connection, schema: str, method: Method, *, external_i
 
     # documents that stay but pointed at a removed one: their earliest remaining earlier near-duplicate,
     # from the stored pairs (every pair within k was stored when its later document was ingested)
+    # (first the documents that point at a removed one, through the duplicate_of index: in one statement
+    # the planner ran the LATERAL for every document of the archive before filtering on duplicate_of)
+    connection.exec_driver_sql(
+        "CREATE TEMPORARY TABLE repointing ON COMMIT DROP AS SELECT d.id FROM documents d "
+        "JOIN removing r ON d.duplicate_of = r.id WHERE NOT EXISTS (SELECT 1 FROM removing x WHERE x.id = d.id)")
+    connection.exec_driver_sql("ANALYZE repointing")
     affected = connection.execute(sa.text(
         "UPDATE documents d SET duplicate_of = r.a_id, duplicate_distance = r.distance FROM ("
-        "  SELECT d.id, first.a_id, first.distance FROM documents d"
-        "  LEFT JOIN LATERAL (SELECT p.a_id, p.distance FROM near_duplicates p WHERE p.b_id = d.id"
+        "  SELECT a.id, first.a_id, first.distance FROM repointing a"
+        "  LEFT JOIN LATERAL (SELECT p.a_id, p.distance FROM near_duplicates p WHERE p.b_id = a.id"
         "                     AND NOT EXISTS (SELECT 1 FROM removing x WHERE x.id = p.a_id)"
-        "                     ORDER BY p.a_id LIMIT 1) first ON true"
-        "  WHERE d.duplicate_of IN (SELECT id FROM removing)"
-        "    AND NOT EXISTS (SELECT 1 FROM removing x WHERE x.id = d.id)) r "
+        "                     ORDER BY p.a_id LIMIT 1) first ON true) r "
         "WHERE d.id = r.id RETURNING d.duplicate_of")).scalars().all()
     repointed = sum(1 for duplicate_of in affected if duplicate_of is not None)
     clusters = connection.execute(sa.text(
