@@ -9,6 +9,7 @@ isolated and leave nothing behind.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -216,3 +217,30 @@ def assert_records_consistent(engine: sa.Engine, schema: str, max_distance: int 
             (batch.new, batch.exact_duplicates, batch.near_duplicates, batch.already_stored, batch.rejected)
     assert unmatched == 0
     assert far == 0
+
+
+@contextlib.contextmanager
+def explained(engine: sa.Engine):
+    """Collect the plan of every statement run through ``engine`` meanwhile, nested ones included (function
+    bodies; the queries of COPY): auto_explain's log lines, sent to the client as notices. A list of
+    ``"Query Text: ...\n<plan>"`` strings."""
+    plans: list[str] = []
+
+    def handler(diagnostic) -> None:
+        if (diagnostic.message_primary or "").startswith("duration:"):
+            plans.append(diagnostic.message_primary.split("plan:\n", 1)[-1])
+
+    def setup(dbapi_connection, record) -> None:  # each new connection of the pool
+        dbapi_connection.add_notice_handler(handler)
+        for statement in ("LOAD 'auto_explain'", "SET auto_explain.log_min_duration = 0",
+                          "SET auto_explain.log_nested_statements = on", "SET client_min_messages = log"):
+            dbapi_connection.execute(statement)
+        dbapi_connection.commit()
+
+    engine.dispose()
+    sa.event.listen(engine, "connect", setup)
+    try:
+        yield plans
+    finally:
+        sa.event.remove(engine, "connect", setup)
+        engine.dispose()  # its connections keep auto_explain: drop them

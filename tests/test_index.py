@@ -14,7 +14,6 @@ from simdb.bits import hamming_array, to_signed
 from simdb.text import content_hash
 from simdb.ingest import FingerprintedBatch, IngestOptions
 from simdb.inputs import Document
-from simdb.pg.chunks import EXACT_DUPLICATES_SQL, create_staging
 from simdb.samples import sections
 from tests.conftest import assert_consistent, count_rows
 
@@ -235,18 +234,39 @@ def test_signed_storage_of_high_fingerprints(index):
     assert [m.external_id for m in index.query_fingerprint(2**64 - 1, 0)] == ["h-0"]
 
 
-def test_exact_duplicate_search_is_two_hash_semi_joins(index):
-    """Regression: with OR between the EXISTS clauses the plan rescanned staging once per row (quadratic)."""
+def test_exact_duplicates_across_segments_and_within_the_chunk_match_the_content_hash_oracle(index, admin_engine):
+    """Exact duplicates are read from the distance-0 pairs: the same text is stored (in any segment) or comes
+    earlier in the chunk. A document with the same fingerprint but another text is a near-duplicate."""
+    from simdb.pg import segments
+
     with index.database.engine.begin() as connection:
-        columns = create_staging(connection, index.settings.method)
-        connection.exec_driver_sql(
-            f"INSERT INTO staging ({', '.join(n for n, _ in columns)}) SELECT i, i::text, i"
-            + ", i" * len(index.layout.key_columns) + ", int8send(mod(i, 900)), 1, '{}' FROM generate_series(1, 5000) i")
-        connection.exec_driver_sql("ANALYZE staging")
-        plan = "\n".join(connection.exec_driver_sql("EXPLAIN " + EXACT_DUPLICATES_SQL).scalars())
-        found = connection.exec_driver_sql(EXACT_DUPLICATES_SQL).scalars().all()
-    assert "SubPlan" not in plan and "Semi Join" in plan
-    assert len(found) == 5000 - 900
+        segments.save_policy(connection, segments.SegmentPolicy(size=40))
+    rng = np.random.default_rng(11)
+    fps = [int(v) for v in rng.integers(0, 2**63, 150, dtype=np.int64)]
+    stored = FingerprintedBatch()
+    for i, fp in enumerate(fps):
+        stored.append(f"s-{i}", fp, content_hash(f"text {i}"), 10, {}, f"s:{i}")
+    index.add_fingerprinted(stored, batch="stored")
+    new = FingerprintedBatch()
+    texts = [5, 77, 149, 1000, 1001, 1000, 5, 2000]  # stored (three segments), new, new, earlier in chunk, ...
+    fresh = {text: int(v) for text, v in zip((1000, 1001, 2000), rng.integers(0, 2**63, 3, dtype=np.int64))}
+    for i, text in enumerate(texts):
+        new.append(f"n-{i}", fps[text] if text < 150 else fresh[text], content_hash(f"text {text}"), 10, {}, f"n:{i}")
+    new.append("n-same-fingerprint", fps[6], content_hash("another text"), 10, {}, "n:8")
+    summary = index.add_fingerprinted(new, batch="new")
+    with index.database.engine.connect() as connection:
+        assert len(segments.list_segments(connection)) >= 4
+    with admin_engine.connect() as connection:
+        statuses = dict(connection.execute(sa.text(
+            f"SELECT r.external_id, r.status FROM {index.database.schema}.records r "
+            f"JOIN {index.database.schema}.batches b ON b.id = r.batch_id WHERE b.name = 'new'")).all())
+    seen, oracle = {f"text {i}" for i in range(150)}, {}
+    for i, text in enumerate(texts):
+        oracle[f"n-{i}"] = "exact" if f"text {text}" in seen else ("near" if text < 150 else "new")
+        seen.add(f"text {text}")
+    oracle["n-same-fingerprint"] = "near"
+    assert statuses == oracle
+    assert (summary.exact_duplicates, summary.near_duplicates) == (5, 1)
 
 
 def test_a_document_linking_two_earlier_ones_in_its_chunk_joins_their_clusters(index, admin_engine):

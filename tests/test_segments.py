@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -270,3 +271,38 @@ def test_recommended_settings_scale_with_memory():
     small, large = server.recommended(4 * 2**30), server.recommended(64 * 2**30)
     assert small["shared_buffers"] == "1024MB" and large["shared_buffers"] == "16384MB"
     assert small["max_wal_size"] == "16GB" and small["wal_compression"] == "on"
+
+
+@pytest.mark.parametrize("method", ["simhash", "minhash"])
+def test_a_chunk_looks_its_keys_up_in_a_large_segment_whatever_the_planner_thinks(database_url, schema, method):
+    """Regression: the candidate join of a chunk against ``documents`` was the planner's choice, and at 10M
+    it chose a hash join over a full scan of a segment's key index (34 s against about 5 s of lookups).
+    Against a segment wider than the chunk, every key is looked up through the segment's index."""
+    import numpy as np
+
+    from simdb.ingest import FingerprintedBatch
+    from tests.conftest import explained
+
+    rng = np.random.default_rng(3)
+
+    def batch(prefix: str, count: int) -> FingerprintedBatch:
+        made = FingerprintedBatch()
+        for i in range(count):
+            sketch = (rng.bytes(512) if method == "minhash" else int(rng.integers(0, 2**63)))
+            made.append(f"{prefix}-{i}", sketch, content_hash(f"{prefix}-{i}"), 10, {}, f"{prefix}:{i}")
+        return made
+
+    options = {"method": "minhash", "threshold": 0.8} if method == "minhash" else {}
+    with Index.create(database_url, schema=schema, **options) as index:
+        index.add_fingerprinted(batch("archive", 20_000), batch="archive")
+        with index.database.engine.connect() as connection:
+            connection.exec_driver_sql("ANALYZE documents")
+        with explained(index.database.engine) as plans:
+            summary = index.add_fingerprinted(batch("new", 4_000), batch="new")
+    assert summary.new == 4_000
+    segment = segments.segment_name(1)
+    probes = [plan for plan in plans if f'"{segment}"' in plan.split("\n", 1)[0] and "COPY" in plan]
+    assert probes, "no candidate query against the segment"
+    for plan in probes:
+        assert f"Seq Scan on {segment}" not in plan and not re.search(r"(Hash|Merge) Cond: \(\w+\.key_", plan), plan
+        assert "Index Cond: (key_" in plan or "Index Cond: (band_" in plan, plan

@@ -187,11 +187,14 @@ class Method(ABC):
     @abstractmethod
     def candidate_pairs(self, connection: sa.Connection, probe: str, target: str, max_distance: int, *,
                         earlier_only: bool = False, where: str | None = None,
-                        params: dict | None = None) -> Iterator[np.ndarray]:
+                        params: dict | None = None, index_probes: bool = False) -> Iterator[np.ndarray]:
         """Verified ``(probe id, target id, distance)`` rows between two tables sharing a key, within
         ``max_distance``; ``earlier_only`` keeps target ids below the probe's; ``where`` filters with ``p``
         and ``t`` as the two sides; ``params`` are bound (client-side, ``%(name)s``) into ``probe``, ``target``
-        and ``where``. A pair may come more than once (see :func:`simdb.matches.distinct`)."""
+        and ``where``. ``index_probes`` looks each probe's keys up in ``target``'s key indexes, in key order
+        (see :func:`simdb.pg.probes.lateral_probe`; ``where`` may then use only ``p.id`` of the probes),
+        whatever the planner would choose; otherwise the planner picks the join. A pair may come more than
+        once (see :func:`simdb.matches.distinct`)."""
 
     #: Whether a verdict reports the distance (a number users know, as SimHash's bits) beside the similarity.
     distance_in_verdicts = True

@@ -71,8 +71,8 @@ def remove(connection: sa.Connection, schema: str, method: Method, *, external_i
 
     # documents that stay but pointed at a removed one: their earliest remaining earlier near-duplicate,
     # from the stored pairs (every pair within k was stored when its later document was ingested)
-    # (first the documents that point at a removed one, through the duplicate_of index: in one statement
-    # the planner ran the LATERAL for every document of the archive before filtering on duplicate_of)
+    # (first the documents that point at a removed one, through the duplicate_of index: in one
+    # statement the planner ran the LATERAL for every document of the archive before filtering)
     connection.exec_driver_sql(
         "CREATE TEMPORARY TABLE repointing ON COMMIT DROP AS SELECT d.id FROM documents d "
         "JOIN removing r ON d.duplicate_of = r.id WHERE NOT EXISTS (SELECT 1 FROM removing x WHERE x.id = d.id)")

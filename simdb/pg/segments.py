@@ -23,12 +23,14 @@ import json
 import math
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 
+import numpy as np
 import sqlalchemy as sa
 
 from ..errors import SimdbError
+from ..methods import Method
 from ..settings import DEFAULT_MERGE_FACTOR, DEFAULT_SEGMENT_SIZE
 from .database import lock
 
@@ -165,6 +167,21 @@ def _create_segment(connection: sa.Connection, first_id: int, end_id: int, name:
         connection.exec_driver_sql(f'ALTER TABLE documents ATTACH PARTITION "{name}" '
                                    f"FOR VALUES FROM ({int(first_id)}) TO ({int(end_id)})")
     return name
+
+
+def segment_pairs(connection: sa.Connection, method: Method, probe: str, probes: int, max_distance: int,
+                  below: int) -> Iterator[np.ndarray]:
+    """Verified ``(probe id, document id, distance)`` rows of the ``probes`` rows of ``probe`` against every
+    stored document, one segment at a time: index lookups into a segment that may hold more documents than
+    there are probes, the planner's join otherwise. Only under the ingest lock, with ``below`` the first id
+    the chunk was given: the segments do not change between the statements, and every stored id is below
+    ``below`` (so a segment at or above it, created for the chunk, is skipped, and one that it cuts holds
+    at most ``below - first_id`` documents)."""
+    for segment in list_segments(connection):
+        capacity = min(segment.end_id, below) - segment.first_id
+        if capacity > 0:
+            yield from method.candidate_pairs(connection, probe, f'"{segment.name}"', max_distance,
+                                              index_probes=capacity > probes)
 
 
 # -- merging ---------------------------------------------------------------------------------------

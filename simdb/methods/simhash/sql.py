@@ -20,6 +20,7 @@ import sqlalchemy as sa
 
 from ...bits import hamming_array, to_unsigned_array
 from ...pg.copy import copy_out_int64
+from ...pg.probes import lateral_probe
 from .blocks import BlockLayout
 
 
@@ -39,20 +40,26 @@ def key_expression(layout: BlockLayout, key: int, column: str = "simhash") -> st
 
 
 def candidate_sql(layout: BlockLayout, probe: str, target: str, max_distance: int, *, earlier_only: bool = False,
-                  where: str | None = None) -> str:
+                  where: str | None = None, index_probes: bool = False) -> str:
     """SQL for ``(probe id, target id, probe simhash, target simhash)`` rows sharing a key, within ``max_distance``.
 
-    ``probe`` and ``target`` are table names (they may be the same table).
+    ``probe`` and ``target`` are table names (they may be the same table) or parenthesized subqueries;
+    ``index_probes``: see :meth:`simdb.methods.base.Method.candidate_pairs`.
     """
     selects = []
     for column in layout.key_columns:
-        conditions = [f"t.{column} = p.{column}", f"bit_count((p.simhash # t.simhash)::bit(64)) <= {int(max_distance)}"]
+        conditions = [f"t.{column} = p.{column}"]
         if earlier_only:
             conditions.append("t.id < p.id")
         if where:
             conditions.append(f"({where})")
-        selects.append(f"SELECT p.id, t.id, p.simhash, t.simhash FROM {probe} p "
-                       f"JOIN {target} t ON {' AND '.join(conditions)}")
+        close = f"bit_count((p.simhash # t.simhash)::bit(64)) <= {int(max_distance)}"
+        if index_probes:
+            probes = lateral_probe(probe, target, column, ["id", "simhash", column], ["id", "simhash"], conditions)
+            selects.append(f"SELECT p.id, t.id, p.simhash, t.simhash FROM {probes} WHERE {close}")
+        else:
+            selects.append(f"SELECT p.id, t.id, p.simhash, t.simhash FROM {probe} p "
+                           f"JOIN {target} t ON {' AND '.join([*conditions, close])}")
     return "\nUNION ALL\n".join(selects)
 
 

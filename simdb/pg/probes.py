@@ -1,0 +1,29 @@
+"""How a set of probes meets the archive's key indexes: one index lookup per probe and key, in key order.
+
+A candidate join of a chunk (or a batch of queries) against a large segment must look each probe's
+key up in the segment's key index: about ``probes x keys`` index descents, a few microseconds each.
+PostgreSQL's planner does not always see it so. Its cost model prices those descents as random reads
+and, with a stale row estimate for a segment (one that lost documents to a removal, or was just
+filled), it preferred a hash join fed by a full scan of a 10M-row segment's key index: 34 s for
+100k probes where the lookups take about 5 s. :func:`lateral_probe` leaves it no choice: the probes,
+sorted by the key so that neighbouring lookups read the same index pages, drive a ``LATERAL``
+subquery that ``OFFSET 0`` keeps from being flattened into a join the planner may reorder.
+
+:func:`simdb.pg.segments.segment_pairs` runs a method's candidate join against each segment on its
+own, under the ingest lock (which every writer of segments holds): index lookups into segments wider
+than the probe set, the planner's join (a hash join, usually) for smaller ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def lateral_probe(probe: str, target: str, column: str, probe_columns: Sequence[str],
+                  target_columns: Sequence[str], conditions: Sequence[str]) -> str:
+    """``p`` (``probe_columns`` of ``probe``'s rows, in ``column`` order) each looking up ``t`` (``target_columns``
+    of the rows of ``target`` meeting ``conditions``, SQL over ``p`` and ``t`` whose first is the key
+    equality), through the index on ``column``."""
+    selected = ", ".join(f"t.{name}" for name in target_columns)
+    return (f"(SELECT {', '.join(probe_columns)} FROM {probe} p0 ORDER BY {column}) p CROSS JOIN LATERAL "
+            f"(SELECT {selected} FROM {target} t WHERE {' AND '.join(conditions)} OFFSET 0) t")
