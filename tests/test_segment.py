@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from simdb import Index
@@ -62,10 +62,12 @@ _PIECE = st.one_of(st.integers(min_value=0, max_value=10**9).map(lambda i: ("wor
 
 @settings(max_examples=3000, deadline=None)
 @given(st.lists(_PIECE, min_size=1, max_size=16))
+@example([("text", "一一一丵丁"), ("text", "\u3400"), ("word", 0)])  # a tie that jieba-rs broke the other way
 def test_rjieba_gives_jiebas_tokens_on_generated_text(pieces):
     words = dictionary_words()
     text = "".join(words[value % len(words)] if kind == "word" else value for kind, value in pieces)
-    assert fast(text) == reference(text)
+    if not segment._BLOCKS_DIFFER.search(text):  # (where the blocks differ, simdb asks jieba itself)
+        assert fast(text) == reference(text)
     assert segment.cut(text) == reference(text)
 
 

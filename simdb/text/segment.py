@@ -16,6 +16,7 @@ import functools
 import importlib.metadata
 import logging
 import os
+import re
 from collections.abc import Callable
 
 #: ``auto`` (rjieba where it gives jieba's tokens, else jieba) or ``jieba`` (always the reference).
@@ -55,12 +56,20 @@ def _uses_rjieba(hmm: bool, choice: str) -> bool:
     return not hmm and choice == "auto" and _rjieba() is not None
 
 
+#: Characters jieba-rs segments as Han but jieba does not (CJK Extension A, U+9FD6-U+9FFF, the
+#: compatibility ideographs, the astral planes' ideographs). They join the neighbouring Han run into one
+#: block for jieba-rs and end it for jieba, so the two DAG searches sum their log-probabilities over
+#: different spans; where two segmentations score equally (``一一一``: 一一+一 or 一+一一) the rounding of
+#: those sums decides, and the two picked differently ('一一一丵丁㐀1号店'). jieba segments such texts.
+_BLOCKS_DIFFER = re.compile("[\u3400-\u4dbf\u9fd6-\u9fff\uf900-\ufaff\U00020000-\U0003ffff]")
+
+
 @functools.cache
 def _cutter(hmm: bool, choice: str) -> Callable[[str], list[str]]:
-    if _uses_rjieba(hmm, choice):
-        cut = _rjieba().cut
-        return lambda text: cut(text, False)
     tokenizer = _jieba()
+    if _uses_rjieba(hmm, choice):
+        cut, differ = _rjieba().cut, _BLOCKS_DIFFER.search
+        return lambda text: tokenizer.lcut(text, HMM=False) if differ(text) else cut(text, False)
     return lambda text: tokenizer.lcut(text, HMM=hmm)
 
 
