@@ -49,7 +49,7 @@ from simdb.methods.simhash.blocks import BlockLayout  # noqa: E402
 from simdb.pg import segments  # noqa: E402
 from simdb.pg.copy import copy_in  # noqa: E402
 from simdb.pg.database import postgres_url  # noqa: E402
-from simdb.pg.server import current, recommended  # noqa: E402
+from simdb.pg.server import current, recommended, wal_compressions  # noqa: E402
 
 K = 3
 NEAR_FRACTION = 0.01
@@ -205,6 +205,7 @@ def main(argv: list[str] | None = None) -> None:
         server.drop_schemas(SCHEMA, EMPTY)
         with server.admin.connect() as c:
             settings = {name: value for name, (value, _) in current(c).items()}
+            advice = recommended(compressions=wal_compressions(c))
         log(f"server settings: {settings}")
         try:
             log(f"empty archive, {layout.describe()}: {args.added:,} documents")
@@ -261,7 +262,7 @@ def main(argv: list[str] | None = None) -> None:
         ]
         header = [machine(server.version(), server.embedded), command_line("bench_segments.py"),
                   f"layout: {layout.describe()}; server: " + ", ".join(f"{k}={v}" for k, v in sorted(settings.items())),
-                  "recommended for this machine: " + ", ".join(f"{k}={v}" for k, v in recommended().items())]
+                  "recommended for this machine: " + ", ".join(f"{k}={v}" for k, v in advice.items())]
         print_table(header, rows, args.markdown)
 
 
