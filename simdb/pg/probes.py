@@ -5,7 +5,7 @@ key up in the segment's key index: about ``probes x keys`` index descents, a few
 PostgreSQL's planner does not always see it so. Its cost model prices those descents as random reads
 and, with a stale row estimate for a segment (one that lost documents to a removal, or was just
 filled), it preferred a hash join fed by a full scan of a 10M-row segment's key index: 34 s for
-100k probes where the lookups take about 5 s. :func:`lateral_probe` leaves it no choice: the probes,
+100k probes where the lookups take about 4 s. :func:`lateral_probe` leaves it no choice: the probes,
 sorted by the key so that neighbouring lookups read the same index pages, drive a ``LATERAL``
 subquery that ``OFFSET 0`` keeps from being flattened into a join the planner may reorder.
 

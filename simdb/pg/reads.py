@@ -78,8 +78,8 @@ def lookup(connection: sa.Connection, method: Method, sketch, max_distance: int)
 def match_many(connection: sa.Connection, method: Method, sketches: Sequence, max_distance: int
                ) -> list[dict[int, int]]:
     """For each sketch, {document id: distance} of the stored documents within ``max_distance``: one set-based
-    statement that looks every probe's keys up in the key indexes, in key order (:mod:`simdb.pg.probes`). The probes go to a temporary table with statistics (the faster plan: about
-    1.4x the arrays' rate for 1,000 probes into 300k documents), or as arrays where the transaction is read-only
+    statement that looks every probe's keys up in the key indexes, in key order (:mod:`simdb.pg.probes`).
+    The probes go to a temporary table with statistics, or as arrays where the transaction is read-only
     (the reader role), which may not create even a temporary table."""
     found: list[dict[int, int]] = [{} for _ in sketches]
     if connection.exec_driver_sql("SHOW transaction_read_only").scalar_one() == "on":
