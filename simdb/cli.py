@@ -220,12 +220,16 @@ cli.add_command(fingerprint_command, name="fingerprint")
                    "memory [default: 1,000,000].")
 @click.option("--merge-factor", type=click.IntRange(2, 64), default=None,
               help="Sealed segments of one size that merge into one [default: 4].")
+@click.option("--bulk-chunk", type=click.IntRange(1), default=None,
+              help="An ingest chunk of at least this many documents is loaded into a segment of its own and "
+                   "indexed afterwards, which is faster than inserting it into the active segment's indexes "
+                   "[default: 50,000].")
 @click.option("--workers", type=click.IntRange(1), default=None,
               help="Processes tokenizing the --idf-from sample in parallel [default: all cores].")
 @user_errors
 def init(database_url, schema, data_dir, max_distance, blocks, tokenizer, jieba_hmm, shingle_size, stopwords,
          weighting, idf_paths, top_features, expected_size, method, threshold, num_perm, segment_size,
-         merge_factor, workers):
+         merge_factor, bulk_chunk, workers):
     """Create an index; its settings are stored with it and checked on every open.
 
     Running it again with the same settings leaves the index as it is; with
@@ -254,8 +258,8 @@ def init(database_url, schema, data_dir, max_distance, blocks, tokenizer, jieba_
               "top_features": top_features, "expected_size": expected_size, "threshold": threshold,
               "num_perm": num_perm}
     options = {name: value for name, value in {"method": method, **values}.items() if name in given}
-    options.update({name: value for name, value in (("segment_size", segment_size),
-                                                     ("merge_factor", merge_factor)) if value is not None})
+    options.update({name: value for name, value in (("segment_size", segment_size), ("merge_factor", merge_factor),
+                                                     ("bulk_chunk", bulk_chunk)) if value is not None})
     if idf_paths:
         check_paths(idf_paths)
         options["idf"] = learn_idf(idf_paths, TokenizerSettings(name=tokenizer, jieba_hmm=jieba_hmm,
@@ -288,7 +292,7 @@ def init(database_url, schema, data_dir, max_distance, blocks, tokenizer, jieba_
 @click.option("--verdicts", "verdicts_path", type=click.Path(dir_okay=False), default=None,
               help="Write every input record's verdict to this file, one JSON object per line, in input order.")
 @click.option("--compact/--no-compact", default=True, show_default=True,
-              help="After the batch, merge segments when the index's policy asks for it (see simdb compact).")
+              help="After each chunk, merge segments when the index's policy asks for it (see simdb compact).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
 @user_errors
 def ingest(database_url, schema, data_dir, paths, input_format, id_field, text_field, batch_name, workers,
@@ -561,8 +565,8 @@ def stats(database_url, schema, data_dir, as_json):
         click.echo(f"  {batch['name']}: {batch['documents']:,} documents, {batch['new']:,} new, "
                    f"{batch['exact_duplicates']:,} exact, {batch['near_duplicates']:,} near{extra} ({status})")
     policy = info["segment_policy"]
-    click.echo(f"segments:   {len(info['segments'])} (new ones span {policy['size']:,} ids; "
-               f"{policy['merge_factor']} of a size merge into one)"
+    click.echo(f"segments:   {len(info['segments'])} (new ones span {policy['size']:,} ids, or a whole chunk "
+               f"of {policy['bulk_chunk']:,} documents or more; {policy['merge_factor']} of a size merge into one)"
                + ("; a merge is due: simdb compact" if info["compaction_due"] else ""))
     for segment in info["segments"]:
         click.echo(f"  {segment['name']}: ids {segment['first_id']:,}..{segment['end_id'] - 1:,}, "

@@ -110,7 +110,7 @@ class Index:
         With ``exist_ok``, an existing index with the same settings is opened
         instead; one with other settings is an :class:`IncompatibleIndex`.
         """
-        storage = {name: settings.pop(name) for name in ("segment_size", "merge_factor")
+        storage = {name: settings.pop(name) for name in ("segment_size", "merge_factor", "bulk_chunk")
                    if settings.get(name) is not None}
         try:
             wanted = IndexSettings.new(**settings)
@@ -134,7 +134,7 @@ class Index:
             index.created = created
             stored = index.settings.segments  # storage settings, compared like the others when asked for
             differences = [f"{name}: asked {value!r}, stored {stored.get(key)!r}" for name, key in
-                           (("segment_size", "size"), ("merge_factor", "merge_factor"))
+                           (("segment_size", "size"), ("merge_factor", "merge_factor"), ("bulk_chunk", "bulk_chunk"))
                            if (value := storage.get(name)) is not None and stored.get(key) != value]
             if differences:
                 raise IncompatibleIndex("the index was created with other segment settings ("
@@ -220,12 +220,9 @@ class Index:
 
     def ingest(self, items: Iterable[Document | InputError], options: IngestOptions,
                progress: Callable[[int], None] | None = None) -> BatchSummary:
-        """Ingest documents (and, with ``on_error="skip"``, read errors to reject) as one batch; then merge
-        segments if the index's policy asks for it (unless ``options.compact`` is false)."""
-        summary = ingest(self.database.engine, self.database.schema, self.sketcher, items, options, progress)
-        if options.compact and summary.recorded:
-            summary = replace(summary, compacted=self.compact().merged)
-        return summary
+        """Ingest documents (and, with ``on_error="skip"``, read errors to reject) as one batch, merging
+        segments after each chunk if the index's policy asks for it (unless ``options.compact`` is false)."""
+        return ingest(self.database.engine, self.database.schema, self.sketcher, items, options, progress)
 
     def verdicts(self, batch: str, *, status: str | None = None) -> Iterator[Verdict]:
         """What became of every input record of a stored batch (of one ``status``), in input order, streamed."""
@@ -428,6 +425,6 @@ class Index:
             "table_bytes": found["table_bytes"],
             "segments": [segment.to_json() for segment in stored_segments],
             "segment_policy": policy.to_row(),
-            "compaction_due": bool(policy.plan([s.width for s in stored_segments if not s.active])),
+            "compaction_due": bool(policy.plan([s.size for s in stored_segments if not s.active])),
             "server_warnings": server_warnings,
         }

@@ -41,6 +41,7 @@ from .methods import Method
 from .parallel import Fingerprinted, fingerprint_stream
 from .pg import reads
 from .pg.chunks import resume_position, store_chunk
+from .pg.segments import compact
 from .pg.database import translate
 from .verdicts import OutcomeFile
 
@@ -61,7 +62,7 @@ class IngestOptions:
     chunk_size: int = DEFAULT_CHUNK_SIZE
     workers: int | None = 1
     resume: bool = False
-    #: Merge segments after the batch when the index's policy asks for it (see :mod:`simdb.pg.segments`).
+    #: Merge segments after each chunk when the index's policy asks for it (see :mod:`simdb.pg.segments`).
     compact: bool = True
 
     def __post_init__(self) -> None:
@@ -188,7 +189,7 @@ def ingest(engine: sa.Engine, schema: str, method: Method,
         stream = fingerprint_stream(size_checked(itertools.islice(items, position, None), options.max_chars),
                                     method, workers=options.workers)
         chunk, chunk_errors, seen = FingerprintedBatch(), [], {}
-        consumed = position
+        consumed, compacted = position, []
 
         def commit(final: bool) -> None:
             nonlocal chunk, chunk_errors, seen, first, kept
@@ -201,6 +202,8 @@ def ingest(engine: sa.Engine, schema: str, method: Method,
                 file.sync(consumed)
             first = False
             chunk, chunk_errors, seen = FingerprintedBatch(), [], {}
+            if options.compact:  # between chunks too: a long batch of bulk chunks must not pile up segments
+                compacted.extend(compact(engine, schema).merged)
 
         for item in stream:
             consumed += 1
@@ -237,7 +240,7 @@ def ingest(engine: sa.Engine, schema: str, method: Method,
                         near_duplicates=row.near_duplicates, within_batch=row.within_batch,
                         already_stored=row.already_stored, rejected=row.rejected,
                         rejects_path=rejects.path if rejects and row.rejected else None,
-                        seconds=time.perf_counter() - started)
+                        seconds=time.perf_counter() - started, compacted=compacted)
 
 
 def _kept(error: SimdbError, kept: KeptBatch | None) -> SimdbError:

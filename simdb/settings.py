@@ -22,9 +22,11 @@ from dataclasses import dataclass, field, replace
 from .errors import IncompatibleIndex
 from .methods import Method, SimHash
 
-#: Documents (ids) per new segment, and sealed segments of one size that merge into one (simdb.pg.segments).
+#: Documents (ids) per new segment, sealed segments of one size that merge into one, and the chunk size from
+#: which a chunk is bulk-loaded into a segment of its own (simdb.pg.segments).
 DEFAULT_SEGMENT_SIZE = 1_000_000
 DEFAULT_MERGE_FACTOR = 4
+DEFAULT_BULK_CHUNK = 50_000
 
 CANARY_TEXTS = (
     "The quick brown fox jumps over the lazy dog; near-duplicate detection since 1997.",
@@ -57,8 +59,8 @@ class IndexSettings:
     canaries: dict = field(default_factory=dict, compare=False)
     #: How documents are stored in segments (``size``, ``merge_factor``: see :mod:`simdb.pg.segments`);
     #: storage only, it changes no answer.
-    segments: dict = field(default_factory=lambda: {"size": DEFAULT_SEGMENT_SIZE,
-                                                    "merge_factor": DEFAULT_MERGE_FACTOR}, compare=False)
+    segments: dict = field(default_factory=lambda: {"size": DEFAULT_SEGMENT_SIZE, "merge_factor": DEFAULT_MERGE_FACTOR,
+                                                    "bulk_chunk": DEFAULT_BULK_CHUNK}, compare=False)
     #: Every word segmenter that has written sketches to the index, with its version (``rjieba 0.2.2``,
     #: ``jieba 0.42.1``): each ingest adds its own (:func:`simdb.pg.catalog.record_segmenter`); they give
     #: the same tokens, which the canaries check on every open.

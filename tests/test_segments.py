@@ -56,8 +56,16 @@ def test_the_policy_merges_runs_of_one_tier_and_cascades():
     assert policy.plan([1600, 400, 100, 100]) == []
     assert policy.plan([1600, 400, 100, 100], full=True) == [[0, 1, 2, 3]]
     assert policy.plan([1600], full=True) == []
-    # segments narrowed by gaps in the ids still count by their range
     assert SegmentPolicy(size=100, merge_factor=2).plan([100, 100]) == [[0, 1]]
+
+
+def test_the_policy_sizes_tiers_by_documents_from_the_smaller_of_segment_and_bulk_chunk():
+    policy = SegmentPolicy(size=1000, merge_factor=4, bulk_chunk=100)  # tiers from 100 documents
+    assert [policy.tier(n) for n in (0, 1, 100, 399, 400, 1000, 1599, 1600)] == [0, 0, 0, 0, 1, 1, 1, 2]
+    # four bulk chunks merge; an active segment sealed early (30 documents in 1,000 ids) merges with them
+    assert policy.plan([120, 110, 100, 130]) == [[0, 1, 2, 3]]
+    assert policy.plan([1000, 30, 120, 110, 100]) == [[1, 2, 3, 4]]
+    assert policy.plan([1000, 1000, 1000, 120, 110, 100, 130]) == [[0, 1, 2, 3, 4, 5, 6]]
 
 
 def test_segment_counts_stay_logarithmic_as_an_archive_grows():
@@ -107,13 +115,94 @@ def test_init_again_compares_the_segment_settings_it_is_given(database_url, sche
     with Index.create(database_url, schema=schema, segment_size=5000, merge_factor=3):
         pass
     with Index.create(database_url, schema=schema, exist_ok=True, segment_size=5000) as same:
-        assert same.settings.segments == {"size": 5000, "merge_factor": 3}
+        assert same.settings.segments == {"size": 5000, "merge_factor": 3, "bulk_chunk": 50_000}
     with Index.create(database_url, schema=schema, exist_ok=True):  # not asked: not compared
         pass
     with pytest.raises(IncompatibleIndex, match="segment_size: asked 6000, stored 5000"):
         Index.create(database_url, schema=schema, exist_ok=True, segment_size=6000)
     result = run("init", "--merge-factor", "4")
     assert result.exit_code == 1 and "merge_factor: asked 4, stored 3" in result.output
+    result = run("init", "--bulk-chunk", "1000")
+    assert result.exit_code == 1 and "bulk_chunk: asked 1000, stored 50000" in result.output
+
+
+def index_names(engine, schema, table):
+    """The index definitions of a table, with its name taken out of them."""
+    with engine.connect() as connection:
+        return sorted(re.sub(rf"\b{table}\w*|documents\w*", "T", d) for d in connection.execute(sa.text(
+            "SELECT indexdef FROM pg_indexes WHERE schemaname = :s AND tablename = :t"),
+            {"s": schema, "t": table}).scalars())
+
+
+def test_a_bulk_chunk_gets_a_segment_of_its_own_indexed_like_the_others(database_url, schema, admin_engine):
+    rng = random.Random(5)
+    base = [rng.getrandbits(64) for _ in range(50)]
+
+    def near(count):
+        return [fp ^ (1 << rng.randrange(64)) if rng.random() < 0.5 else rng.getrandbits(64)
+                for fp in rng.choices(base, k=count)]
+
+    with Index.create(database_url, schema=schema, segment_size=100, merge_factor=4, bulk_chunk=40) as index:
+        for number, count in enumerate([10, 60, 40, 5, 39, 45]):
+            index.add_fingerprinted(make_batch(near(count), f"b{number}"), batch=f"b{number}")
+            assert_consistent(admin_engine, schema)
+        stored = segment_rows(admin_engine, schema)
+        # 10 in an active segment, sealed early; 60 and 40 alone; 5 and 39 share a new active segment; 45 alone
+        assert [(s.width, s.documents) for s in stored] == [(100, 10), (60, 60), (40, 40), (100, 44), (45, 45)]
+        assert [s.estimated for s in stored[:-1]] == [10, 60, 40, 44]  # analyzed when sealed, for the policy
+        assert [s.first_id for s in stored] == [1, 101, 161, 201, 301]
+        reference = index_names(admin_engine, schema, stored[0].name)
+        assert len(reference) == len(index_names(admin_engine, schema, "documents"))  # each of documents' own
+        for segment in stored[1:]:
+            assert index_names(admin_engine, schema, segment.name) == reference, segment.name
+        with admin_engine.connect() as connection:  # attached without a range check left behind
+            assert not connection.execute(sa.text(
+                "SELECT count(*) FROM pg_constraint c JOIN pg_namespace n ON n.oid = c.connamespace "
+                "WHERE n.nspname = :s AND c.conname LIKE '%range'"), {"s": schema}).scalar_one()
+        assert index.query_fingerprint(base[0])
+
+
+def test_a_failed_bulk_chunk_leaves_no_table_behind(database_url, schema, admin_engine):
+    from simdb.errors import InputError
+    from simdb.ingest import FingerprintedBatch
+
+    with Index.create(database_url, schema=schema, segment_size=100, bulk_chunk=10) as index:
+        index.add_fingerprinted(make_batch([random.getrandbits(64) for _ in range(20)], "b0"), batch="b0")
+        before = segment_rows(admin_engine, schema)
+        batch = FingerprintedBatch()
+        for i in range(20):  # b0's first id again, with another text: an error after the bulk table was made
+            batch.append("b0-0" if i == 15 else f"x{i}", random.getrandbits(64),
+                         content_hash(f"other {i}"), 10, {}, f"x:{i + 1}")
+        with pytest.raises(InputError, match="different text"):
+            index.add_fingerprinted(batch, batch="b1")
+        assert segment_rows(admin_engine, schema) == before
+        with admin_engine.connect() as connection:
+            tables = connection.execute(sa.text(
+                "SELECT tablename FROM pg_tables WHERE schemaname = :s AND tablename LIKE 'documents\\_%'"),
+                {"s": schema}).scalars().all()
+        assert sorted(tables) == sorted(s.name for s in before)
+        index.add_fingerprinted(make_batch([random.getrandbits(64) for _ in range(20)], "b2"), batch="b2")
+        assert_consistent(admin_engine, schema)
+
+
+def test_ingest_merges_between_its_chunks(database_url, schema, admin_engine):
+    from simdb import Document
+    from simdb.ingest import IngestOptions
+
+    rng = random.Random(9)
+    words = [f"w{i}" for i in range(400)]
+    texts = [" ".join(rng.choices(words, k=30)) for _ in range(120)]
+    seen = []  # the segments as each document is taken in
+
+    with Index.create(database_url, schema=schema, segment_size=1000, merge_factor=2, bulk_chunk=20) as index:
+        summary = index.ingest((Document(f"d{i}", text, {}) for i, text in enumerate(texts + texts[:40])),
+                               IngestOptions(batch="one", chunk_size=20),
+                               progress=lambda _: seen.append(len(segment_rows(admin_engine, schema))))
+        # eight bulk chunks of 20, merged pairwise as they come: at most one segment per tier waits, where
+        # merging after the batch would have let all eight pile up
+        assert summary.compacted and summary.documents == 160 and summary.exact_duplicates == 40
+        assert max(seen) <= 3 and len(segment_rows(admin_engine, schema)) <= 4, seen
+    assert_consistent(admin_engine, schema)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
@@ -123,7 +212,8 @@ def test_segments_merges_and_removals_keep_pairs_and_clusters_exact(database_url
                                                                    merge_after):
     schema = f"simdb_test_{uuid.uuid4().hex[:12]}"
     try:
-        with Index.create(database_url, schema=schema, segment_size=4, merge_factor=2) as index:
+        # chunks of three or more documents are bulk-loaded into segments of their own, smaller ones are not
+        with Index.create(database_url, schema=schema, segment_size=4, merge_factor=2, bulk_chunk=3) as index:
             # a merge after some chunks, beside a concurrent ingest when one runs
             replay(database_url, admin_engine, schema, index, history,
                    after_chunk=lambda number: merge_after[number % 20] and index.compact())
@@ -245,7 +335,8 @@ def test_stats_lists_segments_and_compact_reports_json(run, database_url, schema
     result = run("stats", "--json")
     info = json.loads(result.stdout)
     assert [s["documents"] for s in info["segments"]] == [1000, 1000, 100]
-    assert info["compaction_due"] is True and info["segment_policy"] == {"size": 1000, "merge_factor": 2}
+    assert info["compaction_due"] is True
+    assert info["segment_policy"] == {"size": 1000, "merge_factor": 2, "bulk_chunk": 50_000}
     assert "a merge is due" in run("stats").stdout
     result = run("compact", "--json")
     merged = json.loads(result.stdout)

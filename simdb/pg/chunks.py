@@ -6,7 +6,9 @@ stored are set aside (the same text in another batch: a re-run; otherwise an err
 candidate joins match the staging table against each segment of the archive (by index lookups in key
 order where the segment is the larger side: :mod:`simdb.pg.probes`) and against the chunk's earlier
 documents; the verified pairs give each document its earliest near-duplicate, its cluster and whether
-its exact text is stored (:func:`exact_duplicates`), and one ``INSERT ... SELECT`` stores the chunk.
+its exact text is stored (:func:`exact_duplicates`), and one ``INSERT ... SELECT`` stores the chunk:
+into the active segment, or, for a chunk of at least the policy's ``bulk_chunk`` documents, into a bare
+segment of its own that is indexed and attached after it is filled (:func:`simdb.pg.segments.place_chunk`).
 Every input record's outcome goes to ``records`` and the batch row is updated with the counts and how
 many input records it has consumed.
 """
@@ -28,7 +30,7 @@ from .catalog import check_layout, record_segmenter
 from .clusters import merge_clusters
 from .copy import copy_in
 from .database import lock
-from .segments import ensure_segments, segment_pairs
+from .segments import attach_indexed, index_bare, place_chunk, seal, segment_pairs
 
 def create_staging(connection: sa.Connection, method: Method) -> list[tuple[str, str]]:
     """The transaction's temporary staging table; returns its (column, type) list."""
@@ -79,13 +81,7 @@ def store_chunk(connection: sa.Connection, schema: str, method: Method, chunk, *
     record_segmenter(connection, method)
     batch_id = open_batch(connection, name, source, first, started_at)
     count = len(chunk)
-    sequence = connection.execute(sa.text(
-        "SELECT pg_get_serial_sequence('documents', 'id')::regclass::oid")).scalar_one()
-    ids = np.array(connection.execute(sa.text(
-        f"SELECT nextval({int(sequence)}::oid::regclass) FROM generate_series(1, :count)"), {"count": count}
-    ).scalars().all(), dtype=np.int64)
-    if count:
-        ensure_segments(connection, int(ids[0]), int(ids[-1]))
+    ids, bulk_segment, sealed = place_chunk(connection, count)
     keys, stored_sketches = method.keys(chunk.sketches), method.stored(chunk.sketches)
 
     columns = create_staging(connection, method)
@@ -118,11 +114,16 @@ def store_chunk(connection: sa.Connection, schema: str, method: Method, chunk, *
     # every new document a pair touches gets its merged cluster, including one that is only the earlier
     # side of its pairs (it has no duplicate_of, yet a later document may link it to another cluster)
     copy_in(connection, "staging_clusters (id, cluster_id)", ["int8", "int8"], clusters.items(), create=True)
+    target = f'"{bulk_segment}"' if bulk_segment else "documents"
     connection.exec_driver_sql(
-        f"INSERT INTO documents ({column_list}, batch_id, duplicate_of, duplicate_distance, cluster_id) "
+        f"INSERT INTO {target} ({column_list}, batch_id, duplicate_of, duplicate_distance, cluster_id) "
         f"SELECT {', '.join('s.' + n for n, _ in columns)}, {int(batch_id)}, m.duplicate_of, m.distance, "
         f"coalesce(c.cluster_id, s.id) FROM staging s LEFT JOIN staging_duplicates m USING (id) "
         f"LEFT JOIN staging_clusters c USING (id) ORDER BY s.id")
+    if bulk_segment:  # indexed by sorting, then attached: the chunk's documents join the archive here
+        index_bare(connection, bulk_segment, int(ids[0]), int(ids[-1]) + 1)
+        attach_indexed(connection, bulk_segment, int(ids[0]), int(ids[-1]) + 1)
+    seal(connection, sealed)
     copy_in(connection, "near_duplicates (b_id, a_id, distance, batch_id)", ["int8", "int8", "int2", "int4"],
             ((probe, match, distance, batch_id) for probe, match, distance in pairs.tolist()))
     within = connection.execute(sa.text(

@@ -7,14 +7,23 @@ written only by the rare relabel of a cluster or a removal. The active segment's
 and in memory however large the archive grows.
 
 Segments are created as ids advance (:func:`ensure_segments`, under the ingest lock), each spanning
-``size`` ids, and merged by :func:`compact`: sealed segments of a similar width are copied, in id
-order, into one new table that is indexed before it replaces them in a single transaction, so an
-interrupted merge leaves the old segments as they were. The policy is size-tiered: a *tier* holds
-segments whose width is ``size * factor**t``; ``factor`` adjacent sealed segments of one tier merge
-into one of the next. The number of segments then stays below ``(factor - 1) * log_factor(n / size) + 2``
-and each document is rewritten about ``log_factor(n / size)`` times in its life.
+``size`` ids. A chunk of at least ``bulk_chunk`` documents gets a segment of its own instead
+(:func:`place_chunk`): it is inserted into a bare table, indexed afterwards and attached, in the
+chunk's transaction. Building a B-tree by sorting costs a fraction of maintaining it row by row
+(100k documents with 16 indexes: 1.45 s against 5.2 s), and the write no longer touches the active
+segment's indexes at all.
 
-The settings row ``segments`` holds ``size`` and ``merge_factor``.
+Segments are merged by :func:`compact`: sealed segments of a similar size are copied, in id order,
+into one new table that is indexed before it replaces them in a single transaction, so an
+interrupted merge leaves the old segments as they were. The policy is size-tiered by documents (the
+planner's estimate, which ANALYZE keeps exact for sealed segments): with ``unit = min(size,
+bulk_chunk)``, tier ``t`` holds segments of ``unit * factor**t`` up to ``unit * factor**(t+1)``
+documents; ``factor`` adjacent sealed segments of one tier merge into one of the next. The number of
+segments then stays below ``(factor - 1) * log_factor(n / unit) + 2`` and each document is
+rewritten about ``log_factor(n / unit)`` times in its life. Ingest merges between its chunks, so a
+long batch of bulk chunks does not pile up segments that every later chunk must probe.
+
+The settings row ``segments`` holds ``size``, ``merge_factor`` and ``bulk_chunk``.
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ import sqlalchemy as sa
 
 from ..errors import SimdbError
 from ..methods import Method
-from ..settings import DEFAULT_MERGE_FACTOR, DEFAULT_SEGMENT_SIZE
+from ..settings import DEFAULT_BULK_CHUNK, DEFAULT_MERGE_FACTOR, DEFAULT_SEGMENT_SIZE
 from .database import lock
 
 _BOUNDS = re.compile(r"FROM \('?(-?\d+|MINVALUE)'?\) TO \('?(-?\d+|MAXVALUE)'?\)")
@@ -47,6 +56,7 @@ class Segment:
     first_id: int  #: the first id of its range
     end_id: int  #: one past the last id of its range
     active: bool  #: the newest segment, which receives new documents
+    estimated: int | None = None  #: documents, as the planner estimates them (None until analyzed)
     documents: int | None = None  #: exact count, when asked for
     bytes: int | None = None  #: table, TOAST and indexes
 
@@ -54,39 +64,48 @@ class Segment:
     def width(self) -> int:
         return self.end_id - self.first_id
 
+    @property
+    def size(self) -> int:
+        """Its documents as the merge policy counts them: the planner's estimate, or its width."""
+        return self.width if self.estimated is None else self.estimated
+
     def to_json(self) -> dict:
         return asdict(self)
 
 
 @dataclass(frozen=True)
 class SegmentPolicy:
-    size: int = DEFAULT_SEGMENT_SIZE
-    merge_factor: int = DEFAULT_MERGE_FACTOR
+    size: int = DEFAULT_SEGMENT_SIZE  #: ids per new active segment
+    merge_factor: int = DEFAULT_MERGE_FACTOR  #: sealed segments of one tier that merge into one
+    bulk_chunk: int = DEFAULT_BULK_CHUNK  #: a chunk of at least this many documents gets a segment of its own
 
     def __post_init__(self) -> None:
-        if not isinstance(self.size, int) or isinstance(self.size, bool) or self.size < 1:
-            raise SimdbError(f"the segment size must be a positive whole number of ids, not {self.size!r}")
+        for name, what in (("size", "segment size"), ("bulk_chunk", "bulk chunk size")):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise SimdbError(f"the {what} must be a positive whole number, not {value!r}")
         if not isinstance(self.merge_factor, int) or self.merge_factor < 2:
             raise SimdbError(f"the merge factor must be at least 2, not {self.merge_factor!r}")
 
     def to_row(self) -> dict:
-        return {"size": self.size, "merge_factor": self.merge_factor}
+        return {"size": self.size, "merge_factor": self.merge_factor, "bulk_chunk": self.bulk_chunk}
 
     @classmethod
     def from_row(cls, row: dict | None) -> "SegmentPolicy":
-        return cls(**(row or {}))
+        return cls(**(row or {}))  # a row from before bulk chunks takes today's default
 
-    def tier(self, width: int) -> int:
-        return max(0, int(math.log(max(width, 1) / self.size, self.merge_factor) + 1e-9))
+    def tier(self, documents: int) -> int:
+        unit = min(self.size, self.bulk_chunk)
+        return max(0, math.floor(math.log(max(documents, 1) / unit, self.merge_factor) + 1e-9))
 
-    def plan(self, widths: list[int], full: bool = False) -> list[list[int]]:
-        """Runs of adjacent sealed segments (by index into ``widths``, in id order) to merge: every run of
-        ``merge_factor`` segments of one tier, repeatedly (a merged segment may complete a run of the next
-        tier); ``full`` merges all of them into one."""
+    def plan(self, documents: list[int], full: bool = False) -> list[list[int]]:
+        """Runs of adjacent sealed segments (by index into ``documents``, their sizes in id order) to merge:
+        every run of ``merge_factor`` segments of one tier, repeatedly (a merged segment may complete a run
+        of the next tier); ``full`` merges all of them into one."""
         if full:
-            return [list(range(len(widths)))] if len(widths) > 1 else []
-        groups = [[i] for i in range(len(widths))]  # each group: original indexes it holds
-        sizes = list(widths)
+            return [list(range(len(documents)))] if len(documents) > 1 else []
+        groups = [[i] for i in range(len(documents))]  # each group: original indexes it holds
+        sizes = list(documents)
         while True:
             tiers = [self.tier(w) for w in sizes]
             for start in range(len(sizes) - self.merge_factor + 1):
@@ -114,21 +133,22 @@ def save_policy(connection: sa.Connection, policy: SegmentPolicy) -> None:
 def list_segments(connection: sa.Connection, *, counts: bool = False) -> list[Segment]:
     """The segments in id order; with ``counts``, their exact document counts and sizes on disk."""
     rows = connection.execute(sa.text(
-        "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid) FROM pg_inherits i "
+        "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid), c.reltuples FROM pg_inherits i "
         "JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = CAST('documents' AS regclass) "
         # a table another transaction is attaching or detaching right now shows no bound yet: not ours to list
         "AND c.relpartbound IS NOT NULL")).all()
     bounds = []
-    for name, bound in rows:
+    for name, bound, estimate in rows:
         match = _BOUNDS.search(bound or "")
         if match is None:
             raise SimdbError(f"segment {name} of documents has the partition bound {bound!r}, which simdb did not "
                              "create; detach it")
         low, high = match.groups()
-        bounds.append((name, 0 if low == "MINVALUE" else int(low), 2 ** 63 - 1 if high == "MAXVALUE" else int(high)))
+        first, end = 0 if low == "MINVALUE" else int(low), 2 ** 63 - 1 if high == "MAXVALUE" else int(high)
+        bounds.append((name, first, end, int(estimate) if estimate >= 0 else None))
     bounds.sort(key=lambda row: row[1])
     segments = []
-    for position, (name, first, end) in enumerate(bounds):
+    for position, (name, first, end, estimate) in enumerate(bounds):
         documents = size = None
         if counts:
             # through documents (pruned to the segment), which a read-only role may read
@@ -137,8 +157,52 @@ def list_segments(connection: sa.Connection, *, counts: bool = False) -> list[Se
             ).scalar_one()
             size = connection.execute(sa.text("SELECT pg_total_relation_size(CAST(:n AS regclass))"),
                                       {"n": name}).scalar_one()
-        segments.append(Segment(name, first, end, position == len(bounds) - 1, documents, size))
+        segments.append(Segment(name, first, end, position == len(bounds) - 1, estimate, documents, size))
     return segments
+
+
+def place_chunk(connection: sa.Connection, count: int) -> tuple[np.ndarray, str | None, list[Segment]]:
+    """Under the ingest lock: ``count`` new document ids (in order, above every stored id), the bulk
+    segment that takes them if any, and the segments the chunk seals (to :func:`seal` once it is stored).
+
+    A chunk of at least the policy's ``bulk_chunk`` documents starts where the last segment ends (the
+    ids it skips are never used) and gets a new bare table of exactly its width, returned to be filled,
+    then given to :func:`index_bare` and :func:`attach_indexed`. A smaller one goes to the active
+    segment, and to new ones when its ids pass the active segment's end.
+    """
+    policy = load_policy(connection)
+    sequence = int(connection.execute(sa.text(
+        "SELECT CAST(pg_get_serial_sequence('documents', 'id') AS regclass)::oid")).scalar_one())
+    before = list_segments(connection)
+    last = before[-1] if before else None
+    # (a last segment open to the top of the ids, which simdb never makes, keeps every document)
+    bulk = count >= policy.bulk_chunk and (last is None or last.end_id < 2 ** 63 - 1)
+    if bulk and last is not None:
+        connection.execute(sa.text(  # so that the next id is the last segment's end
+            f"SELECT setval({sequence}::oid::regclass, :end - 1) WHERE coalesce("
+            f"pg_sequence_last_value({sequence}::oid::regclass), "
+            f"(SELECT seqstart - 1 FROM pg_sequence WHERE seqrelid = {sequence}::oid)) < :end - 1"),
+            {"end": last.end_id})
+    ids = np.array(connection.execute(sa.text(
+        f"SELECT nextval({sequence}::oid::regclass) FROM generate_series(1, :count)"), {"count": count}
+    ).scalars().all(), dtype=np.int64)
+    if not count:
+        return ids, None, []
+    first, end = int(ids[0]), int(ids[-1]) + 1
+    if bulk and end - first == count and (last is None or first >= last.end_id):
+        return ids, _create_segment(connection, first, end, attach=False), [last] if last else []
+    ensure_segments(connection, first, end - 1)
+    after = list_segments(connection)
+    return ids, None, [s for s in after[:-1] if s.end_id > first and s.name not in
+                       {b.name for b in before[:-1]}]
+
+
+def seal(connection: sa.Connection, sealed: list[Segment]) -> None:
+    """Planner statistics for segments that take no more documents, which the merge policy sizes by;
+    a full one (a bulk-loaded or merged segment) was analyzed when it was built."""
+    for segment in sealed:
+        if segment.estimated is None or segment.estimated < segment.width:
+            connection.exec_driver_sql(f'ANALYZE "{segment.name}"')
 
 
 def ensure_segments(connection: sa.Connection, first_id: int, last_id: int) -> list[str]:
@@ -308,7 +372,7 @@ def compact(engine: sa.Engine, schema: str, *, full: bool = False,
             lock(connection, schema, "migrate")
             policy = load_policy(connection)
             sealed = [s for s in list_segments(connection) if not s.active]
-            runs = policy.plan([s.width for s in sealed], full=full)
+            runs = policy.plan([s.size for s in sealed], full=full)
             if not runs:
                 break
             run = [sealed[i] for i in runs[0]]
@@ -322,4 +386,4 @@ def compact(engine: sa.Engine, schema: str, *, full: bool = False,
 
 def needs_compaction(connection: sa.Connection) -> bool:
     policy = load_policy(connection)
-    return bool(policy.plan([s.width for s in list_segments(connection) if not s.active]))
+    return bool(policy.plan([s.size for s in list_segments(connection) if not s.active]))
