@@ -377,15 +377,21 @@ def test_stats_advises_lz4_over_pglz_where_the_server_has_it(index):
     assert any("ALTER SYSTEM SET wal_compression = 'lz4'" in line for line in advice) == ("lz4" in offered)
 
 
+@pytest.mark.parametrize("shared", [False, True], ids=["one connection", "shared"])
 @pytest.mark.parametrize("method", ["simhash", "minhash"])
-def test_a_chunk_looks_its_keys_up_in_a_large_segment_whatever_the_planner_thinks(database_url, schema, method):
+def test_a_chunk_looks_its_keys_up_in_a_large_segment_whatever_the_planner_thinks(database_url, schema, method,
+                                                                                   shared, monkeypatch):
     """Regression: the candidate join of a chunk against ``documents`` was the planner's choice, and at 10M
     it chose a hash join over a full scan of a segment's key index (34 s against about 5 s of lookups).
-    Against a segment wider than the chunk, every key is looked up through the segment's index."""
+    Against a segment wider than the chunk, every key is looked up through the segment's index, on the
+    chunk's connection and on the second one that shares the lookups of a large chunk."""
     import numpy as np
 
     from simdb.ingest import FingerprintedBatch
+    from simdb.pg import probes as shared_probes
     from tests.conftest import explained
+
+    monkeypatch.setattr(shared_probes, "SHARED_PROBES", 1 if shared else 10**9)
 
     rng = np.random.default_rng(3)
 
@@ -407,6 +413,102 @@ def test_a_chunk_looks_its_keys_up_in_a_large_segment_whatever_the_planner_think
     segment = segments.segment_name(1)
     probes = [plan for plan in plans if f'"{segment}"' in plan.split("\n", 1)[0] and "COPY" in plan]
     assert probes, "no candidate query against the segment"
+    assert any("shared_probes" in plan for plan in probes) == shared
     for plan in probes:
         assert f"Seq Scan on {segment}" not in plan and not re.search(r"(Hash|Merge) Cond: \(\w+\.key_", plan), plan
         assert "Index Cond: (key_" in plan or "Index Cond: (band_" in plan, plan
+
+
+# -- a second connection shares a chunk's lookups -------------------------------------------------------
+
+def stored_answers(engine, schema):
+    with engine.connect() as connection:
+        documents = connection.exec_driver_sql(
+            f"SELECT external_id, duplicate_of, duplicate_distance, cluster_id FROM {schema}.documents ORDER BY id")
+        pairs = connection.exec_driver_sql(f"SELECT a_id, b_id, distance FROM {schema}.near_duplicates ORDER BY 1, 2")
+        return [tuple(row) for row in documents], [tuple(row) for row in pairs]
+
+
+@pytest.mark.parametrize("method", ["simhash", "minhash"])
+def test_lookups_shared_with_a_second_connection_give_the_same_pairs(database_url, admin_engine, method,
+                                                                    monkeypatch):
+    from simdb.pg import probes
+
+    rng = random.Random(21)
+    words = [f"w{i}" for i in range(300)]
+    texts = [" ".join(rng.choices(words, k=40)) for _ in range(150)]
+    batches = [[(f"b{n}-{i}", text if rng.random() < 0.5 else text + f" extra{n}")
+                for i, text in enumerate(rng.sample(texts, 60))] for n in range(4)]
+    options = {"method": "minhash", "threshold": 0.5} if method == "minhash" else {}
+    calls = []
+    real = segments.shared_lookups
+    monkeypatch.setattr(segments, "shared_lookups", lambda *args: calls.append(args[3]) or real(*args))
+    answers = []
+    for shared in (False, True):
+        monkeypatch.setattr(probes, "SHARED_PROBES", 1 if shared else 10**9)
+        schema = f"simdb_test_{uuid.uuid4().hex[:12]}"
+        try:
+            with Index.create(database_url, schema=schema, segment_size=100, **options) as index:
+                for number, batch in enumerate(batches):
+                    index.add_many([{"id": i, "text": t} for i, t in batch], batch=f"b{number}")
+                if method == "simhash":
+                    assert_consistent(admin_engine, schema)
+            answers.append(stored_answers(admin_engine, schema))
+        finally:
+            with admin_engine.begin() as connection:
+                connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+    assert answers[0] == answers[1] and answers[0][1], "sharing the lookups changed the pairs"
+    # the later chunks looked up the wide segments by index, half on each connection
+    assert calls and all(any(lookup.index_probes for lookup in lookups) for lookups in calls)
+
+
+def test_a_shared_lookup_that_would_wait_on_a_queued_lock_gives_way(database_url, schema, admin_engine,
+                                                                    monkeypatch):
+    """A statement queued for an exclusive lock on a segment (as `ALTER TABLE documents` in a relayout)
+    waits for the chunk's transaction, which holds a share lock on every segment; the second connection's
+    lookups would queue behind it and the chunk would wait for them: a deadlock PostgreSQL cannot see.
+    The second connection gives up after its lock timeout and the chunk does the lookups itself."""
+    from simdb.pg import probes
+
+    monkeypatch.setattr(probes, "SHARED_PROBES", 1)
+    monkeypatch.setattr(probes, "LOCK_WAIT", "300ms")
+    rng = random.Random(4)
+    archive = [rng.getrandbits(64) for _ in range(500)]
+    with Index.create(database_url, schema=schema, segment_size=1000) as index:
+        index.add_fingerprinted(make_batch(archive, "archive"), batch="archive")
+        segment = segments.segment_name(1)
+        queued = threading.Event()
+        locker = {}
+
+        def lock_the_segment():
+            with admin_engine.connect() as connection:
+                locker["pid"] = connection.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+                connection.exec_driver_sql(f'LOCK TABLE {schema}."{segment}" IN ACCESS EXCLUSIVE MODE')
+                locker["got"] = time.monotonic()
+                connection.commit()
+
+        real = segments.shared_lookups
+
+        def shared_after_a_queued_lock(*args):
+            thread = threading.Thread(target=lock_the_segment)
+            thread.start()
+            for _ in range(100):  # until the exclusive lock waits behind this chunk's share lock
+                with admin_engine.connect() as connection:
+                    if locker.get("pid") and connection.execute(sa.text(
+                            "SELECT count(*) FROM pg_locks WHERE pid = :pid AND NOT granted"),
+                            {"pid": locker["pid"]}).scalar_one():
+                        queued.set()
+                        break
+                time.sleep(0.05)
+            locker["thread"] = thread
+            return real(*args)
+
+        monkeypatch.setattr(segments, "shared_lookups", shared_after_a_queued_lock)
+        near = [fp ^ (1 << rng.randrange(64)) for fp in archive[:20]]
+        summary = index.add_fingerprinted(make_batch(near + [rng.getrandbits(64) for _ in range(20)], "new"),
+                                          batch="new")
+        finished = time.monotonic()
+        locker["thread"].join(timeout=30)
+    assert queued.is_set() and locker["got"] >= finished - 0.5  # the lock came after the chunk's commit
+    assert summary.near_duplicates == 20
+    assert_consistent(admin_engine, schema)

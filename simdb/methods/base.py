@@ -187,8 +187,10 @@ class Method(ABC):
     @abstractmethod
     def candidate_pairs(self, connection: sa.Connection, probe: str, target: str, max_distance: int, *,
                         earlier_only: bool = False, where: str | None = None,
-                        params: dict | None = None, index_probes: bool = False) -> Iterator[np.ndarray]:
-        """Verified ``(probe id, target id, distance)`` rows between two tables sharing a key, within
+                        params: dict | None = None, index_probes: bool = False,
+                        columns: Sequence[str] | None = None) -> Iterator[np.ndarray]:
+        """Verified ``(probe id, target id, distance)`` rows between two tables sharing a key (one of
+        ``columns``, default every key column), within
         ``max_distance``; ``earlier_only`` keeps target ids below the probe's; ``where`` filters with ``p``
         and ``t`` as the two sides; ``params`` are bound (client-side, ``%(name)s``) into ``probe``, ``target``
         and ``where``. ``index_probes`` looks each probe's keys up in ``target``'s key indexes, in key order

@@ -16,6 +16,7 @@ many input records it has consumed.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -103,7 +104,8 @@ def store_chunk(connection: sa.Connection, schema: str, method: Method, chunk, *
 
     k = method.max_distance
     pairs = distinct(itertools.chain(  # (new id, earlier id, distance), every pair
-        segment_pairs(connection, method, "staging", count - len(unstored), k, below=int(ids[0]) if count else 1),
+        segment_pairs(connection, method, "staging", count - len(unstored), k, below=int(ids[0]) if count else 1,
+                      probe_rows=lambda: _probe_rows(ids, stored_sketches, keys, set(unstored))),
         method.candidate_pairs(connection, "staging", "staging", k, earlier_only=True)))
     duplicates = earliest(pairs)
     clusters = merge_clusters(connection, pairs, ids)
@@ -156,6 +158,13 @@ def store_chunk(connection: sa.Connection, schema: str, method: Method, chunk, *
          "within": within, "already": len(already), "rejected": len(rejected), "position": position,
          "final": final, "id": batch_id})
     return ChunkResult(rejected=rejected, stored=stored)
+
+
+def _probe_rows(ids: np.ndarray, sketches, keys: np.ndarray, left_out: set[int]) -> Iterator[tuple]:
+    """The staged documents as the probes of a candidate join: (id, sketch, key columns...)."""
+    for identifier, sketch, key_row in zip(ids.tolist(), sketches, keys.tolist()):
+        if identifier not in left_out:
+            yield (identifier, sketch, *key_row)
 
 
 def exact_duplicates(connection: sa.Connection, chunk, ids: np.ndarray, pairs: np.ndarray) -> list[int]:

@@ -32,7 +32,7 @@ import json
 import math
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -41,7 +41,9 @@ import sqlalchemy as sa
 from ..errors import SimdbError
 from ..methods import Method
 from ..settings import DEFAULT_BULK_CHUNK, DEFAULT_MERGE_FACTOR, DEFAULT_SEGMENT_SIZE
+from . import probes as probes_module
 from .database import lock
+from .probes import Lookup, shared_lookups
 
 _BOUNDS = re.compile(r"FROM \('?(-?\d+|MINVALUE)'?\) TO \('?(-?\d+|MAXVALUE)'?\)")
 
@@ -234,18 +236,24 @@ def _create_segment(connection: sa.Connection, first_id: int, end_id: int, name:
 
 
 def segment_pairs(connection: sa.Connection, method: Method, probe: str, probes: int, max_distance: int,
-                  below: int) -> Iterator[np.ndarray]:
+                  below: int, probe_rows: Callable[[], Iterable[tuple]] | None = None) -> Iterator[np.ndarray]:
     """Verified ``(probe id, document id, distance)`` rows of the ``probes`` rows of ``probe`` against every
     stored document, one segment at a time: index lookups into a segment that may hold more documents than
     there are probes, the planner's join otherwise. Only under the ingest lock, with ``below`` the first id
     the chunk was given: the segments do not change between the statements, and every stored id is below
     ``below`` (so a segment at or above it, created for the chunk, is skipped, and one that it cuts holds
-    at most ``below - first_id`` documents)."""
-    for segment in list_segments(connection):
-        capacity = min(segment.end_id, below) - segment.first_id
-        if capacity > 0:
-            yield from method.candidate_pairs(connection, probe, f'"{segment.name}"', max_distance,
-                                              index_probes=capacity > probes)
+    at most ``below - first_id`` documents). With ``probe_rows`` (the probes as rows: id, sketch, key
+    columns) and at least :data:`~simdb.pg.probes.SHARED_PROBES` probes, a second connection takes half
+    of the index lookups (:func:`~simdb.pg.probes.shared_lookups`)."""
+    lookups = [Lookup(segment.name, capacity > probes) for segment in list_segments(connection)
+               if (capacity := min(segment.end_id, below) - segment.first_id) > 0]
+    wide = any(lookup.index_probes for lookup in lookups)
+    if probe_rows is not None and wide and probes >= probes_module.SHARED_PROBES:
+        yield from shared_lookups(connection, method, probe, lookups, max_distance, probe_rows)
+        return
+    for lookup in lookups:
+        yield from method.candidate_pairs(connection, probe, f'"{lookup.target}"', max_distance,
+                                          index_probes=lookup.index_probes)
 
 
 # -- merging ---------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ signature into band keys too.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import sqlalchemy as sa
@@ -20,21 +20,23 @@ from .signature import MinHashSettings
 
 
 def band_candidate_sql(settings: MinHashSettings, probe: str, target: str, *, earlier_only: bool = False,
-                       where: str | None = None, index_probes: bool = False) -> str:
+                       where: str | None = None, index_probes: bool = False,
+                       columns: Sequence[str] | None = None) -> str:
     """SQL for ``(probe id, target id, probe signature, target signature)``, once per pair sharing a band;
-    ``index_probes``: see :meth:`simdb.methods.base.Method.candidate_pairs`."""
+    ``index_probes`` and ``columns``: see :meth:`simdb.methods.base.Method.candidate_pairs`."""
+    columns = columns or settings.key_columns
     conditions = ["t.id < p.id"] if earlier_only else []
     if where:
         conditions.append(f"({where})")
     if index_probes:
         selects = ["SELECT p.id AS p_id, t.id AS t_id FROM " + lateral_probe(
                        probe, target, column, ["id", column], ["id"], [f"t.{column} = p.{column}", *conditions])
-                   for column in settings.key_columns]
+                   for column in columns]
         # each target signature by its primary key, as the probes do
         signatures = f"CROSS JOIN LATERAL (SELECT t.signature FROM {target} t WHERE t.id = c.t_id OFFSET 0) t"
     else:
         selects = [f"SELECT p.id AS p_id, t.id AS t_id FROM {probe} p JOIN {target} t "
-                   f"ON {' AND '.join([f't.{column} = p.{column}', *conditions])}" for column in settings.key_columns]
+                   f"ON {' AND '.join([f't.{column} = p.{column}', *conditions])}" for column in columns]
         signatures = f"JOIN {target} t ON t.id = c.t_id"
     return (f"SELECT c.p_id, c.t_id, p.signature, t.signature FROM ({' UNION '.join(selects)}) c "
             f"JOIN {probe} p ON p.id = c.p_id {signatures}")

@@ -209,10 +209,12 @@ class SimHash(Method):
 
     def candidate_pairs(self, connection: sa.Connection, probe: str, target: str, max_distance: int, *,
                         earlier_only: bool = False, where: str | None = None,
-                        params: dict | None = None, index_probes: bool = False) -> Iterator[np.ndarray]:
+                        params: dict | None = None, index_probes: bool = False,
+                        columns: Sequence[str] | None = None) -> Iterator[np.ndarray]:
         return verified_pairs(connection, candidate_sql(self.layout, probe, target, max_distance,
                                                         earlier_only=earlier_only, where=where,
-                                                        index_probes=index_probes), max_distance, params)
+                                                        index_probes=index_probes, columns=columns),
+                              max_distance, params)
 
     def lookup_sql(self, sketch: int, max_distance: int) -> tuple[str, dict]:
         return ("SELECT document_id FROM simdb_near(CAST(:fingerprint AS bigint), :max_distance)",

@@ -13,7 +13,7 @@ repeated pairs.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import sqlalchemy as sa
@@ -40,14 +40,14 @@ def key_expression(layout: BlockLayout, key: int, column: str = "simhash") -> st
 
 
 def candidate_sql(layout: BlockLayout, probe: str, target: str, max_distance: int, *, earlier_only: bool = False,
-                  where: str | None = None, index_probes: bool = False) -> str:
+                  where: str | None = None, index_probes: bool = False, columns: Sequence[str] | None = None) -> str:
     """SQL for ``(probe id, target id, probe simhash, target simhash)`` rows sharing a key, within ``max_distance``.
 
     ``probe`` and ``target`` are table names (they may be the same table) or parenthesized subqueries;
-    ``index_probes``: see :meth:`simdb.methods.base.Method.candidate_pairs`.
+    ``index_probes`` and ``columns``: see :meth:`simdb.methods.base.Method.candidate_pairs`.
     """
     selects = []
-    for column in layout.key_columns:
+    for column in columns or layout.key_columns:
         conditions = [f"t.{column} = p.{column}"]
         if earlier_only:
             conditions.append("t.id < p.id")
