@@ -68,21 +68,29 @@ class Server:
 
 
 def bulk_load(url: str, admin: sa.Engine, schema: str, layout, size: int, rng: np.random.Generator,
-              max_distance: int = 3) -> tuple[np.ndarray, dict]:
-    """A new index in ``schema`` holding ``size`` random fingerprints (ids 1..size, each its own cluster) as
+              max_distance: int = 3, *, options: dict | None = None) -> tuple[np.ndarray, dict]:
+    """A new index in ``schema`` holding ``size`` random sketches (ids 1..size, each its own cluster) as
     one sealed segment, loaded the way a restore would: binary COPY FREEZE into the bare segment table,
-    indexed and attached as a merge does (``segments.index_bare``, ``attach_indexed``), VACUUM. Returns the fingerprints and the timings."""
-    from simdb.bits import to_signed_array
+    indexed and attached as a merge does (``segments.index_bare``, ``attach_indexed``), VACUUM.
+
+    SimHash (``layout``, ``max_distance``) unless ``options`` are other ``Index.create`` settings (MinHash:
+    random ``(num_perm,)`` uint32 signatures). Returns the sketches (SimHash: every fingerprint, uint64;
+    MinHash: the first 200,000 signatures, ``(n, num_perm)`` uint32) and the timings."""
     from simdb.pg import segments
     from simdb.pg.copy import copy_in
 
     timings, started = {}, time.perf_counter()
-    simdb.Index.create(url, schema=schema, blocks=layout.blocks, max_distance=max_distance).close()
-    fps = random_u64(rng, size)
+    with simdb.Index.create(url, schema=schema, **(options or {"blocks": layout.blocks,
+                                                                "max_distance": max_distance})) as index:
+        method = index.settings.method
+    minhash = method.name == "minhash"
+    kept = []
     name = segments.segment_name(1)
-    columns = ["id", "external_id", "batch_id", "simhash", *layout.key_columns, "content_hash", "length",
+    sketch_column, sketch_type = method.sketch_column
+    columns = ["id", "external_id", "batch_id", sketch_column, *method.key_columns, "content_hash", "length",
                "metadata", "cluster_id"]
-    types = ["int8", "text", "int4", "int8", *["int8"] * len(layout.key_columns), "bytea", "int4", "jsonb", "int8"]
+    types = ["int8", "text", "int4", sketch_type, *["int8"] * len(method.key_columns), "bytea", "int4", "jsonb",
+             "int8"]
     engine = sa.create_engine(postgres_url(url))
     try:
         with engine.begin() as c:
@@ -94,16 +102,25 @@ def bulk_load(url: str, admin: sa.Engine, schema: str, layout, size: int, rng: n
             c.exec_driver_sql(f"CREATE TABLE {name} (LIKE documents INCLUDING DEFAULTS INCLUDING CONSTRAINTS)")
 
             def rows():
-                step = 500_000
+                step = 500_000 if not minhash else 100_000
                 for first in range(0, size, step):
-                    part = fps[first:first + step]
-                    keys, signed = layout.block_keys_array(part).tolist(), to_signed_array(part).tolist()
-                    hashes = rng.bytes(16 * len(part))
-                    for i in range(len(part)):
+                    count = min(step, size - first)
+                    if minhash:
+                        part = rng.integers(0, 2 ** 32, (count, method.settings.num_perm), dtype=np.uint32)
+                        if sum(len(k) for k in kept) < 200_000:
+                            kept.append(part)
+                        sketches = [row.tobytes() for row in part]
+                    else:
+                        part = random_u64(rng, count)
+                        kept.append(part)
+                        sketches = part.tolist()
+                    keys, stored = method.keys(sketches).tolist(), method.stored(sketches)
+                    hashes = rng.bytes(16 * count)
+                    for i in range(count):
                         row_id = first + i + 1
-                        yield (row_id, f"arc-{row_id:010d}", batch_id, signed[i], *keys[i],
+                        yield (row_id, f"arc-{row_id:010d}", batch_id, stored[i], *keys[i],
                                hashes[16 * i:16 * i + 16], 1000, {}, row_id)
-                    if (first // step) % 4 == 3:
+                    if (first + step) % 2_000_000 == 0:
                         log(f"  COPY {first + step:,} rows")
 
             start = time.perf_counter()
@@ -127,7 +144,7 @@ def bulk_load(url: str, admin: sa.Engine, schema: str, layout, size: int, rng: n
     timings["total"] = time.perf_counter() - started
     log(f"  bulk load of {size:,}: COPY {timings['copy']:.0f} s, indexes {timings['indexes']:.0f} s, VACUUM "
         f"{timings['vacuum']:.0f} s; {timings['bytes'] / 2**30:.1f} GiB")
-    return fps, timings
+    return np.concatenate(kept) if kept else np.empty(0, np.uint64), timings
 
 
 def checkpoint(admin: sa.Engine) -> None:

@@ -36,6 +36,7 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +54,7 @@ from simdb.pg import segments  # noqa: E402
 from simdb.pg.copy import copy_in  # noqa: E402
 from simdb.pg.database import postgres_url  # noqa: E402
 from simdb.pg.server import current, recommended, wal_compressions  # noqa: E402
+from simdb.settings import DEFAULT_BULK_CHUNK  # noqa: E402
 
 K = 3
 NEAR_FRACTION = 0.01
@@ -74,6 +76,68 @@ def batch_of(rng: np.random.Generator, fps: np.ndarray, prefix: str) -> Fingerpr
     for i, fp in enumerate(fps.tolist()):
         batch.append(f"{prefix}-{i:08d}", fp, hashes[16 * i:16 * i + 16], 1000, {}, f"{prefix}:{i + 1}")
     return batch
+
+
+def ingest_pairs(server: Server, make_batch: Callable[[str], FingerprintedBatch]) -> tuple[dict, dict]:
+    """(active, bulk): a batch through the active segment's indexes (bulk loading off), then one as a bulk
+    chunk, twice in turn; the first pair after the bulk load reads the big segment's key indexes cold, the
+    second counts."""
+    for turn in ("warm-up", ""):
+        batch = make_batch(f"active{turn}")
+        set_policy(server, segments.SegmentPolicy(bulk_chunk=len(batch) + 1))
+        active = timed_ingest(server, SCHEMA, None, f"active{turn}", None, batch=batch)
+        set_policy(server, segments.SegmentPolicy(bulk_chunk=min(len(batch), DEFAULT_BULK_CHUNK)))
+        bulk = timed_ingest(server, SCHEMA, None, f"segmented{turn}", None, batch=make_batch(f"segmented{turn}"))
+    return active, bulk
+
+
+def pair_rows(label: str, bulk: dict, active: dict, empty: dict) -> list[tuple[str, str, str, str]]:
+    return [(f"{label} (bulk chunk)", f"{bulk['rate']:,.0f} docs/s",
+             f"{empty['rate']:,.0f} docs/s into an empty archive", f"{bulk['rate'] / empty['rate']:.2f}x"),
+            (f"{label}: bulk chunk against the active segment's indexes", f"{bulk['rate']:,.0f} docs/s",
+             f"{active['rate']:,.0f} docs/s", f"{bulk['rate'] / active['rate']:.2f}x")]
+
+
+def minhash_batch(rng: np.random.Generator, count: int, stored: np.ndarray, prefix: str) -> FingerprintedBatch:
+    """``count`` random MinHash signatures, 1 % of them copies of stored ones with 10 of 128 positions changed
+    (similarity 0.92: near-duplicates at 0.8)."""
+    signatures = rng.integers(0, 2 ** 32, (count, stored.shape[1]), dtype=np.uint32)
+    near = int(count * NEAR_FRACTION)
+    signatures[:near] = stored[rng.integers(0, len(stored), near)]
+    for row in range(near):
+        signatures[row, rng.choice(stored.shape[1], 10, replace=False)] = rng.integers(0, 2 ** 32, 10)
+    batch = FingerprintedBatch()
+    hashes = rng.bytes(16 * count)
+    for i, signature in enumerate(signatures):
+        batch.append(f"{prefix}-{i:08d}", signature.tobytes(), hashes[16 * i:16 * i + 16], 1000, {}, f"{prefix}:{i + 1}")
+    return batch
+
+
+def minhash_run(server: Server, args, rng: np.random.Generator) -> None:
+    """MinHash (0.8, 128): 100k into an empty archive, then into a bulk-loaded one, through the active
+    segment's indexes and as a bulk chunk, in warmed pairs."""
+    options = {"method": "minhash", "threshold": 0.8, "num_perm": 128}
+    try:
+        log(f"MinHash, empty archive: {args.added:,} documents")
+        simdb.Index.create(server.url, schema=EMPTY, **options).close()
+        empty = timed_ingest(server, EMPTY, None, "empty", rng,
+                             batch=minhash_batch(rng, args.added, rng.integers(0, 2**32, (1, 128), np.uint32), "empty"))
+        server.drop_schemas(EMPTY)
+        log(f"bulk-loading a MinHash archive of {args.archive:,}")
+        stored, build = bulk_load(server.url, server.admin, SCHEMA, None, args.archive, rng, options=options)
+        active, bulk = ingest_pairs(server, lambda prefix: minhash_batch(rng, args.added, stored, prefix))
+    finally:
+        server.drop_schemas(SCHEMA, EMPTY)
+    rows = [
+        *pair_rows(f"MinHash: {args.added:,} into {args.archive:,}", bulk, active, empty),
+        ("MinHash: WAL per document (bulk chunk / active segment)", f"{bulk['wal'] / args.added:,.0f} B",
+         f"{active['wal'] / args.added:,.0f} B", ""),
+        (f"MinHash: bulk load of {args.archive:,}", f"{args.archive / build['total']:,.0f} docs/s",
+         f"{build['bytes'] / 2**30:.1f} GiB, indexes built in {build['indexes']:.0f} s", ""),
+    ]
+    header = [machine(server.version(), server.embedded), command_line("bench_segments.py"),
+              "MinHash threshold 0.8, 128 permutations, 1 % near copies (10 of 128 positions changed)"]
+    print_table(header, rows, args.markdown)
 
 
 def wal(admin: sa.Engine) -> tuple[str, int]:
@@ -111,17 +175,18 @@ def set_policy(server: Server, policy: segments.SegmentPolicy) -> None:
         segments.save_policy(c, policy)
 
 
-def timed_ingest(server: Server, schema: str, fps: np.ndarray, prefix: str, rng) -> dict:
-    batch = batch_of(rng, fps, prefix)
+def timed_ingest(server: Server, schema: str, fps: np.ndarray | None, prefix: str, rng,
+                 batch: FingerprintedBatch | None = None) -> dict:
+    batch = batch if batch is not None else batch_of(rng, fps, prefix)
     server.checkpoint()
     before = wal(server.admin)
     with simdb.Index.open(server.url, schema=schema) as index:
         summary = index.add_fingerprinted(batch, batch=prefix)
     written, images = wal_since(server.admin, before)
-    log(f"  {prefix}: {summary} ({len(fps) / summary.seconds:,.0f} docs/s); WAL {written / 2**20:,.0f} MB, "
+    log(f"  {prefix}: {summary} ({len(batch) / summary.seconds:,.0f} docs/s); WAL {written / 2**20:,.0f} MB, "
         f"{images:,} full-page images")
-    return {"seconds": summary.seconds, "rate": len(fps) / summary.seconds, "wal": written, "fpi": images,
-            "duplicates": summary.near_duplicates + summary.exact_duplicates, "documents": len(fps)}
+    return {"seconds": summary.seconds, "rate": len(batch) / summary.seconds, "wal": written, "fpi": images,
+            "duplicates": summary.near_duplicates + summary.exact_duplicates, "documents": len(batch)}
 
 
 def raw_copy(server: Server, layout: BlockLayout, fps: np.ndarray, rng) -> float:
@@ -207,8 +272,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lookups", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=20261123)
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--method", choices=["simhash", "minhash"], default="simhash",
+                        help="minhash: only the ingests (empty archive, active segment, bulk chunk) at MinHash 0.8/128")
     args = parser.parse_args(argv)
     rng = np.random.default_rng(args.seed)
+    if args.method == "minhash":
+        with Server(args.database_url) as server:
+            server.drop_schemas(SCHEMA, EMPTY)
+            minhash_run(server, args, rng)
+        return
     layout = BlockLayout.for_size(K, args.archive)
     with Server(args.database_url) as server:
         server.drop_schemas(SCHEMA, EMPTY)
@@ -227,15 +299,8 @@ def main(argv: list[str] | None = None) -> None:
 
             log(f"bulk-loading an archive of {args.archive:,}")
             stored, build = bulk_load(server.url, server.admin, SCHEMA, layout, args.archive, rng)
-            # through the active segment's indexes (bulk loading off), then as a bulk chunk, twice in turn: the
-            # first ingest after the bulk load reads the big segment's key indexes cold; the second pair counts
-            for turn in ("warm-up", ""):
-                set_policy(server, segments.SegmentPolicy(bulk_chunk=args.added + 1))
-                active = timed_ingest(server, SCHEMA, new_fingerprints(rng, args.added, stored), f"active{turn}",
-                                      rng)
-                set_policy(server, segments.SegmentPolicy())
-                segmented = timed_ingest(server, SCHEMA, new_fingerprints(rng, args.added, stored),
-                                         f"segmented{turn}", rng)
+            active, segmented = ingest_pairs(
+                server, lambda prefix: batch_of(rng, new_fingerprints(rng, args.added, stored), prefix))
             found = lookups(server, stored, args.lookups, rng)
             log(f"  lookups: p50 {found['p50'] * 1e3:.2f} ms, simdb_near p50 {found['near_p50'] * 1e3:.2f} ms, "
                 f"batch {found['batch_rate']:,.0f} q/s")
@@ -260,11 +325,7 @@ def main(argv: list[str] | None = None) -> None:
         finally:
             server.drop_schemas(SCHEMA, EMPTY)
         rows = [
-            (f"{args.added:,} into {args.archive:,} (segmented)", f"{segmented['rate']:,.0f} docs/s",
-             f"{empty['rate']:,.0f} docs/s into an empty archive", f"{segmented['rate'] / empty['rate']:.2f}x"),
-            (f"{args.added:,} into {args.archive:,}: bulk chunk against the active segment's indexes",
-             f"{segmented['rate']:,.0f} docs/s", f"{active['rate']:,.0f} docs/s",
-             f"{segmented['rate'] / active['rate']:.2f}x"),
+            *pair_rows(f"{args.added:,} into {args.archive:,}", segmented, active, empty),
             (f"{args.added:,} into {args.archive:,} (unsegmented, as before)", f"{segmented['rate']:,.0f} docs/s",
              f"{unsegmented['rate']:,.0f} docs/s", f"{segmented['rate'] / unsegmented['rate']:.2f}x"),
             ("raw binary COPY of the same rows into a bare table", f"{segmented['rate']:,.0f} docs/s",

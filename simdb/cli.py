@@ -664,7 +664,7 @@ def relayout(database_url, schema, data_dir, blocks):
 @click.option("--json", "as_json", is_flag=True, help="Print what was merged as one JSON object.")
 @user_errors
 def compact(database_url, schema, data_dir, full, as_json):
-    """Merge sealed segments of documents, as the index's policy asks (ingest does this after each batch).
+    """Merge sealed segments of documents, as the index's policy asks (ingest does this after each chunk).
 
     A merge copies its segments into one new segment, indexes it, and swaps it in with one short
     exclusive lock; ingests wait while it runs, queries go on. An interrupted merge changes nothing.

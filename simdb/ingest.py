@@ -128,7 +128,7 @@ class BatchSummary:
     rejects_path: str | None = None
     #: False when the input held no record at all: no batch was created.
     recorded: bool = True
-    #: Segments merged after the batch (:class:`simdb.pg.segments.CompactionSummary` merges).
+    #: Segments merged during and after the batch (:class:`simdb.pg.segments.CompactionSummary` merges).
     compacted: list = field(default_factory=list)
 
     def to_json(self, verdicts: str | Path | None = None) -> dict:
@@ -149,8 +149,8 @@ class BatchSummary:
             text += f", {self.rejected:,} rejected" + (f" (see {self.rejects_path})" if self.rejects_path else "")
         text = f"{text} in {self.seconds:.1f} s"
         if self.compacted:
-            text += (f"; then merged {sum(len(m['replaced']) for m in self.compacted)} segments into "
-                     f"{len(self.compacted)} in {sum(m['seconds'] for m in self.compacted):.1f} s")
+            text += (f", {sum(m['seconds'] for m in self.compacted):.1f} s of it merging "
+                     f"{sum(len(m['replaced']) for m in self.compacted)} segments into {len(self.compacted)}")
         return text
 
 

