@@ -193,10 +193,10 @@ def place_chunk(connection: sa.Connection, count: int) -> tuple[np.ndarray, str 
     first, end = int(ids[0]), int(ids[-1]) + 1
     if bulk and end - first == count and (last is None or first >= last.end_id):
         return ids, _create_segment(connection, first, end, attach=False), [last] if last else []
-    ensure_segments(connection, first, end - 1)
-    after = list_segments(connection)
-    return ids, None, [s for s in after[:-1] if s.end_id > first and s.name not in
-                       {b.name for b in before[:-1]}]
+    created = ensure_segments(connection, policy, before, first, end - 1)
+    # sealed by this chunk: the active segment it runs past, and each new one but the last
+    passed = [last] if created and last is not None else []
+    return ids, None, passed + created[:-1]
 
 
 def seal(connection: sa.Connection, sealed: list[Segment]) -> None:
@@ -207,17 +207,18 @@ def seal(connection: sa.Connection, sealed: list[Segment]) -> None:
             connection.exec_driver_sql(f'ANALYZE "{segment.name}"')
 
 
-def ensure_segments(connection: sa.Connection, first_id: int, last_id: int) -> list[str]:
-    """Under the ingest lock: make sure segments cover ids ``first_id..last_id`` (newly allocated, so above
-    every stored id); returns the names of the segments created. A new segment starts where the last one
-    ends, or at ``first_id`` when the ids skipped past a whole segment's width."""
-    policy = load_policy(connection)
-    segments = list_segments(connection)
+def ensure_segments(connection: sa.Connection, policy: SegmentPolicy, segments: list[Segment], first_id: int,
+                    last_id: int) -> list[Segment]:
+    """Under the ingest lock, with the index's ``policy`` and its ``segments`` as they stand: make sure
+    segments cover ids ``first_id..last_id`` (newly allocated, so above every stored id); returns the
+    segments created. A new segment starts where the last one ends, or at ``first_id`` when the ids
+    skipped past a whole segment's width."""
     end = segments[-1].end_id if segments else 1
     created = []
     while end <= last_id:
         start = end if first_id - end < policy.size else first_id
-        created.append(_create_segment(connection, start, start + policy.size))
+        created.append(Segment(_create_segment(connection, start, start + policy.size), start, start + policy.size,
+                               active=False))
         end = start + policy.size
     return created
 
