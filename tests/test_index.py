@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from simdb import BatchError, IncompatibleIndex, Index, IndexNotFound, InputError, fingerprint
 from simdb.bits import hamming_array, to_signed
+from simdb.matches import shared_key_pairs
 from simdb.text import content_hash
 from simdb.ingest import FingerprintedBatch, IngestOptions
 from simdb.inputs import Document
@@ -100,6 +101,56 @@ def test_pairs_equal_brute_force(archive):
     assert len(found) > 30 * k
     in_batch = {(p.a, p.b, p.distance) for p in archive.index.pairs(batch="c3")}
     assert in_batch == {p for p in expected if p[0].startswith("c3-") or p[1].startswith("c3-")}
+
+
+key_rows = st.integers(1, 4).flatmap(lambda width: st.tuples(st.just(width), st.lists(
+    st.lists(st.integers(0, 3), min_size=width, max_size=width), max_size=40)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(shape_rows=key_rows)
+def test_shared_key_pairs_are_every_two_rows_agreeing_on_a_key(shape_rows):
+    """Small key ranges make runs of equal keys and whole rows repeated (one class per text copy)."""
+    width, rows = shape_rows
+    keys = np.array(rows, dtype=np.int64).reshape(len(rows), width)
+    expected = [(i, j) for i in range(len(rows)) for j in range(i) if (keys[i] == keys[j]).any()]
+    assert [tuple(pair) for pair in shared_key_pairs(keys).tolist()] == expected
+
+
+@pytest.mark.parametrize("method", [{}, {"method": "minhash", "num_perm": 16, "threshold": 0.7}],
+                         ids=["simhash", "minhash"])
+def test_a_chunks_own_pairs_from_memory_equal_brute_force(method):
+    """Method.pairs_within (a chunk's pairs, computed in Python) against every pair's distance."""
+    from simdb.methods.base import Method
+
+    chosen = Method.named(method.get("method", "simhash")).new(**{k: v for k, v in method.items() if k != "method"})
+    rng = np.random.default_rng(5)
+    if chosen.name == "simhash":
+        base = [int(x) for x in rng.integers(0, 2**63, size=60)]
+        sketches = base + [flip(b, rng.choice(64, size=int(rng.integers(0, 6)), replace=False).tolist()) for b in base]
+        sketches += sketches[:10]  # copies of one text: whole rows of keys repeated
+    else:
+        rows = rng.integers(0, 2**32, size=(60, 16), dtype=np.uint32)
+        near = rows.copy()
+        for row in near:
+            row[rng.choice(16, size=int(rng.integers(0, 8)), replace=False)] = 7
+        everything = np.concatenate([rows, near, rows[:10]])
+        sketches = [row.astype("<u4").tobytes() for row in everything]
+    ids = np.arange(100, 100 + len(sketches), dtype=np.int64)
+    stored = chosen.stored(sketches)
+    k = chosen.max_distance
+    keys = chosen.keys(sketches)
+    found = {tuple(row) for row in chosen.pairs_within(ids, stored, keys, k).tolist()}
+    within, keyed = set(), set()
+    for i in range(len(sketches)):
+        distances = chosen.distances(sketches[i], stored[:i])
+        for j in np.flatnonzero(distances <= k).tolist():
+            within.add((int(ids[i]), int(ids[j]), int(distances[j])))
+            if (keys[i] == keys[j]).any():
+                keyed.add((int(ids[i]), int(ids[j]), int(distances[j])))
+    assert found == keyed and len(found) >= 10
+    if chosen.name == "simhash":  # the pigeonhole: every pair within k shares a key
+        assert keyed == within
 
 
 SECTION = next(text for _, text in sections() if len(text) > 1400)

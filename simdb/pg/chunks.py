@@ -103,10 +103,12 @@ def store_chunk(connection: sa.Connection, schema: str, method: Method, chunk, *
     connection.exec_driver_sql("ANALYZE staging")
 
     k = method.max_distance
+    staged = ~np.isin(ids, unstored)
     pairs = distinct(itertools.chain(  # (new id, earlier id, distance), every pair
         segment_pairs(connection, method, "staging", count - len(unstored), k, below=int(ids[0]) if count else 1,
                       probe_rows=lambda: _probe_rows(ids, stored_sketches, keys, set(unstored))),
-        method.candidate_pairs(connection, "staging", "staging", k, earlier_only=True)))
+        [method.pairs_within(ids[staged], [s for s, kept in zip(stored_sketches, staged.tolist()) if kept],
+                             keys[staged], k)]))  # the chunk's own pairs, from memory
     duplicates = earliest(pairs)
     clusters = merge_clusters(connection, pairs, ids)
     exact = exact_duplicates(connection, chunk, ids, pairs)

@@ -190,6 +190,10 @@ class SimHash(Method):
     def distances(self, sketch: int, stored: Sequence[int]) -> np.ndarray:
         return hamming_array(to_unsigned_array(np.array(stored, dtype=np.int64)), sketch)
 
+    def pair_distances(self, stored: Sequence[int], left: np.ndarray, right: np.ndarray) -> np.ndarray:
+        fingerprints = to_unsigned_array(np.asarray(stored, dtype=np.int64))
+        return hamming_array(fingerprints[left], fingerprints[right])
+
     def similarity(self, distance: int) -> float:
         return 1.0 - distance / BITS
 
