@@ -337,6 +337,8 @@ def ingest(database_url, schema, data_dir, paths, input_format, id_field, text_f
     summary = dataclasses.replace(summary, seconds=time.perf_counter() - started)
     if as_json:
         click.echo(json.dumps(summary.to_json(verdicts=verdicts_path)))
+        if summary.merge_failed:
+            click.echo(f"warning: {summary.merge_warning()}", err=True)
     if not summary.recorded:
         click.echo(f"warning: {', '.join(paths)} held no records; nothing was stored and no batch was created",
                    err=True)

@@ -130,6 +130,9 @@ class BatchSummary:
     recorded: bool = True
     #: Segments merged during and after the batch (:class:`simdb.pg.segments.CompactionSummary` merges).
     compacted: list = field(default_factory=list)
+    #: Why merging segments failed during the batch, if it did: the documents are stored all the same
+    #: (every chunk commits before any merge), and ``simdb compact`` merges later.
+    merge_failed: str | None = None
 
     def to_json(self, verdicts: str | Path | None = None) -> dict:
         """The summary a script reads (``simdb ingest --json``)."""
@@ -137,7 +140,7 @@ class BatchSummary:
                 "exact_duplicates": self.exact_duplicates, "near_duplicates": self.near_duplicates,
                 "within_batch": self.within_batch, "already_stored": self.already_stored, "rejected": self.rejected,
                 "rejects": self.rejects_path, "verdicts": None if verdicts is None else str(verdicts),
-                "seconds": round(self.seconds, 3), "compacted": self.compacted}
+                "seconds": round(self.seconds, 3), "compacted": self.compacted, "merge_failed": self.merge_failed}
 
     def __str__(self) -> str:
         text = (f"batch {self.name!r}: {self.documents:,} documents: {self.new:,} new, "
@@ -151,7 +154,13 @@ class BatchSummary:
         if self.compacted:
             text += (f", {sum(m['seconds'] for m in self.compacted):.1f} s of it merging "
                      f"{sum(len(m['replaced']) for m in self.compacted)} segments into {len(self.compacted)}")
+        if self.merge_failed:
+            text += f"; {self.merge_warning()}"
         return text
+
+    def merge_warning(self) -> str:
+        return (f"merging segments failed, so the batch went on without it ({self.merge_failed}); every document "
+                "is stored: run `simdb compact` when the cause is fixed")
 
 
 def size_checked(items: Iterable[Document | InputError], max_chars: int) -> Iterator[Document | InputError]:
@@ -189,10 +198,10 @@ def ingest(engine: sa.Engine, schema: str, method: Method,
         stream = fingerprint_stream(size_checked(itertools.islice(items, position, None), options.max_chars),
                                     method, workers=options.workers)
         chunk, chunk_errors, seen = FingerprintedBatch(), [], {}
-        consumed, compacted = position, []
+        consumed, compacted, merge_failed = position, [], None
 
         def commit(final: bool) -> None:
-            nonlocal chunk, chunk_errors, seen, first, kept
+            nonlocal chunk, chunk_errors, seen, first, kept, merge_failed
             with engine.begin() as connection:
                 result = store_chunk(connection, schema, method, chunk, name=name, source=options.source,
                                       first=first, final=final, position=consumed, rejects=chunk_errors,
@@ -202,8 +211,12 @@ def ingest(engine: sa.Engine, schema: str, method: Method,
                 file.sync(consumed)
             first = False
             chunk, chunk_errors, seen = FingerprintedBatch(), [], {}
-            if options.compact:  # between chunks too: a long batch of bulk chunks must not pile up segments
-                compacted.extend(compact(engine, schema).merged)
+            if options.compact and merge_failed is None:  # between chunks too: bulk chunks must not pile up
+                try:  # housekeeping: its failure (a lock timeout, a full disk) must not fail a stored batch,
+                    # nor may it hold the batch up for long behind an analyst's long query
+                    compact(engine, schema, merged=compacted, lock_attempts=1)
+                except sa.exc.DBAPIError as error:
+                    merge_failed = str(translate(error, engine.url))
 
         for item in stream:
             consumed += 1
@@ -240,7 +253,7 @@ def ingest(engine: sa.Engine, schema: str, method: Method,
                         near_duplicates=row.near_duplicates, within_batch=row.within_batch,
                         already_stored=row.already_stored, rejected=row.rejected,
                         rejects_path=rejects.path if rejects and row.rejected else None,
-                        seconds=time.perf_counter() - started, compacted=compacted)
+                        seconds=time.perf_counter() - started, compacted=compacted, merge_failed=merge_failed)
 
 
 def _kept(error: SimdbError, kept: KeptBatch | None) -> SimdbError:

@@ -205,6 +205,32 @@ def test_ingest_merges_between_its_chunks(database_url, schema, admin_engine):
     assert_consistent(admin_engine, schema)
 
 
+def test_a_merge_that_fails_mid_batch_leaves_the_batch_to_finish(database_url, schema, admin_engine):
+    """Merging is housekeeping: when it fails (here its lock times out, once, after 5 s, behind an analyst's
+    open transaction), the batch goes on unmerged, is complete and says so, and ``compact`` merges later."""
+    from simdb import Document
+    from simdb.ingest import IngestOptions
+
+    rng = random.Random(3)
+    texts = [" ".join(rng.choices([f"w{i}" for i in range(400)], k=30)) for _ in range(100)]
+    with Index.create(database_url, schema=schema, segment_size=1000, merge_factor=2, bulk_chunk=20) as index:
+        index.add_many([{"id": "first", "text": texts[0]}], batch="zero")
+        with admin_engine.connect() as analyst:  # reads documents, and keeps its transaction open
+            analyst.exec_driver_sql(f"SELECT count(*) FROM {schema}.documents").scalar_one()
+            summary = index.ingest((Document(f"d{i}", text, {}) for i, text in enumerate(texts)),
+                                   IngestOptions(batch="one", chunk_size=20))
+            analyst.rollback()
+        assert summary.documents == 100 and summary.compacted == []
+        assert "lock" in summary.merge_failed and "simdb compact" in str(summary)
+        assert summary.to_json()["merge_failed"] == summary.merge_failed
+        with admin_engine.connect() as connection:
+            assert connection.exec_driver_sql(f"SELECT status FROM {schema}.batches WHERE name = 'one'"
+                                              ).scalar_one() == "complete"
+        assert len(segment_rows(admin_engine, schema)) >= 5  # five bulk chunks, none merged
+        assert index.compact().merged
+    assert_consistent(admin_engine, schema)
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                  HealthCheck.too_slow])
 @given(history=histories(), merge_after=st.lists(st.booleans(), min_size=20, max_size=20))

@@ -313,7 +313,7 @@ def attach_indexed(connection: sa.Connection, table: str, first_id: int, end_id:
     connection.exec_driver_sql(f'ALTER TABLE "{table}" DROP CONSTRAINT "{table}_range"')
 
 
-def merge(connection: sa.Connection, run: list[Segment]) -> dict:
+def merge(connection: sa.Connection, run: list[Segment], lock_attempts: int = 24) -> dict:
     """Replace adjacent sealed segments by one, inside the caller's transaction (which holds the ingest
     and migrate locks): copy in id order, index, then detach and drop the old ones and attach the new."""
     started = time.perf_counter()
@@ -332,7 +332,7 @@ def merge(connection: sa.Connection, run: list[Segment]) -> dict:
         documents += connection.exec_driver_sql(
             f'INSERT INTO "{staging}" ({columns}) SELECT {columns} FROM "{segment.name}" ORDER BY id').rowcount
     index_bare(connection, staging, first, end)
-    _lock_documents(connection)
+    _lock_documents(connection, lock_attempts)
     for segment in run:
         connection.exec_driver_sql(f'ALTER TABLE documents DETACH PARTITION "{segment.name}"')
         connection.exec_driver_sql(f'DROP TABLE "{segment.name}"')
@@ -365,16 +365,20 @@ def _lock_documents(connection: sa.Connection, attempts: int = 24, wait: str = "
 
 
 def compact(engine: sa.Engine, schema: str, *, full: bool = False,
-            progress: Callable[[str], None] | None = None) -> CompactionSummary:
+            progress: Callable[[str], None] | None = None, merged: list | None = None,
+            lock_attempts: int = 24) -> CompactionSummary:
     """Merge sealed segments as the policy says (or all of them, ``full``), one merge per transaction.
 
     Each merge holds the ingest lock (ingests wait for it) and, for its last moments, an ACCESS
-    EXCLUSIVE lock on ``documents`` to detach the old segments (queries wait for that).
+    EXCLUSIVE lock on ``documents`` to detach the old segments (queries wait for that), tried
+    ``lock_attempts`` times for 5 s each while a long query holds ``documents``. Each merge's
+    summary is appended to ``merged`` (a new list by default) as it commits, so that a caller still
+    knows the merges made before one fails.
     """
     say = progress or (lambda message: None)
     with engine.connect() as connection:
         before = list_segments(connection)
-    merged = []
+    merged = [] if merged is None else merged
     while True:
         with engine.begin() as connection:
             lock(connection, schema, "ingest")
@@ -386,7 +390,8 @@ def compact(engine: sa.Engine, schema: str, *, full: bool = False,
                 break
             run = [sealed[i] for i in runs[0]]
             say(f"merging {len(run)} segments ({run[0].name} .. {run[-1].name})")
-            merged.append(merge(connection, run))
+            summary = merge(connection, run, lock_attempts)
+        merged.append(summary)  # committed
         say(f"merged into {merged[-1]['name']}: {merged[-1]['documents']:,} documents in {merged[-1]['seconds']} s")
     with engine.connect() as connection:
         after = list_segments(connection)
