@@ -532,16 +532,20 @@ def export(database_url, schema, data_dir, batch_name, unique, output_format, ou
 @cli.command()
 @database_options
 @click.option("--json", "as_json", is_flag=True, help="Print the statistics as one JSON object.")
+@click.option("--exact", is_flag=True,
+              help="Measure the key buckets over every document, not a sample of 2,000 (an archive of more than "
+                   "100,000 documents is sampled: a pass per key takes about 5 s at 10M).")
 @user_errors
-def stats(database_url, schema, data_dir, as_json):
+def stats(database_url, schema, data_dir, as_json, exact):
     """Print the index's size, settings, batches and measured key buckets.
 
     \b
     Example:
         simdb stats
+        simdb stats --exact --json
     """
     with open_index(database_url, schema, data_dir) as index:
-        info = index.stats()
+        info = index.stats(exact=exact)
     if as_json:
         click.echo(json.dumps(info, default=str, indent=2))
         return
@@ -551,9 +555,11 @@ def stats(database_url, schema, data_dir, as_json):
     click.echo(f"layout:     {info['layout']}")
     largest = info["largest_key_buckets"][0]["documents"] if info["largest_key_buckets"] else 0
     expected = info["expected_candidates_per_lookup"]
+    sampled = info["measured_from_sample"]
     click.echo(f"candidates: {info['measured_candidates_per_lookup']:,} per lookup measured"
+               + (f" (from {sampled:,} sampled documents; --exact measures all)" if sampled else "")
                + (f", {expected:,} expected for random fingerprints" if expected is not None else "")
-               + f"; largest key bucket {largest:,}")
+               + f"; largest key bucket {'the sample met ' if sampled else ''}{largest:,}")
     settings = ", ".join(f"{k}={v}" for k, v in info["settings"].items())
     click.echo(f"settings:   {settings}")
     if info["segmenters"]:

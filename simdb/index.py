@@ -397,11 +397,13 @@ class Index:
                 yield {"id": row.external_id, "sketch_name": column, "sketch": method.format(row.sketch),
                        "batch": row.batch, "metadata": row.metadata}
 
-    def stats(self) -> dict:
-        """Counts, layout and the measured key buckets (with a layout advice when they have grown too big)."""
+    def stats(self, *, exact: bool = False) -> dict:
+        """Counts, layout and the measured key buckets (with a layout advice when they have grown too big):
+        measured over every document when ``exact`` or the archive is small, else over a random sample
+        (:func:`simdb.pg.reads.statistics`)."""
         method = self.settings.method
         with self.database.engine.connect() as connection:
-            found = reads.statistics(connection, method)
+            found = reads.statistics(connection, method, sample=None if exact else reads.STATS_SAMPLE)
             stored_segments = segments.list_segments(connection, counts=True)
             policy = segments.load_policy(connection)
             server_warnings = server.warnings(connection)
@@ -419,6 +421,7 @@ class Index:
             "segmenters": list(stored_settings.segmenters),
             "expected_candidates_per_lookup": None if expected is None else round(expected, 2),
             "measured_candidates_per_lookup": round(found["measured"], 2),
+            "measured_from_sample": found["sampled"],
             "largest_key_buckets": [{"key": column, "value": value, "documents": n}
                                     for n, column, value in found["largest"]],
             "advice": method.layout_advice(found["measured"], documents),

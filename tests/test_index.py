@@ -275,6 +275,33 @@ def test_stats(index):
     assert [b["name"] for b in stats["batches"]] == ["s"]
 
 
+def test_stats_of_a_large_archive_sample_its_buckets_without_bias(database_url, schema, monkeypatch):
+    """Every fingerprint stored four times, and no two fingerprints sharing a 25-bit key: every bucket of
+    every key holds four documents, so a sample's mean must equal the whole archive's, whichever documents
+    it draws."""
+    from simdb.pg import reads
+
+    rng = random.Random(4)
+    fingerprints = [rng.getrandbits(64) for _ in range(700)] * 4
+    index = Index.create(database_url, schema=schema, blocks=5)
+    index.add_fingerprinted(make_batch(fingerprints, "four"), batch="four")
+    exact = index.stats(exact=True)
+    assert exact["measured_from_sample"] is None and exact["measured_candidates_per_lookup"] == 30  # 10 keys
+    assert index.stats()["measured_from_sample"] is None  # 2,800 documents: measured whole
+    monkeypatch.setattr(reads, "STATS_SAMPLE", 50)
+    sampled = index.stats()
+    assert sampled["measured_from_sample"] == 50
+    assert sampled["measured_candidates_per_lookup"] == exact["measured_candidates_per_lookup"]
+    assert {(b["key"], b["value"], b["documents"]) for b in sampled["largest_key_buckets"]} <= \
+        {(column, value, n) for column in index.layout.key_columns for value, n in bucket_sizes(index, column)}
+    index.close()
+
+
+def bucket_sizes(index, column):
+    with index.database.engine.connect() as connection:
+        return connection.exec_driver_sql(f"SELECT {column}, count(*) FROM documents GROUP BY 1").all()
+
+
 def test_signed_storage_of_high_fingerprints(index):
     high = [2**64 - 1, 2**63, 2**63 - 1, 0]
     index.add_fingerprinted(make_batch(high, "h"), batch="h")

@@ -156,25 +156,58 @@ def export(connection: sa.Connection, method: Method, *, batch: int | None = Non
         + (f"WHERE {' AND '.join(conditions)} " if conditions else "") + "ORDER BY d.id"), {"batch": batch})
 
 
-def statistics(connection: sa.Connection, method: Method) -> dict:
+#: Documents ``stats`` samples to measure the key buckets of a large archive; an archive of at most 50 times
+#: as many is measured whole (one aggregation per key: about 5 s per key at 10M documents).
+STATS_SAMPLE = 2_000
+
+
+def statistics(connection: sa.Connection, method: Method, *, sample: int | None = STATS_SAMPLE) -> dict:
     """Counts, batches, size, and the key buckets: the mean number of other documents sharing a document's
-    key (summed over the keys: the candidates a lookup of a stored document meets) and the largest buckets."""
+    key (summed over the keys: the candidates a lookup of a stored document meets) and the largest buckets.
+
+    Above ``50 * sample`` documents (``sample`` None: never) the buckets are those of a seeded random
+    sample of documents, each counted through the key's indexes: the mean over the sample estimates the
+    mean over the archive without bias, and the largest buckets are the largest the sample meets
+    (a bucket holding a share *s* of the archive is met with probability ``1 - (1 - s) ** sample``).
+    """
     counts = connection.execute(sa.text(
         "SELECT count(*) AS documents, count(duplicate_of) AS duplicates FROM documents")).one()
     size = connection.execute(sa.text(  # a partitioned table has no storage of its own: its segments do
         "SELECT coalesce(sum(pg_total_relation_size(inhrelid)), 0)::int8 FROM pg_inherits "
         "WHERE inhparent = CAST('documents' AS regclass)")).scalar_one()
+    sampled = sample is not None and counts.documents > 50 * sample
+    rows = _sampled_keys(connection, method, counts.documents, sample) if sampled else None
     means, largest = [], []
-    for column in method.key_columns:  # one pass over the archive per key: about 5 s per key at 10M
-        rows = connection.execute(sa.text(
+    for i, column in enumerate(method.key_columns):
+        if sampled:
+            values = [row[i] for row in rows]
+            buckets = dict(connection.execute(sa.text(
+                f"SELECT {column}, count(*) FROM documents WHERE {column} = ANY(CAST(:values AS bigint[])) "
+                f"GROUP BY {column}"),
+                {"values": sorted(set(values))}).all())
+            means.append(sum(buckets[value] - 1 for value in values) / max(len(values), 1))
+            largest += [(n, column, value) for value, n in sorted(buckets.items(), key=lambda b: -b[1])[:3]]
+            continue
+        found = connection.execute(sa.text(  # one pass over the archive per key
             f"WITH b AS MATERIALIZED (SELECT {column} AS value, count(*) AS n FROM documents GROUP BY {column}) "
             "SELECT m.mean, t.value, t.n FROM (SELECT coalesce(sum(n * (n - 1))::float8 / nullif(sum(n), 0), 0) "
             "AS mean FROM b) m "  # the other documents in a document's bucket, on average
             "LEFT JOIN LATERAL (SELECT value, n FROM b ORDER BY n DESC LIMIT 3) t ON true")).all()
-        means.append(rows[0].mean)
-        largest += [(row.n, column, row.value) for row in rows if row.n is not None]
+        means.append(found[0].mean)
+        largest += [(row.n, column, row.value) for row in found if row.n is not None]
     return {"documents": counts.documents, "duplicates": counts.duplicates, "batches": batches(connection),
-            "table_bytes": size, "measured": sum(means), "largest": sorted(largest, reverse=True)[:5]}
+            "table_bytes": size, "measured": sum(means), "largest": sorted(largest, reverse=True)[:5],
+            "sampled": len(rows) if sampled else None}
+
+
+def _sampled_keys(connection: sa.Connection, method: Method, population: int, size: int) -> list[tuple]:
+    """The key values of a seeded random sample of ``size`` documents (pages sampled first, three times
+    as many rows as needed, then rows at random from them: reads a few hundred pages, not the table)."""
+    percent = min(100.0, 100.0 * 3 * size / max(population, 1))
+    connection.execute(sa.text("SELECT setseed(0.2007)"))
+    return [tuple(row) for row in connection.execute(sa.text(
+        f"SELECT {', '.join(method.key_columns)} FROM documents TABLESAMPLE SYSTEM ({percent:.6f}) "
+        f"REPEATABLE (2007) ORDER BY random() LIMIT {int(size)}")).all()]
 
 
 def _distance_sample(connection: sa.Connection, method: Method, batch: int | None, population: int,
