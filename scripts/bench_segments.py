@@ -17,7 +17,8 @@ fingerprints, 1 % of them near copies of stored ones, through ``Index.add_finger
 * lookups at the archive's size: ``Index.query_fingerprint`` p50/p99 and ``simdb_near`` p50 over
   ``--lookups`` probes (half near copies), and one ``query_fingerprints`` batch of 1,000 (after one
   warm-up batch);
-* lookup cost against the number of segments: 1, 3 and 7 more segments of 1,000 documents each
+* lookup cost against the number of segments: 1, 3, 7, 15 and 31 more segments of 1,000 documents each
+  (``--plot`` draws it)
   (p50 of 300 random probes through ``Index.query_fingerprint`` and ``simdb_near``);
 * a full merge (``simdb compact --full``) of the whole archive, beside the bulk load's rate.
 
@@ -50,7 +51,7 @@ import simdb  # noqa: E402
 from simdb.bits import to_signed_array  # noqa: E402
 from simdb.ingest import FingerprintedBatch  # noqa: E402
 from simdb.methods.simhash.blocks import BlockLayout  # noqa: E402
-from simdb.pg import segments  # noqa: E402
+from simdb.pg import reads, segments  # noqa: E402
 from simdb.pg.copy import copy_in  # noqa: E402
 from simdb.pg.database import postgres_url  # noqa: E402
 from simdb.pg.server import current, recommended, wal_compressions  # noqa: E402
@@ -238,7 +239,7 @@ def segment_curve(server: Server, stored: np.ndarray, rng) -> list[tuple[int, fl
     curve = []
     probes = random_u64(rng, 300)
     with simdb.Index.open(server.url, schema=SCHEMA) as index:
-        for extra in (0, 1, 3, 7):
+        for extra in (0, 1, 3, 7, 15, 31):
             if extra:  # extra small segments, each of 1,000 documents (ids moved past the active segment)
                 with index.database.engine.begin() as c:
                     segments.save_policy(c, segments.SegmentPolicy(size=1000, merge_factor=64))
@@ -264,6 +265,22 @@ def segment_curve(server: Server, stored: np.ndarray, rng) -> list[tuple[int, fl
     return curve
 
 
+def plot_curve(curve: list[tuple[int, float, float]], path: str, title: str) -> None:
+    """The lookup cost against the number of segments, as a PNG for the docs."""
+    from simdb.charts import chart_style, new_figure
+
+    with chart_style():
+        figure = new_figure(6.4, 3.6)
+        axes = figure.add_subplot()
+        counts = [n for n, _, _ in curve]
+        axes.plot(counts, [a * 1e3 for _, a, _ in curve], marker="o", label="Index.query_fingerprint (Python)")
+        axes.plot(counts, [b * 1e3 for _, _, b in curve], marker="s", label="simdb_near (SQL)")
+        axes.set(xlabel="segments", ylabel="lookup p50 (ms)", title=title, ylim=(0, None))
+        axes.grid(alpha=0.3)
+        axes.legend()
+        figure.savefig(path)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--database-url", help=DATABASE_HELP)
@@ -272,6 +289,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lookups", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=20261123)
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--plot", metavar="PNG", help="draw the lookup cost against the number of segments")
     parser.add_argument("--method", choices=["simhash", "minhash"], default="simhash",
                         help="minhash: only the ingests (empty archive, active segment, bulk chunk) at MinHash 0.8/128")
     args = parser.parse_args(argv)
@@ -304,7 +322,17 @@ def main(argv: list[str] | None = None) -> None:
             found = lookups(server, stored, args.lookups, rng)
             log(f"  lookups: p50 {found['p50'] * 1e3:.2f} ms, simdb_near p50 {found['near_p50'] * 1e3:.2f} ms, "
                 f"batch {found['batch_rate']:,.0f} q/s")
+            stats = {}
+            with simdb.Index.open(server.url, schema=SCHEMA) as index:
+                for exact in (False, True):
+                    start = time.perf_counter()
+                    measured = index.stats(exact=exact)["measured_candidates_per_lookup"]
+                    stats[exact] = (time.perf_counter() - start, measured)
+            log(f"  stats: {stats[False][0]:.1f} s sampled, {stats[True][0]:.1f} s exact")
             curve = segment_curve(server, stored, rng)
+            if args.plot:
+                plot_curve(curve, args.plot, f"lookups at {args.archive:,} documents, "
+                                             f"shared_buffers {int(settings['shared_buffers']) * 8 // 1024:,} MB")
             with simdb.Index.open(server.url, schema=SCHEMA) as index:
                 with index.database.engine.begin() as c:
                     segments.save_policy(c, segments.SegmentPolicy())
@@ -337,6 +365,9 @@ def main(argv: list[str] | None = None) -> None:
              f"{found['p50'] * 1e3:.2f} / {found['p99'] * 1e3:.2f} ms", "", ""),
             ("simdb_near p50", f"{found['near_p50'] * 1e3:.2f} ms", "", ""),
             ("1,000-query batch (query_fingerprints)", f"{found['batch_rate']:,.0f} q/s", "", ""),
+            (f"simdb stats: key buckets from {reads.STATS_SAMPLE:,} sampled documents, against all",
+             f"{stats[False][0]:.1f} s ({stats[False][1]} candidates per lookup)",
+             f"{stats[True][0]:.1f} s ({stats[True][1]})", f"{stats[True][0] / stats[False][0]:.0f}x faster"),
             (f"merge of every segment ({documents:,} documents)", f"{documents / merge_seconds:,.0f} docs/s",
              f"bulk load {args.archive / build['total']:,.0f} docs/s",
              f"{(documents / merge_seconds) / (args.archive / build['total']):.2f}x"),
