@@ -19,7 +19,7 @@ from .errors import InputError
 from .ingest import size_checked
 from .inputs import DEFAULT_MAX_CHARS, Document, checks
 from .methods import Method
-from .parallel import Fingerprinted, fingerprint_stream
+from .parallel import Fingerprinted, fingerprint_stream, key_rows
 from .pg import reads
 from .verdicts import Verdict, rejected, verdict
 
@@ -86,7 +86,7 @@ def _check_chunk(connection: sa.Connection, method: Method, chunk: list, batch: 
     stored = reads.stored_ids(connection, [item.document.external_id for _, item in documents])
     exact = reads.stored_texts(connection, [item.content_hash for _, item in documents])
     archive: dict[int, list[tuple[int, int]]] = {}  # chunk index -> (stored id, distance)
-    keys = method.keys(sketches).tolist() if documents else []
+    keys = key_rows([item.keys for _, item in documents], sketches, method).tolist() if documents else []
     values = method.stored(sketches) if documents else []  # as the sketch column holds them
     if documents:
         for index, document_id, distance in reads.probe_arrays(connection, method, sketches, method.max_distance):

@@ -33,12 +33,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+import numpy as np
 import sqlalchemy as sa
 
 from .errors import InputError, KeptBatch, SimdbError
 from .inputs import DEFAULT_MAX_CHARS, Document, checks
 from .methods import Method
-from .parallel import Fingerprinted, fingerprint_stream
+from .parallel import Fingerprinted, fingerprint_stream, key_rows
 from .pg import reads
 from .pg.chunks import resume_position, store_chunk
 from .pg.segments import compact
@@ -91,6 +92,9 @@ class FingerprintedBatch:
     origins: list[str] = field(default_factory=list)
     #: Each document's 1-based position among the batch's input records (default: 1, 2, 3, ...).
     positions: list[int] = field(default_factory=list)
+    #: Each sketch's key values as the fingerprinting workers computed them (:attr:`Fingerprinted.keys`), or
+    #: empty: then they are computed when the chunk is stored.
+    keys: list[bytes] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.positions:  # built whole rather than appended to: positions 1, 2, 3, ...
@@ -103,8 +107,14 @@ class FingerprintedBatch:
     def __len__(self) -> int:
         return len(self.external_ids)
 
+    def key_rows(self, method: Method) -> np.ndarray:
+        """The sketches' key values, ``(len(self), len(method.key_columns))``."""
+        return key_rows(self.keys, self.sketches, method)
+
     def append(self, external_id: str, sketch: int | bytes, digest: bytes, length: int, metadata: dict,
-               origin: str, position: int | None = None) -> None:
+               origin: str, position: int | None = None, keys: bytes | None = None) -> None:
+        if keys is not None and len(self.keys) == len(self):
+            self.keys.append(keys)  # kept only while every document has them
         self.external_ids.append(external_id)
         self.sketches.append(sketch)
         self.content_hashes.append(digest)
@@ -228,7 +238,7 @@ def ingest(engine: sa.Engine, schema: str, method: Method,
                 else:
                     seen[document.external_id] = document.origin
                     chunk.append(document.external_id, item.sketch, item.content_hash, len(document.text),
-                                 document.metadata, document.origin, consumed)
+                                 document.metadata, document.origin, consumed, item.keys)
             if isinstance(item, InputError):
                 if not skip_errors:
                     raise item

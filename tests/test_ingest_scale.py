@@ -13,11 +13,11 @@ import sqlalchemy as sa
 
 from simdb import Index, InputError
 from simdb.ingest import IngestOptions
-from simdb.methods import SimHash
+from simdb.methods import MinHash, SimHash
 from simdb.methods.simhash.fingerprint import fingerprint
 from simdb.text import content_hash
 from simdb.inputs import Document
-from simdb.parallel import TASK_SIZE, Fingerprinted, fingerprint_stream
+from simdb.parallel import TASK_SIZE, Fingerprinted, fingerprint_stream, key_rows
 from simdb.samples import corpus
 from tests.conftest import assert_consistent, count_rows
 
@@ -46,6 +46,17 @@ def test_parallel_fingerprints_equal_serial_ones_in_order():
         [(fingerprint(d.text), content_hash(d.text)) for d in documents]
     assert str(parallel[10]) == "f:3: bad record"
     assert str(parallel[-1]) == "the text is empty or only whitespace (give every document some text)"
+
+
+@pytest.mark.parametrize("method", [SimHash(), MinHash.new()], ids=["simhash", "minhash"])
+def test_the_workers_key_values_are_the_methods_keys_of_their_sketches(method):
+    documents = [Document(r["id"], r["text"]) for r in CORPUS] * 4
+    for workers in (1, 2):
+        found = [x for x in fingerprint_stream(documents, method, workers=workers) if isinstance(x, Fingerprinted)]
+        sketches = [x.sketch for x in found]
+        assert len(found) > 2 * TASK_SIZE and all(x.keys is not None for x in found)
+        assert key_rows([x.keys for x in found], sketches, method).tolist() == method.keys(sketches).tolist()
+    assert key_rows([None, *[x.keys for x in found[1:]]], sketches, method).tolist() == method.keys(sketches).tolist()
 
 
 def test_chunked_ingest_equals_one_transaction(database_url, admin_engine, schema):

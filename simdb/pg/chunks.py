@@ -83,7 +83,7 @@ def store_chunk(connection: sa.Connection, schema: str, method: Method, chunk, *
     batch_id = open_batch(connection, name, source, first, started_at)
     count = len(chunk)
     ids, bulk_segment, sealed = place_chunk(connection, count)
-    keys, stored_sketches = method.keys(chunk.sketches), method.stored(chunk.sketches)
+    keys, stored_sketches = chunk.key_rows(method), method.stored(chunk.sketches)
 
     columns = create_staging(connection, method)
     column_list = ", ".join(name for name, _ in columns)
