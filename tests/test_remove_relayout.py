@@ -161,3 +161,30 @@ def test_removing_a_batch_reads_only_the_pairs_of_documents_that_pointed_at_it(i
         ).scalar_one()
     assert (summary.removed, summary.repointed, summary.now_original) == (2000, 0, 2000)
     assert scans < 4000, f"{scans} index scans of near_duplicates to remove 2,000 documents from 8,000"
+
+
+def test_no_statement_on_documents_carries_an_array_that_grows_with_the_work(database_url, schema, admin_engine):
+    """Regression: removing a batch of 1M documents from a 34M archive in 66 segments sent the million
+    clusters it touched as an array (``cluster_id = ANY(...)``), which PostgreSQL copies into every
+    segment's scan: the server process grew to 17 GB and was killed, with every other connection. Ids of
+    work that grows with a batch go to temporary tables; this checks ingest (near and exact copies of
+    stored documents: clusters to merge, content hashes to compare) and removals by batch and by id."""
+    with Index.create(database_url, schema=schema, segment_size=500) as index:
+        arrays = []
+
+        def record(conn, cursor, statement, parameters, context, executemany):
+            if "documents" in statement and isinstance(parameters, dict):
+                arrays.extend(len(v) for v in parameters.values() if isinstance(v, (list, tuple)))
+
+        sa.event.listen(index.database.engine, "before_cursor_execute", record)
+        rng = np.random.default_rng(7)
+        stored = [int(v) for v in rng.integers(0, 2**63, 3000, dtype=np.int64)]
+        index.add_fingerprinted(make_batch(stored, "old"), batch="old")
+        near = make_batch([flip(fp, [5]) for fp in stored[:1500]] + stored[1500:], "new")
+        near.content_hashes[1500:] = make_batch(stored, "old").content_hashes[1500:]  # the same texts again
+        summary = index.add_fingerprinted(near, batch="new")
+        assert (summary.near_duplicates, summary.exact_duplicates) == (1500, 1500)
+        assert index.remove(batch="old").removed == 3000
+        assert index.remove(ids=[f"new-{i}" for i in range(2000)]).removed == 2000
+        assert max(arrays, default=0) <= 100, sorted(arrays)[-5:]
+    assert_consistent(admin_engine, schema)

@@ -29,7 +29,7 @@ from ..matches import distinct, earliest
 from ..methods import Method
 from .catalog import check_layout, record_segmenter
 from .clusters import merge_clusters
-from .copy import copy_in
+from .copy import copy_in, id_table
 from .database import lock
 from .segments import attach_indexed, index_bare, place_chunk, seal, segment_pairs
 
@@ -183,8 +183,9 @@ def exact_duplicates(connection: sa.Connection, chunk, ids: np.ndarray, pairs: n
     hashes = {int(i): h for i, h in zip(ids.tolist(), chunk.content_hashes)}
     stored = [int(t) for t in np.unique(same[:, 1]).tolist() if t not in hashes]
     if stored:
-        hashes.update(connection.execute(sa.text(
-            "SELECT id, content_hash FROM documents WHERE id = ANY(:ids)"), {"ids": stored}).all())
+        hashes.update(connection.exec_driver_sql(
+            f"SELECT d.id, d.content_hash FROM documents d JOIN {id_table(connection, 'same_stored', stored)} "
+            "USING (id)").all())
     return sorted({int(p) for p, t in same[:, :2].tolist() if hashes[p] == hashes[t]})
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import sqlalchemy as sa
 
-from .copy import copy_in
+from .copy import copy_in, id_table
 
 
 class UnionFind:
@@ -47,8 +47,9 @@ def merge_clusters(connection: sa.Connection, pairs: np.ndarray, new_ids: np.nda
         return {}
     first_new = int(new_ids[0]) if len(new_ids) else None
     stored = sorted({int(t) for t in pairs[:, 1] if first_new is None or t < first_new})
-    clusters = dict(connection.execute(sa.text("SELECT id, cluster_id FROM documents WHERE id = ANY(:ids)"),
-                                       {"ids": stored}).all()) if stored else {}
+    clusters = dict(connection.exec_driver_sql(
+        f"SELECT d.id, d.cluster_id FROM documents d JOIN {id_table(connection, 'matched_stored', stored)} "
+        "USING (id)").all()) if stored else {}
     forest = UnionFind()
     for new, matched in pairs[:, :2].tolist():
         forest.union(new, clusters.get(matched, matched))
@@ -63,15 +64,19 @@ def merge_clusters(connection: sa.Connection, pairs: np.ndarray, new_ids: np.nda
     return {new: forest.find(new) for new in touched}
 
 
-def recluster(connection: sa.Connection, cluster_ids: list[int]) -> int:
-    """Recompute the given clusters from their stored pairs (after a removal); returns documents relabelled."""
-    if not cluster_ids:
+def recluster(connection: sa.Connection, clusters: str) -> int:
+    """Recompute the clusters listed in the table ``clusters`` (a ``cluster_id`` column) from their stored
+    pairs, after a removal; returns documents relabelled. Members and pairs are found by joining that
+    table, not through an array of ids in the statement: a removed batch of a million documents lists a
+    million clusters, and a million-element array in every segment's scan exhausted the server's memory."""
+    connection.exec_driver_sql(f"ANALYZE {clusters}")
+    members = connection.exec_driver_sql(
+        f"SELECT d.id FROM documents d JOIN {clusters} c ON c.cluster_id = d.cluster_id").scalars().all()
+    if not members:  # every document of those clusters was removed: nothing is left to split
         return 0
-    members = connection.execute(sa.text("SELECT id FROM documents WHERE cluster_id = ANY(:c)"),
-                                 {"c": cluster_ids}).scalars().all()
-    pairs = connection.execute(sa.text(
-        "SELECT p.a_id, p.b_id FROM near_duplicates p JOIN documents d ON d.id = p.b_id "
-        "WHERE d.cluster_id = ANY(:c)"), {"c": cluster_ids}).all()
+    pairs = connection.exec_driver_sql(
+        f"SELECT p.a_id, p.b_id FROM near_duplicates p JOIN documents d ON d.id = p.b_id "
+        f"JOIN {clusters} c ON c.cluster_id = d.cluster_id").all()
     forest = UnionFind()
     for member in members:
         forest.find(member)

@@ -19,6 +19,7 @@ from ..errors import SimdbError
 from ..methods import Method
 from .catalog import check_layout
 from .clusters import recluster
+from .copy import copy_in
 from .database import lock
 
 
@@ -50,13 +51,17 @@ def remove(connection: sa.Connection, schema: str, method: Method, *, external_i
     connection.exec_driver_sql("CREATE TEMPORARY TABLE removing (id int8 PRIMARY KEY) ON COMMIT DROP")
     batch_id = None
     if external_ids is not None:
-        found = connection.execute(sa.text(
-            "INSERT INTO removing SELECT id FROM documents WHERE external_id = ANY(:ids) RETURNING id"),
-            {"ids": external_ids}).all()
-        if len(found) != len(set(external_ids)):
-            stored = set(connection.execute(sa.text(
-                "SELECT external_id FROM documents WHERE external_id = ANY(:ids)"), {"ids": external_ids}).scalars())
-            missing = sorted(set(external_ids) - stored)
+        # the ids go to a table, never into the statement as an array: an array of a million ids is copied
+        # into every segment's scan, and a removal that large took a 17 GB backend down with it
+        unique_ids = sorted(set(external_ids))
+        copy_in(connection, "removing_ids (external_id)", ["text"], ((i,) for i in unique_ids), create=True)
+        connection.exec_driver_sql("ANALYZE removing_ids")
+        found = connection.exec_driver_sql("INSERT INTO removing SELECT d.id FROM documents d "
+                                           "JOIN removing_ids i USING (external_id)").rowcount
+        if found != len(unique_ids):
+            missing = connection.exec_driver_sql(
+                "SELECT i.external_id FROM removing_ids i WHERE NOT EXISTS "
+                "(SELECT 1 FROM documents d WHERE d.external_id = i.external_id) ORDER BY 1 LIMIT 11").scalars().all()
             raise SimdbError(f"no stored document has the id(s) {', '.join(map(repr, missing[:10]))}"
                              f"{' ...' if len(missing) > 10 else ''}; nothing was removed")
     elif batch is not None:
@@ -85,13 +90,14 @@ def remove(connection: sa.Connection, schema: str, method: Method, *, external_i
         "                     ORDER BY p.a_id LIMIT 1) first ON true) r "
         "WHERE d.id = r.id RETURNING d.duplicate_of")).scalars().all()
     repointed = sum(1 for duplicate_of in affected if duplicate_of is not None)
-    clusters = connection.execute(sa.text(
-        "SELECT DISTINCT cluster_id FROM documents WHERE id IN (SELECT id FROM removing)")).scalars().all()
+    connection.exec_driver_sql(  # the clusters that lose documents: only they can split
+        "CREATE TEMPORARY TABLE reclustering ON COMMIT DROP AS SELECT DISTINCT cluster_id FROM documents "
+        "WHERE id IN (SELECT id FROM removing)")
     removed = connection.execute(sa.text("DELETE FROM documents WHERE id IN (SELECT id FROM removing)")).rowcount
     # their pairs go with them (no foreign key cascades into segments); both sides through their indexes
     connection.exec_driver_sql("DELETE FROM near_duplicates WHERE a_id IN (SELECT id FROM removing)")
     connection.exec_driver_sql("DELETE FROM near_duplicates WHERE b_id IN (SELECT id FROM removing)")
-    recluster(connection, clusters)  # a removal can split clusters; only those that lost documents are redone
+    recluster(connection, "reclustering")  # a removal can split clusters; only those that lost documents are redone
     if batch_id is not None:
         connection.execute(sa.text("DELETE FROM batches WHERE id = :b"), {"b": batch_id})
     return RemovalSummary(removed=removed, repointed=repointed, now_original=len(affected) - repointed,
