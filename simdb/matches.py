@@ -44,12 +44,12 @@ def shared_key_pairs(keys: np.ndarray) -> np.ndarray:
         return np.empty((0, 2), dtype=np.int64)
     classes, inverse, sizes = np.unique(keys, axis=0, return_inverse=True, return_counts=True)
     inverse = inverse.reshape(-1)
-    members = np.argsort(inverse, kind="stable")  # rows grouped by class
+    members = np.argsort(inverse)  # rows grouped by class
     starts = np.cumsum(sizes) - sizes
     parts = [_run_pairs(members, starts, rows)]  # within a class
     between = []
     for column in classes.T:
-        order = np.argsort(column, kind="stable")
+        order = np.argsort(column)
         ordered = column[order]
         between.append(_run_pairs(order, np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]), len(classes)))
     pairs = _distinct_rows(np.sort(np.concatenate(between), axis=1), len(classes))
