@@ -8,7 +8,7 @@ where a self-join in SQL would ship every candidate's two sketches out of the se
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
@@ -32,38 +32,77 @@ def earliest(pairs: np.ndarray) -> np.ndarray:
 
 def shared_key_pairs(keys: np.ndarray) -> np.ndarray:
     """``(later, earlier)`` row numbers of every two rows of ``keys`` (one column per key) that agree on
-    at least one key column, each pair once, sorted.
+    at least one key column, each pair once, sorted (all of :func:`shared_key_candidates`, deduplicated)."""
+    found = list(shared_key_candidates(keys))
+    if not found:
+        return np.empty((0, 2), dtype=np.int64)
+    return _distinct_rows(np.concatenate(found), len(keys))
+
+
+#: Candidate pairs per batch of :func:`shared_key_candidates` (about 16 bytes each, and as much again to verify).
+CANDIDATE_BATCH = 1 << 20
+
+
+def shared_key_candidates(keys: np.ndarray, batch: int = CANDIDATE_BATCH) -> Iterator[np.ndarray]:
+    """``(later, earlier)`` row numbers of every two rows of ``keys`` that agree on at least one key column,
+    in batches of about ``batch`` pairs (a pair sharing several keys comes once per key), for the caller to
+    verify one batch at a time: a chunk's candidates all at once took 230 MB more of a 100k-document ingest.
 
     Rows with the same keys in every column (copies of one text) form a class whose pairs are made once,
     not once per column; the classes' representatives are paired column by column (sort by the key, then
     pair each row of a run of equal keys with each later one), and each pair of classes expands into its
-    members' pairs. All of it vectorised: many equal keys cost their pairs, and no Python loop.
+    members' pairs. All of it vectorised: many equal keys cost their pairs, and no Python loop but one
+    per batch. A batch holds whole runs of equal keys, so one run of n rows is at least n(n-1)/2 pairs.
     """
     rows = len(keys)
     if rows < 2:
-        return np.empty((0, 2), dtype=np.int64)
+        return
     classes, inverse, sizes = np.unique(keys, axis=0, return_inverse=True, return_counts=True)
     inverse = inverse.reshape(-1)
     members = np.argsort(inverse)  # rows grouped by class
     starts = np.cumsum(sizes) - sizes
-    parts = [_run_pairs(members, starts, rows)]  # within a class
-    between = []
+    for left, right in _run_position_batches(starts, rows, batch):  # within a class
+        yield _later_first(members[left], members[right])
     for column in classes.T:
         order = np.argsort(column)
         ordered = column[order]
-        between.append(_run_pairs(order, np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]), len(classes)))
-    pairs = _distinct_rows(np.sort(np.concatenate(between), axis=1), len(classes))
-    if len(pairs):
-        a, b = pairs[:, 0], pairs[:, 1]
-        counts = sizes[a] * sizes[b]
-        t = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-        width = np.repeat(sizes[b], counts)
-        parts.append(np.stack([members[np.repeat(starts[a], counts) + t // width],
-                               members[np.repeat(starts[b], counts) + t % width]], axis=1))
-    found = np.concatenate(parts)
-    codes = np.sort(np.maximum(found[:, 0], found[:, 1]).astype(np.int64) * rows
-                    + np.minimum(found[:, 0], found[:, 1]))  # distinct already: sorting is enough
-    return np.stack([codes // rows, codes % rows], axis=1)
+        runs = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+        for left, right in _run_position_batches(runs, len(classes), batch):
+            a, b = order[left], order[right]  # two classes sharing this key: every member of one with the other's
+            counts = sizes[a] * sizes[b]
+            for part in _slices(counts, batch):
+                a_part, b_part, counts_part = a[part], b[part], counts[part]
+                t = np.arange(int(counts_part.sum())) - np.repeat(np.cumsum(counts_part) - counts_part, counts_part)
+                width = np.repeat(sizes[b_part], counts_part)
+                yield _later_first(members[np.repeat(starts[a_part], counts_part) + t // width],
+                                   members[np.repeat(starts[b_part], counts_part) + t % width])
+
+
+def _later_first(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.stack([np.maximum(a, b), np.minimum(a, b)], axis=1).astype(np.int64)
+
+
+def _slices(weights: np.ndarray, batch: int) -> list[slice]:
+    """Consecutive slices of ``weights`` whose sums are about ``batch`` (one item heavier than that alone)."""
+    if not len(weights):
+        return []
+    before = np.cumsum(weights) - weights
+    cuts = np.flatnonzero(np.diff(before // max(batch, 1))) + 1
+    edges = [0, *cuts.tolist(), len(weights)]
+    return [slice(start, end) for start, end in zip(edges, edges[1:])]
+
+
+def _run_position_batches(starts: np.ndarray, length: int, batch: int
+                          ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """:func:`_run_positions` of the runs of ``range(length)`` starting at ``starts``, a batch of whole runs
+    (about ``batch`` pairs) at a time."""
+    sizes = np.diff(np.r_[starts, length])
+    for part in _slices(sizes * (sizes - 1) // 2, batch):
+        first = int(starts[part.start])
+        end = int(starts[part.stop]) if part.stop < len(starts) else length
+        left, right = _run_positions(starts[part] - first, end - first)
+        if len(left):
+            yield left + first, right + first
 
 
 def _run_positions(starts: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
@@ -74,11 +113,6 @@ def _run_positions(starts: np.ndarray, length: int) -> tuple[np.ndarray, np.ndar
     left = np.repeat(np.arange(length), partners)
     offsets = np.arange(int(partners.sum())) - np.repeat(np.cumsum(partners) - partners, partners)
     return left, left + 1 + offsets
-
-
-def _run_pairs(members: np.ndarray, starts: np.ndarray, length: int) -> np.ndarray:
-    left, right = _run_positions(starts, length)
-    return np.stack([members[left], members[right]], axis=1)
 
 
 def _distinct_rows(pairs: np.ndarray, bound: int) -> np.ndarray:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from simdb import BatchError, IncompatibleIndex, Index, IndexNotFound, InputError, fingerprint
 from simdb.bits import hamming_array, to_signed
-from simdb.matches import shared_key_pairs
+from simdb.matches import shared_key_candidates, shared_key_pairs
 from simdb.text import content_hash
 from simdb.ingest import FingerprintedBatch, IngestOptions
 from simdb.inputs import Document
@@ -108,13 +108,23 @@ key_rows = st.integers(1, 4).flatmap(lambda width: st.tuples(st.just(width), st.
 
 
 @settings(max_examples=300, deadline=None)
-@given(shape_rows=key_rows)
-def test_shared_key_pairs_are_every_two_rows_agreeing_on_a_key(shape_rows):
-    """Small key ranges make runs of equal keys and whole rows repeated (one class per text copy)."""
+@given(shape_rows=key_rows, batch=st.sampled_from([1, 2, 5, 1 << 20]))
+def test_shared_key_pairs_are_every_two_rows_agreeing_on_a_key(shape_rows, batch):
+    """Small key ranges make runs of equal keys and whole rows repeated (one class per text copy); small
+    batches split the candidates between runs and between pairs of classes."""
     width, rows = shape_rows
     keys = np.array(rows, dtype=np.int64).reshape(len(rows), width)
     expected = [(i, j) for i in range(len(rows)) for j in range(i) if (keys[i] == keys[j]).any()]
     assert [tuple(pair) for pair in shared_key_pairs(keys).tolist()] == expected
+    batches = list(shared_key_candidates(keys, batch))
+    found = {tuple(pair) for part in batches for pair in part.tolist()}
+    assert sorted(found) == expected
+
+
+def test_shared_key_candidates_come_in_batches_of_whole_runs():
+    keys = np.array([[k, i] for k in range(3) for i in range(3)], dtype=np.int64)  # 3 runs of 3 in each column
+    assert [len(part) for part in shared_key_candidates(keys, 3)] == [3] * 6
+    assert [len(part) for part in shared_key_candidates(keys)] == [9, 9]  # no copies: one batch per column
 
 
 @pytest.mark.parametrize("method", [{}, {"method": "minhash", "num_perm": 16, "threshold": 0.7}],

@@ -20,7 +20,7 @@ import numpy as np
 import sqlalchemy as sa
 
 from ..errors import IncompatibleIndex, InputError
-from ..matches import shared_key_pairs
+from ..matches import shared_key_candidates
 
 #: The seed every hash of every method derives from, stored with each index.
 DEFAULT_SEED = 0x51D8_5EED
@@ -201,14 +201,16 @@ class Method(ABC):
 
     def pairs_within(self, ids: np.ndarray, stored: Sequence, keys: np.ndarray, max_distance: int) -> np.ndarray:
         """Verified ``(later id, earlier id, distance)`` rows among sketches held in memory that share a key
-        (``ids`` ascending, ``stored`` and ``keys`` row by row): what :meth:`candidate_pairs` with
-        ``earlier_only`` gives for a table of them, without a self-join in the server that ships both
-        sketches of every candidate back (7.9 of a MinHash chunk's 37 s per 100k)."""
-        candidates = shared_key_pairs(keys)
-        later, earlier = candidates[:, 0], candidates[:, 1]
-        distances = np.asarray(self.pair_distances(stored, later, earlier), dtype=np.int64)
-        keep = distances <= max_distance
-        return np.stack([ids[later[keep]], ids[earlier[keep]], distances[keep]], axis=1).astype(np.int64)
+        (``ids`` ascending, ``stored`` and ``keys`` row by row; a pair may come more than once): what
+        :meth:`candidate_pairs` with ``earlier_only`` gives for a table of them, without a self-join in the
+        server that ships both sketches of every candidate back (7.9 of a MinHash chunk's 37 s per 100k)."""
+        found = [np.empty((0, 3), dtype=np.int64)]
+        for candidates in shared_key_candidates(keys):  # verified a key column at a time, not all at once
+            later, earlier = candidates[:, 0], candidates[:, 1]
+            distances = np.asarray(self.pair_distances(stored, later, earlier), dtype=np.int64)
+            keep = distances <= max_distance
+            found.append(np.stack([ids[later[keep]], ids[earlier[keep]], distances[keep]], axis=1).astype(np.int64))
+        return np.concatenate(found)
 
     @abstractmethod
     def pair_distances(self, stored: Sequence, left: np.ndarray, right: np.ndarray) -> np.ndarray:
