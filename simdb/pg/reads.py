@@ -201,24 +201,29 @@ def statistics(connection: sa.Connection, method: Method, *, sample: int | None 
 
 
 def _sampled_keys(connection: sa.Connection, method: Method, population: int, size: int) -> list[tuple]:
-    """The key values of a seeded random sample of ``size`` documents (pages sampled first, three times
-    as many rows as needed, then rows at random from them: reads a few hundred pages, not the table)."""
-    percent = min(100.0, 100.0 * 3 * size / max(population, 1))
+    """The key values of a seeded random sample of ``size`` documents (pages sampled first: reads a few
+    hundred pages, not the table)."""
+    return [tuple(row) for row in random_rows(connection, method.key_columns, population, size, "SYSTEM")]
+
+
+def random_rows(connection: sa.Connection, columns: list[str], population: int, size: int, sampling: str,
+                where: str = "", params: dict | None = None) -> list:
+    """``columns`` of a seeded random sample of ``size`` of the ``population`` documents (those matching
+    ``where``): ``TABLESAMPLE sampling`` (``SYSTEM``: pages; ``BERNOULLI``: rows) of three times as many,
+    then rows at random from them; the same rows on every call while the table is unchanged."""
+    percent = 100.0 * 3 * size / max(population, 1)
+    tablesample = f"TABLESAMPLE {sampling} ({percent:.6f}) REPEATABLE (2007) " if percent < 100 else ""
     connection.execute(sa.text("SELECT setseed(0.2007)"))
-    return [tuple(row) for row in connection.execute(sa.text(
-        f"SELECT {', '.join(method.key_columns)} FROM documents TABLESAMPLE SYSTEM ({percent:.6f}) "
-        f"REPEATABLE (2007) ORDER BY random() LIMIT {int(size)}")).all()]
+    return connection.execute(sa.text(
+        f"SELECT {', '.join(columns)} FROM documents {tablesample}" + (f"WHERE {where} " if where else "")
+        + f"ORDER BY random() LIMIT {int(size)}"), params or {}).all()
 
 
 def _distance_sample(connection: sa.Connection, method: Method, batch: int | None, population: int,
                      size: int) -> tuple[list[int], int]:
     """(candidate pairs at each distance 0..max, documents sampled) for a seeded random sample of documents."""
-    percent = 100.0 * 3 * size / max(population, 1)
-    sampling = f"TABLESAMPLE BERNOULLI ({percent:.6f}) REPEATABLE (2007) " if percent < 100 else ""
-    connection.execute(sa.text("SELECT setseed(0.2007)"))
-    ids = connection.execute(sa.text(
-        f"SELECT id FROM documents {sampling}" + ("WHERE batch_id = :batch " if batch is not None else "")
-        + f"ORDER BY random() LIMIT {int(size)}"), {"batch": batch}).scalars().all()
+    ids = [row.id for row in random_rows(connection, ["id"], population, size, "BERNOULLI",
+                                         "batch_id = :batch" if batch is not None else "", {"batch": batch})]
     columns = ", ".join(["id", method.sketch_column[0], *method.key_columns])
     # a derived table, not a temporary one: the report reads in a read-only transaction
     sample = f"(SELECT {columns} FROM documents WHERE id = ANY('{{{','.join(str(int(i)) for i in ids)}}}'::bigint[]))"
