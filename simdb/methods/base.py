@@ -187,12 +187,11 @@ class Method(ABC):
 
     @abstractmethod
     def candidate_pairs(self, connection: sa.Connection, probe: str, target: str, max_distance: int, *,
-                        earlier_only: bool = False, where: str | None = None,
-                        params: dict | None = None, index_probes: bool = False,
+                        where: str | None = None, params: dict | None = None, index_probes: bool = False,
                         columns: Sequence[str] | None = None) -> Iterator[np.ndarray]:
         """Verified ``(probe id, target id, distance)`` rows between two tables sharing a key (one of
         ``columns``, default every key column), within
-        ``max_distance``; ``earlier_only`` keeps target ids below the probe's; ``where`` filters with ``p``
+        ``max_distance``; ``where`` filters with ``p``
         and ``t`` as the two sides; ``params`` are bound (client-side, ``%(name)s``) into ``probe``, ``target``
         and ``where``. ``index_probes`` looks each probe's keys up in ``target``'s key indexes, in key order
         (see :func:`simdb.pg.probes.lateral_probe`; ``where`` may then use only ``p.id`` of the probes),
@@ -202,8 +201,9 @@ class Method(ABC):
     def pairs_within(self, ids: np.ndarray, stored: Sequence, keys: np.ndarray, max_distance: int) -> np.ndarray:
         """Verified ``(later id, earlier id, distance)`` rows among sketches held in memory that share a key
         (``ids`` ascending, ``stored`` and ``keys`` row by row; a pair may come more than once): what
-        :meth:`candidate_pairs` with ``earlier_only`` gives for a table of them, without a self-join in the
-        server that ships both sketches of every candidate back (7.9 of a MinHash chunk's 37 s per 100k)."""
+        :meth:`candidate_pairs` of a table of them against itself, earlier ids only, would give, without a
+        self-join in the server that ships both sketches of every candidate back (7.9 of a MinHash chunk's
+        37 s per 100k)."""
         found = [np.empty((0, 3), dtype=np.int64)]
         for candidates in shared_key_candidates(keys):  # verified a key column at a time, not all at once
             later, earlier = candidates[:, 0], candidates[:, 1]

@@ -169,11 +169,9 @@ class MinHash(Method):
     # -- SQL -----------------------------------------------------------------------------------
 
     def candidate_pairs(self, connection: sa.Connection, probe: str, target: str, max_distance: int, *,
-                        earlier_only: bool = False, where: str | None = None,
-                        params: dict | None = None, index_probes: bool = False,
+                        where: str | None = None, params: dict | None = None, index_probes: bool = False,
                         columns: Sequence[str] | None = None) -> Iterator[np.ndarray]:
-        return band_pairs(connection, self.settings, band_candidate_sql(self.settings, probe, target,
-                                                                        earlier_only=earlier_only, where=where,
+        return band_pairs(connection, self.settings, band_candidate_sql(self.settings, probe, target, where=where,
                                                                         index_probes=index_probes, columns=columns),
                           max_distance, params)
 

@@ -19,15 +19,12 @@ from ...pg.probes import lateral_probe
 from .signature import MinHashSettings
 
 
-def band_candidate_sql(settings: MinHashSettings, probe: str, target: str, *, earlier_only: bool = False,
-                       where: str | None = None, index_probes: bool = False,
-                       columns: Sequence[str] | None = None) -> str:
+def band_candidate_sql(settings: MinHashSettings, probe: str, target: str, *, where: str | None = None,
+                       index_probes: bool = False, columns: Sequence[str] | None = None) -> str:
     """SQL for ``(probe id, target id, probe signature, target signature)``, once per pair sharing a band;
     ``index_probes`` and ``columns``: see :meth:`simdb.methods.base.Method.candidate_pairs`."""
     columns = columns or settings.key_columns
-    conditions = ["t.id < p.id"] if earlier_only else []
-    if where:
-        conditions.append(f"({where})")
+    conditions = [f"({where})"] if where else []
     if index_probes:
         selects = ["SELECT p.id AS p_id, t.id AS t_id FROM " + lateral_probe(
                        probe, target, column, ["id", column], ["id"], [f"t.{column} = p.{column}", *conditions])

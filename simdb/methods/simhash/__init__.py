@@ -212,11 +212,9 @@ class SimHash(Method):
     # -- SQL -----------------------------------------------------------------------------------
 
     def candidate_pairs(self, connection: sa.Connection, probe: str, target: str, max_distance: int, *,
-                        earlier_only: bool = False, where: str | None = None,
-                        params: dict | None = None, index_probes: bool = False,
+                        where: str | None = None, params: dict | None = None, index_probes: bool = False,
                         columns: Sequence[str] | None = None) -> Iterator[np.ndarray]:
-        return verified_pairs(connection, candidate_sql(self.layout, probe, target, max_distance,
-                                                        earlier_only=earlier_only, where=where,
+        return verified_pairs(connection, candidate_sql(self.layout, probe, target, max_distance, where=where,
                                                         index_probes=index_probes, columns=columns),
                               max_distance, params)
 

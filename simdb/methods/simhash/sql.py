@@ -39,8 +39,8 @@ def key_expression(layout: BlockLayout, key: int, column: str = "simhash") -> st
     return " | ".join(parts)
 
 
-def candidate_sql(layout: BlockLayout, probe: str, target: str, max_distance: int, *, earlier_only: bool = False,
-                  where: str | None = None, index_probes: bool = False, columns: Sequence[str] | None = None) -> str:
+def candidate_sql(layout: BlockLayout, probe: str, target: str, max_distance: int, *, where: str | None = None,
+                  index_probes: bool = False, columns: Sequence[str] | None = None) -> str:
     """SQL for ``(probe id, target id, probe simhash, target simhash)`` rows sharing a key, within ``max_distance``.
 
     ``probe`` and ``target`` are table names (they may be the same table) or parenthesized subqueries;
@@ -49,8 +49,6 @@ def candidate_sql(layout: BlockLayout, probe: str, target: str, max_distance: in
     selects = []
     for column in columns or layout.key_columns:
         conditions = [f"t.{column} = p.{column}"]
-        if earlier_only:
-            conditions.append("t.id < p.id")
         if where:
             conditions.append(f"({where})")
         close = f"bit_count((p.simhash # t.simhash)::bit(64)) <= {int(max_distance)}"
