@@ -89,7 +89,8 @@ def _check_chunk(connection: sa.Connection, method: Method, chunk: list, batch: 
     keys = key_rows([item.keys for _, item in documents], sketches, method).tolist() if documents else []
     values = method.stored(sketches) if documents else []  # as the sketch column holds them
     if documents:
-        for index, document_id, distance in reads.probe_arrays(connection, method, sketches, method.max_distance):
+        for index, document_id, distance in reads.probe_arrays(connection, method, sketches, method.max_distance,
+                                                               keys):
             archive.setdefault(index, []).append((document_id, distance))
     external = reads.external_ids(connection, sorted({d for found in archive.values() for d, _ in found}))
 

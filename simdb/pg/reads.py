@@ -97,15 +97,16 @@ def match_many(connection: sa.Connection, method: Method, sketches: Sequence, ma
     return found
 
 
-def probe_arrays(connection: sa.Connection, method: Method, sketches: Sequence, max_distance: int
-                 ) -> Iterator[tuple[int, int, int]]:
-    """``(sketch index, document id, distance)`` of the stored documents within ``max_distance`` of each sketch,
-    through the method's candidate joins, with the sketches sent as arrays: it writes nothing, not even a
-    temporary table, so it runs in a read-only transaction. A pair may come more than once."""
+def probe_arrays(connection: sa.Connection, method: Method, sketches: Sequence, max_distance: int,
+                 keys: list[list[int]] | None = None) -> Iterator[tuple[int, int, int]]:
+    """``(sketch index, document id, distance)`` of the stored documents within ``max_distance`` of each sketch
+    (``keys``: their key values, when the caller has them), through the method's candidate joins, with the
+    sketches sent as arrays: it writes nothing, not even a temporary table, so it runs in a read-only
+    transaction. A pair may come more than once."""
     columns = [("id", "int8"), method.sketch_column, *((c, "int8") for c in method.key_columns)]
     arrays = ", ".join(f"CAST(%(p_{name})s AS {'bigint' if kind == 'int8' else kind}[])" for name, kind in columns)
     probe = f"(SELECT * FROM unnest({arrays}) AS probe({', '.join(name for name, _ in columns)}))"
-    keys = method.keys(sketches).tolist()
+    keys = method.keys(sketches).tolist() if keys is None else keys
     params = {"p_id": list(range(len(sketches))), f"p_{method.sketch_column[0]}": method.stored(sketches),
               **{f"p_{column}": [row[i] for row in keys] for i, column in enumerate(method.key_columns)}}
     for chunk in method.candidate_pairs(connection, probe, "documents", max_distance, params=params, index_probes=True):
