@@ -53,7 +53,9 @@ def load(devset: Path, category: str) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def simdb_pairs(url: str, category: str, documents: list[dict], workers: int, **settings) -> list[dict]:
+def simdb_pairs(url: str, category: str, documents: list[dict], workers: int, **settings
+                ) -> tuple[list[dict], float]:
+    """The pairs simdb reports, and the bytes per document of its documents table (indexes and TOAST too)."""
     schema = "simdb_eval_" + category.replace("-", "_")
     admin = sa.create_engine(postgres_url(url), isolation_level="AUTOCOMMIT")
     with admin.connect() as connection:
@@ -61,7 +63,7 @@ def simdb_pairs(url: str, category: str, documents: list[dict], workers: int, **
     try:
         with Index.create(url, schema=schema, **settings) as index:
             index.add_many(documents, batch=category, workers=workers)
-            return [pair.to_json() for pair in index.pairs()]
+            return [pair.to_json() for pair in index.pairs()], index.stats(exact=True)["table_bytes"] / len(documents)
     finally:
         with admin.connect() as connection:
             connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
@@ -125,7 +127,7 @@ def score(devset: Path, category: str, pairs: list[dict], directory: str) -> dic
 
 
 def fmt(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}"
+    return "-" if value is None else f"{value:.3f}"
 
 
 def main() -> None:
@@ -153,22 +155,28 @@ def main() -> None:
                                 ("simdb MinHash-LSH (0.8, 128)",
                                  lambda: simdb_pairs(args.database_url, category, documents, args.workers,
                                                      method="minhash")),
-                                ("PyPI simhash SimhashIndex(k=3)", lambda: simhash_peer(category, documents)),
-                                ("datasketch MinHashLSH(0.8, 128)", lambda: datasketch_peer(category, documents))):
+                                ("simdb MinHash-LSH (0.8, 128), exact Jaccard (--verify exact)",
+                                 lambda: simdb_pairs(args.database_url, category, documents, args.workers,
+                                                     method="minhash", verify="exact")),
+                                ("PyPI simhash SimhashIndex(k=3)", lambda: (simhash_peer(category, documents), None)),
+                                ("datasketch MinHashLSH(0.8, 128)",
+                                 lambda: (datasketch_peer(category, documents), None))):
                 started = time.perf_counter()
-                pairs = run()
+                pairs, per_document = run()
                 seconds = time.perf_counter() - started
                 result = score(args.devset, category, pairs, directory)
                 overall = result["overall"]
                 summary.append((category, method, overall["precision"], overall["recall"], overall["f1"],
-                                len(pairs), seconds))
+                                len(pairs), seconds, per_document))
                 log(f"{category} {method}: F1 {fmt(overall['f1'])} ({len(pairs):,} pairs, {seconds:.1f} s)")
                 if method.startswith("simdb"):
                     per_type.setdefault(category, {})[method] = result["per_pair_type"]
     print(f"devset: {args.devset}; near-duplicate = Jaccard >= 0.8; scored by the devset's score.py\n")
-    print("| category | method | precision | recall | F1 | pairs | seconds |\n|---|---|---:|---:|---:|---:|---:|")
-    for category, method, p, r, f, n, s in summary:
-        print(f"| {category} | {method} | {fmt(p)} | {fmt(r)} | {fmt(f)} | {n:,} | {s:.1f} |")
+    print("| category | method | precision | recall | F1 | pairs | seconds | bytes per document |\n"
+          "|---|---|---:|---:|---:|---:|---:|---:|")
+    for category, method, p, r, f, n, s, b in summary:
+        stored = "-" if b is None else f"{b:,.0f}"
+        print(f"| {category} | {method} | {fmt(p)} | {fmt(r)} | {fmt(f)} | {n:,} | {s:.1f} | {stored} |")
     for category, methods in per_type.items():
         names = list(methods)
         print(f"\nsimdb on {category}, recall per pair type (positives found / positives)\n\n| pair type | "

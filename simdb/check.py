@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
+import numpy as np
 import sqlalchemy as sa
 
 from .errors import InputError
@@ -36,16 +37,24 @@ class _InputIndex:
         self.sketches: list = []  # as stored (method.stored)
         self.names: list[str] = []
         self.hashes: dict[bytes, int] = {}
+        self.texts: list[str] = []  # kept only for a method that decides by the texts
 
-    def matches(self, sketch, keys: list[int]) -> list[tuple[int, int]]:
+    def matches(self, sketch, keys: list[int], text: str) -> list[tuple[int, int]]:
         """(earlier record's index, distance) of every earlier record within the method's distance."""
         candidates = sorted({i for column, key in zip(self.by_key, keys) for i in column.get(key, ())})
         if not candidates:
             return []
-        distances = self.method.distances(sketch, [self.sketches[i] for i in candidates]).tolist()
-        return [(i, int(d)) for i, d in zip(candidates, distances) if d <= self.method.max_distance]
+        method, k = self.method, self.method.max_distance
+        distances = method.distances(sketch, [self.sketches[i] for i in candidates]).tolist()
+        found = [(i, int(d)) for i, d in zip(candidates, distances) if d <= method.candidate_distance(k)]
+        if not method.needs_texts or not found:
+            return found
+        # the record is -1 among the earlier records' indexes
+        pairs = np.array([(-1, i, d) for i, d in found], dtype=np.int64)
+        decided = method.decide(pairs, lambda ids: {i: text if i < 0 else self.texts[i] for i in ids.tolist()}, k)
+        return [(int(i), int(d)) for _, i, d in decided.tolist()]
 
-    def add(self, name: str, stored, keys: list[int], content_hash: bytes) -> None:
+    def add(self, name: str, stored, keys: list[int], content_hash: bytes, text: str) -> None:
         """Index one record by its keys; ``stored`` is its sketch as the sketch column holds it."""
         index = len(self.sketches)
         for column, key in zip(self.by_key, keys):
@@ -53,6 +62,8 @@ class _InputIndex:
         self.sketches.append(stored)
         self.names.append(name)
         self.hashes.setdefault(content_hash, index)
+        if self.method.needs_texts:
+            self.texts.append(text)
 
 
 def check(engine: sa.Engine, method: Method, items: Iterable[Document | InputError], *, batch: str | None = None,
@@ -79,6 +90,13 @@ def check(engine: sa.Engine, method: Method, items: Iterable[Document | InputErr
         connection.rollback()
 
 
+def _texts(connection: sa.Connection, documents: list, ids: np.ndarray) -> dict[int, str]:
+    """Texts by id: the chunk's records as -1, -2, ... (from the input), stored documents by their ids."""
+    texts = {int(i): documents[-int(i) - 1][1].document.text for i in ids.tolist() if i < 0}
+    texts.update(reads.texts(connection, [int(i) for i in ids.tolist() if i >= 0]))
+    return texts
+
+
 def _check_chunk(connection: sa.Connection, method: Method, chunk: list, batch: str | None, seen: dict[str, str],
                  earlier: _InputIndex) -> Iterator[Verdict]:
     documents = [(position, item) for position, item in chunk if isinstance(item, Fingerprinted)]
@@ -89,8 +107,14 @@ def _check_chunk(connection: sa.Connection, method: Method, chunk: list, batch: 
     keys = key_rows([item.keys for _, item in documents], sketches, method).tolist() if documents else []
     values = method.stored(sketches) if documents else []  # as the sketch column holds them
     if documents:
-        for index, document_id, distance in reads.probe_arrays(connection, method, sketches, method.max_distance,
-                                                               keys):
+        k = method.max_distance
+        found = np.array(list(reads.probe_arrays(connection, method, sketches, method.candidate_distance(k), keys)),
+                         dtype=np.int64).reshape(-1, 3)
+        if method.needs_texts and len(found):  # the chunk's records are -1, -2, ... among the stored ids
+            found[:, 0] = -found[:, 0] - 1
+            found = method.decide(found, lambda ids: _texts(connection, documents, ids), k)
+            found[:, 0] = -found[:, 0] - 1
+        for index, document_id, distance in found.tolist():
             archive.setdefault(index, []).append((document_id, distance))
     external = reads.external_ids(connection, sorted({d for found in archive.values() for d, _ in found}))
 
@@ -117,12 +141,12 @@ def _check_chunk(connection: sa.Connection, method: Method, chunk: list, batch: 
             document_id, distance = min(found_archive)
             duplicate_of = external[document_id]
         else:
-            found_input = earlier.matches(item.sketch, keys[i])
+            found_input = earlier.matches(item.sketch, keys[i], document.text)
             duplicate_of, distance = (earlier.names[min(found_input)[0]], min(found_input)[1]) if found_input \
                 else (None, None)
         is_exact = item.content_hash in exact or item.content_hash in earlier.hashes
         status = "exact" if is_exact else "near" if duplicate_of is not None else "new"
-        earlier.add(name, values[i], keys[i], item.content_hash)
+        earlier.add(name, values[i], keys[i], item.content_hash, document.text)
         yield verdict(method, position=position, external_id=name, status=status, batch=batch,
                       duplicate_of=duplicate_of, distance=distance)
 

@@ -22,6 +22,7 @@ import sqlalchemy as sa
 
 from . import __version__, exports, jsonlines
 from .bits import format_fingerprint, parse_fingerprint
+from .diff import changed_characters, diff, elided
 from .errors import SimdbError
 from .index import Index
 from .ingest import DEFAULT_CHUNK_SIZE, ON_ERROR, IngestOptions
@@ -94,7 +95,7 @@ def flag(parameter: str) -> str:
 METHOD_OPTIONS = {
     "simhash": ("max_distance", "blocks", "tokenizer", "jieba_hmm", "shingle_size", "stopwords", "weighting",
                 "idf_paths", "top_features", "expected_size"),
-    "minhash": ("threshold", "num_perm"),
+    "minhash": ("threshold", "num_perm", "verify"),
 }
 OPTION_FLAGS = {"idf_paths": "--idf-from"}
 
@@ -215,6 +216,13 @@ cli.add_command(fingerprint_command, name="fingerprint")
               show_default=True, help="MinHash: the Jaccard similarity that makes a near-duplicate.")
 @click.option("--num-perm", type=click.IntRange(16, 1024), default=128, show_default=True,
               help="MinHash: signature length (a multiple of 4).")
+@click.option("--verify", type=click.Choice(["estimate", "exact"]), default="estimate", show_default=True,
+              help="MinHash: what decides a candidate pair: the signatures' estimate of Jaccard similarity, or "
+                   "the exact Jaccard similarity of the two texts' shingles (keeps the texts: implies "
+                   "--store-text).")
+@click.option("--store-text/--no-store-text", default=False, show_default=True,
+              help="Keep each document's text in the index (documents.text, compressed), for `simdb show`, the "
+                   "report's side-by-side pairs and the analysts' views.")
 @click.option("--segment-size", type=click.IntRange(1000), default=None,
               help="Documents (ids) per new segment: the active segment's indexes must fit in the server's "
                    "memory [default: 1,000,000].")
@@ -228,8 +236,8 @@ cli.add_command(fingerprint_command, name="fingerprint")
               help="Processes tokenizing the --idf-from sample in parallel [default: all cores].")
 @user_errors
 def init(database_url, schema, data_dir, max_distance, blocks, tokenizer, jieba_hmm, shingle_size, stopwords,
-         weighting, idf_paths, top_features, expected_size, method, threshold, num_perm, segment_size,
-         merge_factor, bulk_chunk, workers):
+         weighting, idf_paths, top_features, expected_size, method, threshold, num_perm, verify, store_text,
+         segment_size, merge_factor, bulk_chunk, workers):
     """Create an index; its settings are stored with it and checked on every open.
 
     Running it again with the same settings leaves the index as it is; with
@@ -242,6 +250,8 @@ def init(database_url, schema, data_dir, max_distance, blocks, tokenizer, jieba_
         simdb init --max-distance 3 --blocks 5
         simdb init --idf-from sample.jsonl
         simdb init --method minhash --threshold 0.8
+        simdb init --method minhash --verify exact
+        simdb init --store-text
     """
     context = click.get_current_context()
     given = {name for name in context.params
@@ -256,7 +266,7 @@ def init(database_url, schema, data_dir, max_distance, blocks, tokenizer, jieba_
     values = {"max_distance": max_distance, "blocks": blocks, "tokenizer": tokenizer, "jieba_hmm": jieba_hmm,
               "shingle_size": shingle_size, "stopwords": stopwords, "weighting": weighting,
               "top_features": top_features, "expected_size": expected_size, "threshold": threshold,
-              "num_perm": num_perm}
+              "num_perm": num_perm, "verify": verify, "store_text": store_text}
     options = {name: value for name, value in {"method": method, **values}.items() if name in given}
     options.update({name: value for name, value in (("segment_size", segment_size), ("merge_factor", merge_factor),
                                                      ("bulk_chunk", bulk_chunk)) if value is not None})
@@ -499,6 +509,69 @@ def pairs(database_url, schema, data_dir, batch_name, max_distance, output_forma
         else:
             for pair in found:
                 click.echo(jsonlines.dumps(pair.to_json()))
+
+
+@cli.command()
+@database_options
+@click.argument("first_id")
+@click.argument("second_id", required=False)
+@click.option("--context", type=click.IntRange(0), default=None,
+              help="With two documents: unchanged characters shown around each change [default: all].")
+@click.option("--json", "as_json", is_flag=True, help="Print the document(s) (and the diff) as one JSON object.")
+@user_errors
+def show(database_url, schema, data_dir, first_id, second_id, context, as_json):
+    """Print a stored document, or two with their similarity and a character-level diff.
+
+    The text is there when the index keeps texts (simdb init --store-text, or --verify exact).
+    In the diff, [-removed-] is only in the first document and {+added+} only in the second.
+
+    \b
+    Example:
+        simdb show doc-17
+        simdb show doc-17 doc-942 --context 60
+    """
+    with open_index(database_url, schema, data_dir) as index:
+        documents = [index.document(first_id)] + ([index.document(second_id)] if second_id is not None else [])
+        method = index.settings.method
+        distance = index.distance_between(*documents) if len(documents) == 2 else None
+    texts = [d.text for d in documents]
+    runs = diff(*texts) if len(documents) == 2 and None not in texts else None
+    if as_json:
+        result = {"documents": [d.to_json() for d in documents]}
+        if distance is not None:
+            result.update(distance=distance, similarity=round(method.similarity(distance), 4),
+                          near_duplicates=distance <= method.max_distance)
+        if runs is not None:
+            result["diff"] = [{"kind": kind, "text": text} for kind, text in runs]
+        click.echo(jsonlines.dumps(result))
+        return
+    for document in documents:
+        click.echo(f"id: {document.external_id}  batch: {document.batch}  length: {document.length:,} characters  "
+                   f"stored: {document.created_at:%Y-%m-%d %H:%M:%S %Z}")
+        duplicate = (f"  duplicate of: {document.duplicate_of} (distance {document.duplicate_distance})"
+                     if document.duplicate_of else "")
+        click.echo(f"cluster: {document.cluster}{duplicate}")
+        if document.metadata:
+            click.echo(f"metadata: {jsonlines.dumps(document.metadata)}")
+    if distance is not None:
+        verdict = "near-duplicates" if distance <= method.max_distance else "not near-duplicates"
+        click.echo(f"similarity: {method.similarity(distance):.4f} (distance {distance} {method.distance_unit}; "
+                   f"{verdict} at the index's maximum distance {method.max_distance})")
+    if None in texts:
+        click.echo("the index keeps no text of this document: create it with `simdb init --store-text` to see texts",
+                   err=True)
+        return
+    if runs is None:
+        click.echo("")
+        click.echo(texts[0])
+        return
+    removed, added = changed_characters(runs)
+    click.echo(f"diff: {removed:,} characters only in {first_id}, {added:,} only in {second_id}")
+    click.echo("")
+    style = {"same": lambda t: t,
+             "removed": lambda t: click.style(f"[-{t}-]", fg="red"),
+             "added": lambda t: click.style(f"{{+{t}+}}", fg="green")}
+    click.echo("".join(style[kind](text) for kind, text in (elided(runs, context) if context is not None else runs)))
 
 
 @cli.command()

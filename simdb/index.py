@@ -19,6 +19,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 
+import numpy as np
+
 from .bits import format_fingerprint
 from .check import check
 from .errors import IncompatibleIndex, InputError, SimdbError, parameter
@@ -70,6 +72,29 @@ class Pair:
                 **({"similarity": round(self.similarity, 4)} if self.similarity is not None else {})}
 
 
+@dataclass(frozen=True)
+class StoredDocument:
+    """One stored document as ``simdb show`` prints it; ``text`` is None where the index keeps no texts."""
+
+    external_id: str
+    batch: str
+    length: int
+    created_at: datetime
+    cluster: str  #: the external id of its cluster's canonical (earliest) document
+    duplicate_of: str | None  #: the external id of its earliest near-duplicate stored before it
+    duplicate_distance: int | None
+    metadata: dict
+    text: str | None
+    id: int = field(repr=False, default=0)
+    sketch: object = field(repr=False, default=None)
+
+    def to_json(self) -> dict:
+        return {"id": self.external_id, "batch": self.batch, "length": self.length,
+                "created_at": self.created_at.isoformat(), "cluster": self.cluster,
+                "duplicate_of": self.duplicate_of, "duplicate_distance": self.duplicate_distance,
+                "metadata": self.metadata, "text": self.text}
+
+
 def _as_document(item: Document | Mapping, index: int) -> Document:
     if isinstance(item, Document):
         return item
@@ -88,7 +113,7 @@ def _as_document(item: Document | Mapping, index: int) -> Document:
 
 
 #: Setting names of Index.create -> the names IndexSettings.summary() compares them by.
-_SUMMARY_NAMES = {"idf": ("idf_documents", "weighting"), "expected_size": ()}
+_SUMMARY_NAMES = {"idf": ("idf_documents", "weighting"), "expected_size": (), "store_text": ()}
 
 
 class Index:
@@ -136,8 +161,10 @@ class Index:
             differences = [f"{name}: asked {value!r}, stored {stored.get(key)!r}" for name, key in
                            (("segment_size", "size"), ("merge_factor", "merge_factor"), ("bulk_chunk", "bulk_chunk"))
                            if (value := storage.get(name)) is not None and stored.get(key) != value]
+            if settings.get("store_text") and not index.settings.texts:
+                differences.append("store_text: asked True, stored False")
             if differences:
-                raise IncompatibleIndex("the index was created with other segment settings ("
+                raise IncompatibleIndex("the index was created with other storage settings ("
                                         + "; ".join(differences) + "). Open it without those options, or create "
                                         f"a new index in another {parameter('schema')}")
             return index
@@ -222,7 +249,8 @@ class Index:
                progress: Callable[[int], None] | None = None) -> BatchSummary:
         """Ingest documents (and, with ``on_error="skip"``, read errors to reject) as one batch, merging
         segments after each chunk if the index's policy asks for it (unless ``options.compact`` is false)."""
-        return ingest(self.database.engine, self.database.schema, self.sketcher, items, options, progress)
+        return ingest(self.database.engine, self.database.schema, self.sketcher, items, options, progress,
+                      store_text=self.settings.texts)
 
     def verdicts(self, batch: str, *, status: str | None = None) -> Iterator[Verdict]:
         """What became of every input record of a stored batch (of one ``status``), in input order, streamed."""
@@ -319,8 +347,10 @@ class Index:
                      method.reported_similarity(distance))
 
     def query(self, text: str, max_distance: int | None = None) -> list["Match"]:
-        """Stored documents within ``max_distance`` of ``text``, nearest first."""
-        return self.query_fingerprint(self.fingerprint(text), max_distance)
+        """Stored documents within ``max_distance`` of ``text``, nearest first (decided as ingest decides: by
+        the texts where the method does)."""
+        return self.query_many([text], max_distance)[0] if self.settings.method.needs_texts else \
+            self.query_fingerprint(self.fingerprint(text), max_distance)
 
     def query_fingerprint(self, sketch: int | bytes, max_distance: int | None = None) -> list["Match"]:
         """Stored documents within ``max_distance`` of a sketch (a SimHash fingerprint or MinHash signature).
@@ -337,19 +367,52 @@ class Index:
 
     def query_many(self, texts: Iterable[str], max_distance: int | None = None) -> list[list["Match"]]:
         """One result list per text, found with a single set-based join."""
-        return self.query_fingerprints([self.fingerprint(text) for text in texts], max_distance)
+        texts = list(texts)
+        return self.query_fingerprints([self.fingerprint(text) for text in texts], max_distance, texts=texts)
 
-    def query_fingerprints(self, sketches: list[int | bytes], max_distance: int | None = None) -> list[list["Match"]]:
-        """One result list per sketch (fingerprint or signature bytes), found with one set-based join."""
+    def query_fingerprints(self, sketches: list[int | bytes], max_distance: int | None = None, *,
+                           texts: list[str] | None = None) -> list[list["Match"]]:
+        """One result list per sketch (fingerprint or signature bytes), found with one set-based join; with the
+        sketches' ``texts``, a method that decides by the texts decides by them (else by the sketches)."""
         limit = self._max_distance(max_distance)
         if not sketches:
             return []
         method = self.settings.method
+        by_texts = texts is not None and method.needs_texts
         with self.database.engine.begin() as connection:
-            found = reads.match_many(connection, method, sketches, limit)
+            found = reads.match_many(connection, method, sketches, method.candidate_distance(limit) if by_texts
+                                     else limit)
+            if by_texts:  # the queries are -1, -2, ... among the stored ids
+                pairs = np.array([(-i - 1, d, distance) for i, distances in enumerate(found)
+                                  for d, distance in distances.items()], dtype=np.int64).reshape(-1, 3)
+                decided = method.decide(pairs, lambda ids: {**{int(i): texts[-int(i) - 1] for i in ids if i < 0},
+                                                            **reads.texts(connection, [int(i) for i in ids if i >= 0])},
+                                        limit)
+                found = [{} for _ in sketches]
+                for query, d, distance in decided.tolist():
+                    found[-query - 1][d] = distance
             rows = reads.documents(connection, method, sorted({d for distances in found for d in distances}))
         return [sorted((self._match(rows[d], distance) for d, distance in distances.items()),
                        key=lambda m: (m.distance, m.external_id)) for distances in found]
+
+    def document(self, external_id: str) -> StoredDocument:
+        """A stored document by its id, with its text where the index keeps texts."""
+        method = self.settings.method
+        with self.database.engine.connect() as connection:
+            row = reads.stored_document(connection, method, external_id)
+        return StoredDocument(row.external_id, row.batch, row.length, row.created_at, row.cluster, row.duplicate_of,
+                              row.duplicate_distance, row.metadata, row.text, row.id, row.sketch)
+
+    def distance_between(self, a: StoredDocument, b: StoredDocument) -> int:
+        """The distance the index's method gives two stored documents (by their texts where it decides by
+        them), whether or not it is within the index's distance."""
+        method = self.settings.method
+        distance = int(method.pair_distances([a.sketch, b.sketch], np.array([0]), np.array([1]))[0])
+        if method.needs_texts:
+            pair = np.array([[b.id, a.id, distance]], dtype=np.int64)
+            distance = int(method.decide(pair, lambda ids: {a.id: a.text, b.id: b.text},
+                                         method.max_possible_distance)[0, 2])
+        return distance
 
     def pairs(self, batch: str | None = None, max_distance: int | None = None) -> Iterator[Pair]:
         """Every stored pair within ``max_distance`` (or involving one batch), earlier document first.

@@ -95,6 +95,8 @@ class FingerprintedBatch:
     #: Each sketch's key values as the fingerprinting workers computed them (:attr:`Fingerprinted.keys`), or
     #: empty: then they are computed when the chunk is stored.
     keys: list[bytes] = field(default_factory=list)
+    #: Each document's text, when the index keeps texts (``documents.text``), or empty.
+    texts: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.positions:  # built whole rather than appended to: positions 1, 2, 3, ...
@@ -112,9 +114,11 @@ class FingerprintedBatch:
         return key_rows(self.keys, self.sketches, method)
 
     def append(self, external_id: str, sketch: int | bytes, digest: bytes, length: int, metadata: dict,
-               origin: str, position: int | None = None, keys: bytes | None = None) -> None:
+               origin: str, position: int | None = None, keys: bytes | None = None, text: str | None = None) -> None:
         if keys is not None and len(self.keys) == len(self):
             self.keys.append(keys)  # kept only while every document has them
+        if text is not None and len(self.texts) == len(self):
+            self.texts.append(text)
         self.external_ids.append(external_id)
         self.sketches.append(sketch)
         self.content_hashes.append(digest)
@@ -185,8 +189,8 @@ def size_checked(items: Iterable[Document | InputError], max_chars: int) -> Iter
 
 def ingest(engine: sa.Engine, schema: str, method: Method,
            items: Iterable[Document | InputError], options: IngestOptions,
-           progress: Callable[[int], None] | None = None) -> BatchSummary:
-    """Ingest a batch in atomic chunks; see the module docstring."""
+           progress: Callable[[int], None] | None = None, *, store_text: bool = False) -> BatchSummary:
+    """Ingest a batch in atomic chunks (keeping each text when ``store_text``); see the module docstring."""
     started = time.perf_counter()
     started_at = datetime.now(timezone.utc)  # the batch's start: before reading and fingerprinting, not after
     name = options.batch_name
@@ -238,7 +242,8 @@ def ingest(engine: sa.Engine, schema: str, method: Method,
                 else:
                     seen[document.external_id] = document.origin
                     chunk.append(document.external_id, item.sketch, item.content_hash, len(document.text),
-                                 document.metadata, document.origin, consumed, item.keys)
+                                 document.metadata, document.origin, consumed, item.keys,
+                                 document.text if store_text else None)
             if isinstance(item, InputError):
                 if not skip_errors:
                     raise item

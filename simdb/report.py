@@ -4,7 +4,9 @@ The page shows the archive's growth by batch, the duplicates each batch
 brought (new / exact / near, and against the archive / within the batch), the
 Hamming distances between a sample of documents and their block-key
 candidates (where the threshold *k* sits among what the keys bring back), the
-cluster-size distribution and the largest clusters with sample members.
+cluster-size distribution and the largest clusters with sample members (and
+their texts' beginnings), and, where the index keeps texts, the least similar
+pairs side by side with their character-level differences (:mod:`simdb.diff`).
 
 Charts are drawn with matplotlib's object-oriented API (no pyplot state, no
 display needed) as SVG with text drawn as paths, and embedded as ``data:``
@@ -28,14 +30,21 @@ from datetime import datetime, timezone
 from string import Template
 
 from .charts import chart_style, new_figure
+from .diff import changed_characters, diff, elided
 from .methods import Method
 from .pg import reads
 
-#: Documents whose candidates are measured for the distance histogram.
+#: Documents whose candidates are measured for the distance histogram, and its most bars.
 SAMPLE_SIZE = 2000
+HISTOGRAM_BARS = 130
 #: Clusters listed in the table, and sample members shown per cluster.
 LARGEST_CLUSTERS = 10
 MEMBERS_SHOWN = 3
+#: Pairs shown side by side with their differences (where the index keeps texts), and how much of each text.
+PAIRS_SHOWN = 6
+TEXT_CHARS = 4000
+DIFF_CONTEXT = 120
+SAMPLE_TEXT_CHARS = 240
 METADATA_CHARS = 160
 COLORS = {"before": "#c9d6e3", "added": "#2b6cb0", "new": "#9db4cc", "exact": "#c0392b", "near": "#e67e22",
           "against_archive": "#6c3483", "within_batch": "#27ae60", "histogram": "#2b6cb0", "threshold": "#c0392b",
@@ -61,6 +70,8 @@ th, td { border: 1px solid #e2e8f0; padding: 4px 6px; text-align: left; vertical
 th { background: #edf2f7; } td.num { text-align: right; white-space: nowrap; }
 code { font-family: "DejaVu Sans Mono", Menlo, Consolas, monospace; font-size: 12px; word-break: break-all; }
 ul.members { margin: 0; padding-left: 16px; }
+del { background: #fed7d7; text-decoration: none; } ins { background: #c6f6d5; text-decoration: none; }
+.text { white-space: pre-wrap; font-size: 13px; width: 50%; }
 </style>
 </head>
 <body>
@@ -200,10 +211,12 @@ def _distances(counts: list[int], sampled: int, method: Method, batch: str | Non
     else:
         figure = new_figure(11, 3.6)
         axes = figure.subplots()
-        axes.bar(range(top + 1), counts, width=0.85, color=COLORS["histogram"])
+        step = -(-(top + 1) // HISTOGRAM_BARS)  # distances per bar: ten-thousandths (MinHash, exact) are binned
+        axes.bar(range(0, top + 1, step), [sum(counts[i:i + step]) for i in range(0, top + 1, step)],
+                 width=0.85 * step, align="edge" if step > 1 else "center", color=COLORS["histogram"])
         _log_counts(axes, "candidate pairs (log scale)")
         axes.set_xlim(-1, top + 1)
-        axes.set_ylim(top=max(counts) * 6)  # headroom for the threshold's label
+        axes.set_ylim(top=max(sum(counts[i:i + step]) for i in range(0, top + 1, step)) * 6)  # headroom for the threshold's label
         axes.axvspan(-1, k + 0.5, color=COLORS["threshold"], alpha=0.08, zorder=0)
         axes.axvline(k + 0.5, color=COLORS["threshold"], linewidth=2, linestyle="--")
         axes.text(k + 1, 0.98, f"k = {k}: at most {k} {terms['unit']} apart = near-duplicate",
@@ -256,6 +269,11 @@ def _compact(metadata: dict) -> str:
     return text if len(text) <= METADATA_CHARS else text[:METADATA_CHARS - 1] + "…"
 
 
+def _snippet(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= SAMPLE_TEXT_CHARS else text[:SAMPLE_TEXT_CHARS - 1] + "…"
+
+
 def _largest(clusters, members, batch: str | None, method: Method) -> str:
     if not clusters:
         return _section("Largest clusters", '<p class="empty">No clusters yet.</p>', "")
@@ -263,16 +281,48 @@ def _largest(clusters, members, batch: str | None, method: Method) -> str:
     for cluster in clusters:
         sample = "".join(f"<li><code>{_e(m.external_id)}</code> ({_e(m.batch)}"
                          + (f", {m.duplicate_distance} {_e(unit)}" if m.duplicate_distance is not None else "")
-                         + f") <code>{_e(_compact(m.metadata))}</code></li>" for m in members.get(cluster.cluster_id, []))
+                         + f") <code>{_e(_compact(m.metadata))}</code>"
+                         + (f"<br>{_e(_snippet(m.text))}" if m.text else "") + "</li>"
+                         for m in members.get(cluster.cluster_id, []))
         rows.append(f"<tr><td class=\"num\">{cluster.size:,}</td><td><code>{_e(cluster.canonical_id)}</code></td>"
                     f"<td>{_utc(cluster.first_seen)}</td><td>{_utc(cluster.last_seen)}</td>"
                     f"<td>{_e(', '.join(cluster.batches))}</td><td><ul class=\"members\">{sample}</ul></td></tr>")
     table = ("<table><thead><tr><th>size</th><th>canonical id</th><th>first seen (UTC)</th><th>last seen (UTC)</th>"
-             "<th>batches</th><th>sample members: id (batch, distance from the document it duplicates) metadata"
+             "<th>batches</th><th>sample members: id (batch, distance from the document it duplicates) metadata "
+             "(and text, where the index keeps texts)"
              "</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
     scope = f" that include a document of batch <b>{_e(batch)}</b>" if batch else ""
     return _section("Largest clusters", table, f"The {len(clusters)} largest clusters{scope}, canonical (earliest) "
                     f"document first; up to {MEMBERS_SHOWN} members each, metadata as compact JSON.")
+
+
+def _side(runs, keep: str, tag: str) -> str:
+    """One text of a pair: its unchanged runs and its own changes marked with ``tag``."""
+    return "".join(_e(text) if kind == "same" else f"<{tag}>{_e(text)}</{tag}>" for kind, text in runs
+                   if kind in ("same", keep))
+
+
+def _pairs(pairs, batch: str | None, method: Method, texts: bool) -> str:
+    title = "Pairs side by side"
+    if not texts:
+        return _section(title, '<p class="empty">The index keeps no texts: create it with '
+                               "<code>simdb init --store-text</code> to see pairs side by side.</p>", "")
+    if not pairs:
+        return _section(title, '<p class="empty">No pair yet that is not an exact copy.</p>', "")
+    rows = []
+    for pair in pairs:
+        runs = elided(diff(pair.a_text or "", pair.b_text or ""), DIFF_CONTEXT)
+        removed, added = changed_characters(runs)
+        rows.append(f"<tr><th><code>{_e(pair.a_external_id)}</code></th><th><code>{_e(pair.b_external_id)}</code> "
+                    f"(similarity {method.similarity(pair.distance):.3f}; {removed:,} characters removed, "
+                    f"{added:,} added)</th></tr><tr><td class=\"text\">{_side(runs, 'removed', 'del')}</td>"
+                    f"<td class=\"text\">{_side(runs, 'added', 'ins')}</td></tr>")
+    scope = f" whose later document is in batch <b>{_e(batch)}</b>" if batch else ""
+    return _section(title, "<table><tbody>" + "".join(rows) + "</tbody></table>",
+                    f"The {len(pairs)} least similar stored pairs{scope} that are not exact copies: where the "
+                    f"threshold decides. Earlier document on the left; characters only in it struck in red, "
+                    f"characters only in the later one in green; long unchanged stretches cut to "
+                    f"{DIFF_CONTEXT} characters around each change, texts to their first {TEXT_CHARS:,}.")
 
 
 def build_report(index, batch: str | None = None) -> str:
@@ -280,7 +330,8 @@ def build_report(index, batch: str | None = None) -> str:
     method = index.settings.method
     with index.database.engine.begin() as connection:
         data = reads.report_data(connection, method, batch, sample_size=SAMPLE_SIZE, clusters=LARGEST_CLUSTERS,
-                                 members=MEMBERS_SHOWN)
+                                 members=MEMBERS_SHOWN, pairs=PAIRS_SHOWN if index.settings.texts else 0,
+                                 text_chars=TEXT_CHARS)
     batches = data["batches"]
     header = {"index": f"schema {index.database.schema} of {index.database.display_url}",
               "layout": method.describe(), "key columns": ", ".join(method.key_columns),
@@ -294,6 +345,7 @@ def build_report(index, batch: str | None = None) -> str:
             body = "\n".join([_growth(batches, batch), _duplicates(batches, batch, method),
                               _distances(data["counts"], data["sampled"], method, batch),
                               _cluster_sizes(data["sizes"], data["singletons"], batch),
-                              _largest(data["clusters"], data["members"], batch, method)])
+                              _largest(data["clusters"], data["members"], batch, method),
+                              _pairs(data["pairs"], batch, method, index.settings.texts)])
     header_html = "".join(f"<dt>{_e(key)}</dt><dd>{_e(value)}</dd>" for key, value in header.items())
     return PAGE.substitute(schema=_e(index.database.schema), header=header_html, body=body)

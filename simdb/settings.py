@@ -65,6 +65,9 @@ class IndexSettings:
     #: ``jieba 0.42.1``): each ingest adds its own (:func:`simdb.pg.catalog.record_segmenter`); they give
     #: the same tokens, which the canaries check on every open.
     segmenters: tuple = field(default=(), compare=False)
+    #: Whether ``documents.text`` keeps each document's text (``simdb init --store-text``, or a method that
+    #: decides by the texts, as MinHash with ``verify="exact"``); storage only, it changes no answer.
+    texts: bool = field(default=False, compare=False)
 
     @property
     def layout(self):
@@ -77,8 +80,9 @@ class IndexSettings:
         return self.method.recipe
 
     @classmethod
-    def new(cls, *, method: str = "simhash", **options) -> "IndexSettings":
-        """Settings for a new index; ``options`` are the method's (see its ``new``)."""
+    def new(cls, *, method: str = "simhash", store_text: bool = False, **options) -> "IndexSettings":
+        """Settings for a new index; ``options`` are the method's (see its ``new``); ``store_text`` keeps the
+        texts (a method that decides by them keeps them anyway)."""
         from . import __version__
 
         try:
@@ -89,14 +93,14 @@ class IndexSettings:
                         "segmenter": made.segmenter, "opencc": _version("opencc"), "xxhash": _version("xxhash"),
                         "numpy": _version("numpy"), "unicode": unicodedata.unidata_version}
         return cls(method=made, created_with=created_with, canaries=compute_canaries(made),
-                   segmenters=(made.segmenter,) if made.segmenter else ())
+                   segmenters=(made.segmenter,) if made.segmenter else (), texts=store_text or made.needs_texts)
 
     # -- storage: one row per name in the settings table -------------------------------------
 
     def to_rows(self) -> dict[str, object]:
         """The settings table's rows (side tables such as ``idf_terms`` are the method's)."""
         return {**self.method.to_rows(), "created_with": self.created_with, "canaries": self.canaries,
-                "segments": self.segments, "segmenters": list(self.segmenters)}
+                "segments": self.segments, "segmenters": list(self.segmenters), "texts": {"stored": self.texts}}
 
     @staticmethod
     def side_table_names(rows: dict[str, object]) -> list[str]:
@@ -110,8 +114,12 @@ class IndexSettings:
         segmenters = rows.get("segmenters")
         if segmenters is None:  # written before segmenters were recorded: jieba did all the segmenting
             segmenters = [f"jieba {created_with.get('jieba', 'unknown')}"] if method.segmenter else []
+        texts = bool(rows.get("texts", {}).get("stored", False))  # written before texts were kept: none
+        if method.needs_texts and not texts:
+            raise IncompatibleIndex(f"the index's method decides by the documents' texts ({method.describe()}), "
+                                    "yet its settings say it keeps none; the settings were edited by hand")
         made = cls(method=method, created_with=created_with, canaries=rows.get("canaries", {}),
-                   segmenters=tuple(segmenters))
+                   segmenters=tuple(segmenters), texts=texts)
         return replace(made, segments=rows["segments"]) if "segments" in rows else made
 
     # -- checks ----------------------------------------------------------------------------

@@ -125,8 +125,9 @@ def definitions(connection: sa.Connection, schema: str) -> dict[str, tuple[str, 
     return {name: (" ".join(body.split()), comment) for name, body, comment in [*functions, *views]}
 
 
-@pytest.mark.parametrize("settings", [{}, {"blocks": 5}, {"method": "minhash", "threshold": 0.7}],
-                         ids=["simhash", "simhash-5-blocks", "minhash"])
+@pytest.mark.parametrize("settings", [{}, {"blocks": 5}, {"method": "minhash", "threshold": 0.7},
+                                      {"method": "minhash", "verify": "exact"}],
+                         ids=["simhash", "simhash-5-blocks", "minhash", "minhash-exact"])
 def test_the_migrations_create_what_todays_code_creates(settings, database_url, schema):
     with Index.create(database_url, schema=schema, **settings) as index:
         with index.database.engine.begin() as connection:  # one transaction, rolled back: the index stays as it was

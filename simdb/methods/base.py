@@ -13,7 +13,7 @@ is one new module that subclasses :class:`Method` and is imported by :mod:`simdb
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -117,6 +117,11 @@ class Method(ABC):
         index by every ingest (see :mod:`simdb.text.segment`)."""
         return None
 
+    @property
+    def needs_texts(self) -> bool:
+        """Whether the method decides by the documents' texts (:meth:`decide`), so the index must keep them."""
+        return False
+
     # -- text -> sketch ------------------------------------------------------------------------
 
     @abstractmethod
@@ -215,6 +220,18 @@ class Method(ABC):
     @abstractmethod
     def pair_distances(self, stored: Sequence, left: np.ndarray, right: np.ndarray) -> np.ndarray:
         """Distances between ``stored[left[i]]`` and ``stored[right[i]]``, for every ``i``."""
+
+    def candidate_distance(self, max_distance: int) -> int:
+        """The distance between sketches up to which a pair is a candidate for :meth:`decide` to judge at
+        ``max_distance``: ``max_distance`` itself when the sketches decide."""
+        return max_distance
+
+    def decide(self, candidates: np.ndarray, texts: Callable[[np.ndarray], dict[int, str]],
+               max_distance: int) -> np.ndarray:
+        """The final ``(later id, earlier id, distance)`` pairs within ``max_distance`` among ``candidates``
+        (found at :meth:`candidate_distance`); ``texts`` gives the texts of the ids it is asked for. The
+        sketches decide unless :attr:`needs_texts`: the candidates are the answer."""
+        return candidates
 
     #: Whether a verdict reports the distance (a number users know, as SimHash's bits) beside the similarity.
     distance_in_verdicts = True

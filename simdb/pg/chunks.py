@@ -23,7 +23,7 @@ from datetime import datetime
 import numpy as np
 import sqlalchemy as sa
 
-from ..errors import BatchError, InputError
+from ..errors import BatchError, InputError, SimdbError
 from ..inputs import checks
 from ..matches import distinct, earliest
 from ..methods import Method
@@ -33,11 +33,13 @@ from .copy import copy_in, id_table
 from .database import lock
 from .segments import attach_indexed, index_bare, place_chunk, seal, segment_pairs
 
-def create_staging(connection: sa.Connection, method: Method) -> list[tuple[str, str]]:
-    """The transaction's temporary staging table; returns its (column, type) list."""
+def create_staging(connection: sa.Connection, method: Method, texts: bool = False) -> list[tuple[str, str]]:
+    """The transaction's temporary staging table (with the documents' ``text`` when ``texts``); returns its
+    (column, type) list."""
     columns = ([("id", "int8"), ("external_id", "text"), method.sketch_column]
                + [(name, "int8") for name in method.key_columns]
-               + [("content_hash", "bytea"), ("length", "int4"), ("metadata", "jsonb")])
+               + [("content_hash", "bytea"), ("length", "int4"), ("metadata", "jsonb")]
+               + ([("text", "text")] if texts else []))
     connection.exec_driver_sql(
         "CREATE TEMPORARY TABLE staging (" + ", ".join(f"{n} {t} NOT NULL" for n, t in columns)
         + ", position int8) ON COMMIT DROP")  # position: the record's place in the batch's input
@@ -84,8 +86,12 @@ def store_chunk(connection: sa.Connection, schema: str, method: Method, chunk, *
     count = len(chunk)
     ids, bulk_segment, sealed = place_chunk(connection, count)
     keys, stored_sketches = chunk.key_rows(method), method.stored(chunk.sketches)
+    texts = chunk.texts if count and len(chunk.texts) == count else None
+    if texts is None and count and method.needs_texts:
+        raise SimdbError("this index decides by the documents' texts, and the chunk came without them: ingest "
+                         "texts (simdb ingest, Index.add_many), not fingerprints")
 
-    columns = create_staging(connection, method)
+    columns = create_staging(connection, method, texts is not None)
     column_list = ", ".join(name for name, _ in columns)
     cursor = connection.connection.dbapi_connection.cursor()
     with cursor.copy(f"COPY staging ({column_list}, position) FROM STDIN (FORMAT BINARY)") as copy:
@@ -93,7 +99,8 @@ def store_chunk(connection: sa.Connection, schema: str, method: Method, chunk, *
         id_list, key_rows = ids.tolist(), keys.tolist()
         for i in range(count):
             copy.write_row((id_list[i], chunk.external_ids[i], stored_sketches[i], *key_rows[i],
-                            chunk.content_hashes[i], chunk.lengths[i], chunk.metadata[i], chunk.positions[i]))
+                            chunk.content_hashes[i], chunk.lengths[i], chunk.metadata[i],
+                            *((texts[i],) if texts is not None else ()), chunk.positions[i]))
 
     errors, unstored, already = _stored_ids(connection, chunk, ids, batch_id)
     if errors and not skip_errors:
@@ -103,12 +110,14 @@ def store_chunk(connection: sa.Connection, schema: str, method: Method, chunk, *
     connection.exec_driver_sql("ANALYZE staging")
 
     k = method.max_distance
+    wide = method.candidate_distance(k)  # k itself unless the method decides by the texts
     staged = ~np.isin(ids, unstored)
-    pairs = distinct(itertools.chain(  # (new id, earlier id, distance), every pair
-        segment_pairs(connection, method, "staging", count - len(unstored), k, below=int(ids[0]) if count else 1,
+    pairs = method.decide(distinct(itertools.chain(  # (new id, earlier id, distance), every pair
+        segment_pairs(connection, method, "staging", count - len(unstored), wide, below=int(ids[0]) if count else 1,
                       probe_rows=lambda: _probe_rows(ids, stored_sketches, keys, set(unstored))),
         [method.pairs_within(ids[staged], [s for s, kept in zip(stored_sketches, staged.tolist()) if kept],
-                             keys[staged], k)]))  # the chunk's own pairs, from memory
+                             keys[staged], wide)])),  # the chunk's own pairs, from memory
+        lambda wanted: chunk_and_stored_texts(connection, ids, texts, wanted), k)
     duplicates = earliest(pairs)
     clusters = merge_clusters(connection, pairs, ids)
     exact = exact_duplicates(connection, chunk, ids, pairs)
@@ -167,6 +176,24 @@ def _probe_rows(ids: np.ndarray, sketches, keys: np.ndarray, left_out: set[int])
     for identifier, sketch, key_row in zip(ids.tolist(), sketches, keys.tolist()):
         if identifier not in left_out:
             yield (identifier, sketch, *key_row)
+
+
+def chunk_and_stored_texts(connection: sa.Connection, ids: np.ndarray, texts: list[str] | None,
+                           wanted: np.ndarray) -> dict[int, str]:
+    """The texts of the ``wanted`` ids: the chunk's from memory, the stored ones' from ``documents.text``."""
+    found, stored = {}, []
+    for i in wanted.tolist():
+        at = int(np.searchsorted(ids, i))
+        if texts is not None and at < len(ids) and ids[at] == i:
+            found[int(i)] = texts[at]
+        else:
+            stored.append(int(i))
+    if stored:
+        found.update(connection.exec_driver_sql(
+            f"SELECT d.id, d.text FROM documents d JOIN {id_table(connection, 'texts_wanted', stored)} USING (id)"
+        ).all())
+        connection.exec_driver_sql("DROP TABLE texts_wanted")
+    return found
 
 
 def exact_duplicates(connection: sa.Connection, chunk, ids: np.ndarray, pairs: np.ndarray) -> list[int]:

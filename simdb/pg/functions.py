@@ -39,7 +39,8 @@ def create_views(connection: sa.Connection, schema: str, method: Method) -> None
         CREATE OR REPLACE VIEW {schema}.near_duplicate_pairs AS
         SELECT p.a_id, a.external_id AS a_external_id, p.b_id, b.external_id AS b_external_id, p.distance,
                a.content_hash = b.content_hash AS exact, bt.name AS batch, p.found_at,
-               a.metadata AS a_metadata, b.metadata AS b_metadata, {similarity} AS similarity
+               a.metadata AS a_metadata, b.metadata AS b_metadata, {similarity} AS similarity,
+               a.text AS a_text, b.text AS b_text
         FROM {schema}.near_duplicates p
         JOIN {schema}.documents a ON a.id = p.a_id
         JOIN {schema}.documents b ON b.id = p.b_id
@@ -63,8 +64,10 @@ def create_views(connection: sa.Connection, schema: str, method: Method) -> None
         FROM {schema}.batches b""")
     for view, comment in {
         "near_duplicate_pairs": "Every near-duplicate pair found at ingest (a stored first), with both documents' "
-                                "metadata. distance: differing bits (SimHash) or signature positions (MinHash); "
-                                "similarity: the Jaccard estimate (MinHash only).",
+                                "metadata and, where the index keeps them, texts. distance: differing bits "
+                                "(SimHash), signature positions (MinHash) or ten-thousandths of Jaccard distance "
+                                "(MinHash deciding exactly); similarity: 1 - distance / 64 (SimHash), the Jaccard "
+                                "estimate or the exact Jaccard (MinHash).",
         "duplicate_clusters": "Groups of near-duplicates (connected components), canonical = earliest document.",
         "batch_summary": "Per batch: documents, new, exact and near duplicates (against the archive / within "
                          "the batch), already stored, rejected, duration.",

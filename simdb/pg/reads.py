@@ -64,6 +64,29 @@ def documents(connection: sa.Connection, method: Method, ids: Sequence[int]) -> 
         "WHERE id = ANY(:ids)"), {"ids": list(ids)})}
 
 
+def stored_document(connection: sa.Connection, method: Method, external_id: str) -> sa.Row:
+    """One stored document by its external id: its row, with its batch's name, the external ids of its
+    cluster's canonical document and of its earliest near-duplicate, and its sketch."""
+    row = connection.execute(sa.text(
+        f"SELECT d.id, d.external_id, d.{method.sketch_column[0]} AS sketch, d.text, d.metadata, d.length, "
+        "d.created_at, b.name AS batch, c.external_id AS cluster, o.external_id AS duplicate_of, "
+        "d.duplicate_distance FROM documents d JOIN batches b ON b.id = d.batch_id "
+        "JOIN documents c ON c.id = d.cluster_id LEFT JOIN documents o ON o.id = d.duplicate_of "
+        "WHERE d.external_id = :external_id"), {"external_id": external_id}).first()
+    if row is None:
+        raise SimdbError(f"no document with id {external_id!r} in the index; `simdb export` lists them")
+    return row
+
+
+def texts(connection: sa.Connection, ids: Sequence[int]) -> dict[int, str | None]:
+    """{id: text} of stored documents (None where the index keeps no text); ``ids`` are a bounded few (the
+    candidates of one lookup or of one chunk of ``simdb check``, read-only: no temporary table)."""
+    if not ids:
+        return {}
+    return dict(connection.execute(sa.text("SELECT id, text FROM documents WHERE id = ANY(:ids)"),
+                                   {"ids": list(ids)}).all())
+
+
 def lookup(connection: sa.Connection, method: Method, sketch, max_distance: int) -> list[tuple[sa.Row, int]]:
     """(document, distance) of every stored document within ``max_distance`` of one sketch, in one statement
     through the method's lookup (the analysts' function where it has one), verified by the method."""
@@ -237,8 +260,9 @@ def _distance_sample(connection: sa.Connection, method: Method, batch: int | Non
 
 
 def report_data(connection: sa.Connection, method: Method, batch: str | None, *, sample_size: int, clusters: int,
-                members: int) -> dict:
-    """Everything ``simdb report`` shows, read in one read-only snapshot."""
+                members: int, pairs: int = 0, text_chars: int = 0) -> dict:
+    """Everything ``simdb report`` shows, read in one read-only snapshot; with ``pairs``, that many stored pairs
+    that are not exact copies, least similar first, with their texts' first ``text_chars`` characters."""
     read_only_snapshot(connection)
     chosen = batch_id(connection, batch) if batch is not None else None
     data = {"stored": document_count(connection),
@@ -267,9 +291,20 @@ def report_data(connection: sa.Connection, method: Method, batch: str | None, *,
     data["members"] = shown = {}
     for row in connection.execute(sa.text(  # the canonical document first, then the batch's, then the earliest
             "SELECT * FROM (SELECT d.cluster_id, d.external_id, d.metadata, d.duplicate_distance, b.name AS batch, "
+            f"left(d.text, {int(text_chars)}) AS text, "
             "row_number() OVER (PARTITION BY d.cluster_id ORDER BY d.id <> d.cluster_id, "
             "d.batch_id IS DISTINCT FROM :batch, d.id) AS n FROM documents d JOIN batches b ON b.id = d.batch_id "
             f"WHERE d.cluster_id = ANY(:clusters)) m WHERE n <= {int(members)} ORDER BY cluster_id, n"),
             {"clusters": [c.cluster_id for c in data["clusters"]], "batch": chosen}):
         shown.setdefault(row.cluster_id, []).append(row)
+    # the least similar pairs, where the threshold decides: chosen from near_duplicates alone (a top-N of its rows,
+    # no join per pair), then joined for their texts
+    data["pairs"] = connection.execute(sa.text(
+        f"SELECT a.external_id AS a_external_id, b.external_id AS b_external_id, p.distance, "
+        f"left(a.text, {int(text_chars)}) AS a_text, left(b.text, {int(text_chars)}) AS b_text "
+        "FROM (SELECT a_id, b_id, distance FROM near_duplicates WHERE distance > 0 "
+        + ("AND batch_id = :batch " if chosen is not None else "")
+        + f"ORDER BY distance DESC, a_id, b_id LIMIT {int(pairs)}) p JOIN documents a ON a.id = p.a_id "
+        "JOIN documents b ON b.id = p.b_id ORDER BY p.distance DESC, p.a_id, p.b_id"),
+        params).all() if pairs else []
     return data

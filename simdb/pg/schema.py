@@ -11,7 +11,9 @@ hold several indexes.
 partitioned indexes, so every segment has its own. It has one column per block key (``key_0`` .. ``key_{n-1}``), each
 with its own B-tree index that also carries ``simhash`` and ``id``, so a
 lookup is an index-only scan. A MinHash index stores its signature in
-``signature`` (``simhash`` stays NULL) and one key column per band.
+``signature`` (``simhash`` stays NULL) and one key column per band. ``text``
+holds each document's text in an index that keeps them (``simdb init
+--store-text``; TOAST-compressed, with lz4 where the server has it).
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ def build_metadata(key_columns: tuple[str, ...]) -> sa.MetaData:
         sa.Column("duplicate_of", sa.BigInteger, index=True),  # no foreign keys into segments (see 0007)
         sa.Column("duplicate_distance", sa.SmallInteger),
         sa.Column("cluster_id", sa.BigInteger, nullable=False, index=True),
+        sa.Column("text", sa.Text),  # kept by `simdb init --store-text` (lz4 where the server has it), else NULL
         sa.CheckConstraint(sa.text("(simhash IS NULL) <> (signature IS NULL)"), name="one_sketch"),
         comment="One row per document: fingerprint (signed BIGINT), block keys, and the earliest near-duplicate.",
         postgresql_partition_by="RANGE (id)",

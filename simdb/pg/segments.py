@@ -229,7 +229,7 @@ def _create_segment(connection: sa.Connection, first_id: int, end_id: int, name:
     writers go on) unless ``attach`` is false."""
     name = name or segment_name(first_id)
     connection.exec_driver_sql(f'CREATE TABLE "{name}" (LIKE documents INCLUDING DEFAULTS INCLUDING CONSTRAINTS '
-                               "INCLUDING STORAGE)")
+                               "INCLUDING STORAGE INCLUDING COMPRESSION)")
     if attach:
         connection.exec_driver_sql(f'ALTER TABLE documents ATTACH PARTITION "{name}" '
                                    f"FOR VALUES FROM ({int(first_id)}) TO ({int(end_id)})")

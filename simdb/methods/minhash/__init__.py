@@ -28,7 +28,6 @@ class MinHash(Method):
     name = "minhash"
     title = "MinHash"
     sketch_column = ("signature", "bytea")
-    distance_unit = "signature positions"
     calibration_symbol = "t"
     calibration_axis = "threshold t (Jaccard estimate)"
 
@@ -36,9 +35,17 @@ class MinHash(Method):
 
     @classmethod
     def new(cls, *, threshold: float = 0.8, num_perm: int = 128, char_ngram: int = 5,
-            word_ngram: int = 3) -> "MinHash":
+            word_ngram: int = 3, verify: str = "estimate") -> "MinHash":
         return cls(MinHashSettings(threshold=threshold, num_perm=num_perm, char_ngram=char_ngram,
-                                   word_ngram=word_ngram))
+                                   word_ngram=word_ngram, verify=verify))
+
+    @property
+    def distance_unit(self) -> str:
+        return "ten-thousandths of Jaccard distance" if self.settings.exact else "signature positions"
+
+    @property
+    def needs_texts(self) -> bool:
+        return self.settings.exact
 
     @property
     def layout(self) -> MinHashSettings:
@@ -61,7 +68,7 @@ class MinHash(Method):
             "method": self.name,
             "algorithm": mh.algorithm,
             "minhash": {"threshold": mh.threshold, "num_perm": mh.num_perm, "bands": mh.bands, "rows": mh.rows,
-                        "char_ngram": mh.char_ngram, "word_ngram": mh.word_ngram},
+                        "char_ngram": mh.char_ngram, "word_ngram": mh.word_ngram, "verify": mh.verify},
             "max_distance": mh.max_distance,
             "keys": [list(band) for band in mh.keys],
             "hash": {"function": "xxh3_64+splitmix64, multiply-shift permutations", "seed": mh.seed},
@@ -87,7 +94,7 @@ class MinHash(Method):
         mh = self.settings
         return {"method": self.name, "threshold": mh.threshold, "max_distance": mh.max_distance,
                 "num_perm": mh.num_perm, "bands": mh.bands, "rows": mh.rows, "char_ngram": mh.char_ngram,
-                "word_ngram": mh.word_ngram, "seed": mh.seed, "algorithm": mh.algorithm}
+                "word_ngram": mh.word_ngram, "seed": mh.seed, "algorithm": mh.algorithm, "verify": mh.verify}
 
     def describe(self) -> str:
         return self.settings.describe()
@@ -122,7 +129,7 @@ class MinHash(Method):
 
     @property
     def max_possible_distance(self) -> int:
-        return self.settings.num_perm
+        return self.settings.scale
 
     def stored(self, sketches: Sequence[bytes]) -> list[bytes]:
         return list(sketches)
@@ -138,15 +145,35 @@ class MinHash(Method):
         if not len(stored):
             return np.empty(0, dtype=np.int64)
         query = np.frombuffer(sketch, dtype="<u4")
-        return self.settings.num_perm - np.count_nonzero(self._rows(stored) == query, axis=1)
+        return self.settings.distances_of(self.settings.num_perm - np.count_nonzero(self._rows(stored) == query,
+                                                                                    axis=1))
 
     def pair_distances(self, stored: Sequence[bytes], left: np.ndarray, right: np.ndarray) -> np.ndarray:
         rows, step = self._rows(stored), 1 << 16  # a slice at a time: a pair's two rows are 1 KiB
-        return np.concatenate([np.empty(0, dtype=np.int64)] + [
+        return self.settings.distances_of(np.concatenate([np.empty(0, dtype=np.int64)] + [
             self.settings.num_perm - np.count_nonzero(rows[left[i:i + step]] == rows[right[i:i + step]], axis=1)
-            for i in range(0, len(left), step)])
+            for i in range(0, len(left), step)]))
 
-    distance_in_verdicts = False  # signature positions: the similarity says it
+    def candidate_distance(self, max_distance: int) -> int:
+        return self.settings.candidate_distance(max_distance)
+
+    def decide(self, candidates: np.ndarray, texts, max_distance: int) -> np.ndarray:
+        """Exact mode: each candidate's distance is recomputed from the two texts' shingle sets (every text
+        shingled once, with the recipe the canaries check), and the pairs within ``max_distance`` kept."""
+        if not self.settings.exact or not len(candidates):
+            return candidates
+        ids = np.unique(candidates[:, :2])
+        found = texts(ids)
+        missing = [int(i) for i in ids.tolist() if found.get(int(i)) is None]
+        if missing:
+            raise SimdbError(f"{len(missing):,} document(s) have no stored text (document id {missing[0]}, ...), yet "
+                             "this index decides by the texts: store documents through ingest, which keeps them")
+        sets = {int(i): sig.shingle_set(found[int(i)], self.settings) for i in ids.tolist()}
+        distances = sig.exact_distances(sets, candidates[:, 0], candidates[:, 1])
+        keep = distances <= max_distance
+        return np.stack([candidates[keep, 0], candidates[keep, 1], distances[keep]], axis=1).astype(np.int64)
+
+    distance_in_verdicts = False  # signature positions or ten-thousandths: the similarity says it
 
     def similarity(self, distance: int) -> float:
         return self.settings.similarity_of(distance)
@@ -164,7 +191,7 @@ class MinHash(Method):
         return None
 
     def similarity_sql(self, distance: str) -> str:
-        return f"(1 - {distance}::real / {self.settings.num_perm})"
+        return f"(1 - {distance}::real / {self.settings.scale})"
 
     # -- SQL -----------------------------------------------------------------------------------
 
@@ -198,6 +225,10 @@ class MinHash(Method):
 
     def report_terms(self) -> dict[str, str]:
         n = self.settings.num_perm
+        if self.settings.exact:
+            return {"title": "Distances among candidate pairs", "unit": "ten-thousandths of Jaccard distance",
+                    "key": "band", "axis": "1 - Jaccard similarity between a sampled document and a candidate, "
+                                           "x 10,000 (estimated from the signatures)"}
         return {"title": "Distances among candidate pairs", "unit": f"of {n} signature positions", "key": "band",
                 "axis": f"Signature positions that differ between a sampled document and a candidate "
                         f"(1 - estimated Jaccard, x {n})"}

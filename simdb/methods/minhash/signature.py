@@ -47,6 +47,13 @@ from ..base import DEFAULT_SEED
 
 #: Names the text -> signature recipe; bump on any change that can change a signature.
 ALGORITHM = "minhash32-v1"
+#: With ``verify="exact"``, distances count ten-thousandths of Jaccard distance: a pair's distance is
+#: ``ceil((1 - J) * EXACT_SCALE)``, so ``J >= t`` exactly when the distance is at most ``(1 - t) * EXACT_SCALE``.
+EXACT_SCALE = 10_000
+#: Exact mode: a pair whose exact Jaccard reaches the decision is let through the signature stage unless its
+#: estimate is so far below that this would happen less often than once in this many pairs.
+EXACT_MISS = 1e-6
+VERIFY = ("estimate", "exact")
 #: Band layouts are chosen so that a pair exactly at the threshold becomes a candidate at least this often.
 CANDIDATE_RECALL = 0.995
 MAX_BANDS = 64
@@ -95,8 +102,16 @@ class MinHashSettings:
     word_ngram: int = 3
     seed: int = DEFAULT_SEED
     algorithm: str = ALGORITHM
+    #: ``estimate``: the signatures decide (the share of equal positions). ``exact``: the signatures find the
+    #: candidates, and the exact Jaccard similarity of the two texts' shingle sets decides.
+    verify: str = "estimate"
 
     def __post_init__(self) -> None:
+        if self.verify not in VERIFY:
+            raise ValueError(f"verify must be one of {', '.join(VERIFY)}, not {self.verify!r}")
+        if self.verify == "exact" and abs(self.threshold * EXACT_SCALE - round(self.threshold * EXACT_SCALE)) > 1e-6:
+            raise ValueError(f"with exact verification the threshold must be a multiple of {1 / EXACT_SCALE:g}, "
+                             f"not {self.threshold}")
         if not 16 <= self.num_perm <= 1024 or self.num_perm % 4:
             raise ValueError(f"the number of permutations must be a multiple of 4 from 16 to 1024, not {self.num_perm}")
         if not 0.0 < self.threshold < 1.0:
@@ -127,14 +142,51 @@ class MinHashSettings:
         return 4 * self.num_perm
 
     @property
+    def exact(self) -> bool:
+        return self.verify == "exact"
+
+    @property
+    def scale(self) -> int:
+        """What a distance counts to: signature positions, or ten-thousandths of Jaccard distance (exact)."""
+        return EXACT_SCALE if self.exact else self.num_perm
+
+    @property
     def max_distance(self) -> int:
-        """Signature positions that may differ at the threshold."""
+        """The largest distance at the threshold."""
         return self.distance_for(self.threshold)
 
     def distance_for(self, similarity: float) -> int:
-        """The most positions two signatures may differ in for an estimate of at least ``similarity``:
-        ``num_perm - ceil(similarity * num_perm)``."""
-        return self.num_perm - math.ceil(similarity * self.num_perm - 1e-9)
+        """The largest distance of a similarity of at least ``similarity``: ``scale - ceil(similarity * scale)``
+        (estimate: positions two signatures may differ in)."""
+        return self.scale - math.ceil(similarity * self.scale - 1e-9)
+
+    def distances_of(self, positions: np.ndarray) -> np.ndarray:
+        """Signature positions that differ, as distances: themselves, or (exact) the estimate's distance in
+        ten-thousandths, rounded up."""
+        positions = np.asarray(positions, dtype=np.int64)
+        return (positions * EXACT_SCALE + self.num_perm - 1) // self.num_perm if self.exact else positions
+
+    def candidate_distance(self, max_distance: int) -> int:
+        """Exact mode: the distance of estimates up to which a pair is judged by its texts, when judging at
+        ``max_distance``: a pair exactly at ``max_distance`` has a larger estimate with probability at most
+        :data:`EXACT_MISS` (the differing positions are binomial, ``num_perm`` trials of ``max_distance /
+        scale``). Estimate mode: ``max_distance``."""
+        if not self.exact:
+            return max_distance
+        p, n = max_distance / EXACT_SCALE, self.num_perm
+        if p <= 0:
+            positions = 0
+        elif p >= 1:
+            positions = n
+        else:
+            tail, positions = 0.0, n
+            for x in range(n, -1, -1):  # P(X >= x), from the top, until it exceeds the miss rate
+                tail += math.exp(math.lgamma(n + 1) - math.lgamma(x + 1) - math.lgamma(n - x + 1)
+                                 + x * math.log(p) + (n - x) * math.log1p(-p))
+                if tail > EXACT_MISS:
+                    positions = x
+                    break
+        return int(self.distances_of(np.array([positions]))[0])
 
     @cached_property
     def keys(self) -> tuple[tuple[int, ...], ...]:
@@ -146,13 +198,15 @@ class MinHashSettings:
         return [f"key_{i}" for i in range(self.bands)]
 
     def similarity_of(self, distance: int) -> float:
-        """The Jaccard estimate of a pair whose signatures differ in ``distance`` positions."""
-        return 1.0 - distance / self.num_perm
+        """The Jaccard similarity of a distance: the estimate of signatures that differ in ``distance``
+        positions, or (exact) ``1 - distance / 10,000``."""
+        return 1.0 - distance / self.scale
 
     def describe(self) -> str:
+        decided = ("; decided by the exact Jaccard similarity of the texts' shingles" if self.exact else "")
         return (f"MinHash, {self.num_perm} permutations, {self.bands} bands of {self.rows} rows, "
                 f"threshold {self.threshold:g} (a pair at the threshold is a candidate with probability "
-                f"{candidate_probability(self.threshold, self.bands, self.rows):.4f})")
+                f"{candidate_probability(self.threshold, self.bands, self.rows):.4f}){decided}")
 
 
 def _mix(values: np.ndarray) -> np.ndarray:
@@ -207,6 +261,24 @@ def shingle_hashes(text: str, settings: MinHashSettings) -> np.ndarray:
     units = np.fromiter((xxhash.xxh3_64_intdigest(w.encode("utf-8"), settings.seed) for w in words),
                         dtype=np.uint64, count=len(words))
     return _ngram_hashes(units, settings.word_ngram) ^ np.uint64(0x5157_4F52_4453)  # words never equal characters
+
+
+def shingle_set(text: str, settings: MinHashSettings) -> np.ndarray:
+    """The text's distinct shingle hashes, sorted: the set whose Jaccard similarity exact mode decides by."""
+    return np.unique(shingle_hashes(text, settings))
+
+
+def exact_distances(sets: dict[int, np.ndarray], left: np.ndarray, right: np.ndarray) -> np.ndarray:
+    """``ceil((1 - J) * EXACT_SCALE)`` of the shingle sets ``sets[left[i]]`` and ``sets[right[i]]``, computed in
+    integers (``J`` = shared / all), so that ``J >= t`` exactly when the distance is at most ``(1 - t) *
+    EXACT_SCALE``."""
+    out = np.empty(len(left), dtype=np.int64)
+    for i, (a, b) in enumerate(zip(left.tolist(), right.tolist())):
+        x, y = sets[a], sets[b]
+        shared = len(np.intersect1d(x, y, assume_unique=True))
+        union = len(x) + len(y) - shared
+        out[i] = ((union - shared) * EXACT_SCALE + union - 1) // union
+    return out
 
 
 def signatures(hash_sets: list[np.ndarray], settings: MinHashSettings) -> np.ndarray:

@@ -49,7 +49,7 @@ def band_pairs(connection: sa.Connection, settings: MinHashSettings, sql: str, m
             continue
         probe = np.frombuffer(rows["value2"].tobytes(), dtype="<u4").reshape(len(rows), settings.num_perm)
         target = np.frombuffer(rows["value3"].tobytes(), dtype="<u4").reshape(len(rows), settings.num_perm)
-        distances = settings.num_perm - np.count_nonzero(probe == target, axis=1)
+        distances = settings.distances_of(settings.num_perm - np.count_nonzero(probe == target, axis=1))
         keep = distances <= max_distance
         yield np.stack([rows["value0"][keep].astype(np.int64), rows["value1"][keep].astype(np.int64),
                         distances[keep].astype(np.int64)], axis=1)

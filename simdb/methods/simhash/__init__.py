@@ -207,7 +207,7 @@ class SimHash(Method):
         return to_unsigned(stored)
 
     def similarity_sql(self, distance: str) -> str:
-        return "NULL::real"
+        return f"(1 - {distance}::real / {self.layout.bits})::real"  # real: the type the column had as NULL::real
 
     # -- SQL -----------------------------------------------------------------------------------
 

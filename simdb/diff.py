@@ -1,0 +1,80 @@
+"""Character-level differences between two texts, for people: ``simdb show A B`` and the report's pairs.
+
+Near-duplicates are mostly the same text, so the diff is computed in two passes with
+:class:`difflib.SequenceMatcher`: over lines first, then over the characters of each changed run of
+lines. Characters, not words, because Chinese has no spaces to cut words at; ``autojunk`` is off,
+since its heuristic (a character in more than 1% of a long text is junk) would treat every common
+Chinese character as noise and match nothing. Changed lines that share little (a moved paragraph)
+are shown removed and added whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from difflib import SequenceMatcher
+from typing import Literal
+
+Kind = Literal["same", "removed", "added"]
+
+
+def _merged(pieces: Iterator[tuple[Kind, str]]) -> list[tuple[Kind, str]]:
+    out: list[tuple[Kind, str]] = []
+    for kind, text in pieces:
+        if not text:
+            continue
+        if out and out[-1][0] == kind:
+            out[-1] = (kind, out[-1][1] + text)
+        else:
+            out.append((kind, text))
+    return out
+
+
+#: Changed lines whose characters match less than this are shown as removed and added whole: a character
+#: diff of unrelated text is confetti of one-letter matches.
+MIN_CHARACTER_RATIO = 0.5
+
+
+def _characters(a: str, b: str) -> Iterator[tuple[Kind, str]]:
+    matcher = SequenceMatcher(None, a, b, autojunk=False)
+    if a and b and matcher.ratio() < MIN_CHARACTER_RATIO:
+        yield "removed", a
+        yield "added", b
+        return
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            yield "same", a[i1:i2]
+        else:
+            yield "removed", a[i1:i2]
+            yield "added", b[j1:j2]
+
+
+def diff(a: str, b: str) -> list[tuple[Kind, str]]:
+    """``(kind, text)`` runs that turn ``a`` into ``b``: the ``same`` and ``removed`` runs spell ``a``, the
+    ``same`` and ``added`` runs spell ``b``."""
+    lines_a, lines_b = a.splitlines(keepends=True), b.splitlines(keepends=True)
+    pieces: list[tuple[Kind, str]] = []
+    for tag, i1, i2, j1, j2 in SequenceMatcher(None, lines_a, lines_b, autojunk=False).get_opcodes():
+        if tag == "equal":
+            pieces.append(("same", "".join(lines_a[i1:i2])))
+        else:
+            pieces.extend(_characters("".join(lines_a[i1:i2]), "".join(lines_b[j1:j2])))
+    return _merged(iter(pieces))
+
+
+def changed_characters(runs: list[tuple[Kind, str]]) -> tuple[int, int]:
+    """(characters removed, characters added)."""
+    return (sum(len(text) for kind, text in runs if kind == "removed"),
+            sum(len(text) for kind, text in runs if kind == "added"))
+
+
+def elided(runs: list[tuple[Kind, str]], context: int = 80) -> list[tuple[Kind, str]]:
+    """The runs with long unchanged stretches cut to ``context`` characters on each side of a change."""
+    out: list[tuple[Kind, str]] = []
+    for i, (kind, text) in enumerate(runs):
+        if kind == "same" and len(text) > 2 * context + 5:
+            head = text[:context] if i > 0 else ""
+            tail = text[-context:] if i < len(runs) - 1 else ""
+            out.append(("same", f"{head} … {tail}" if head or tail else text[:2 * context] + " …"))
+        else:
+            out.append((kind, text))
+    return out
