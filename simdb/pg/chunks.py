@@ -39,7 +39,7 @@ def create_staging(connection: sa.Connection, method: Method, texts: bool = Fals
     columns = ([("id", "int8"), ("external_id", "text"), method.sketch_column]
                + [(name, "int8") for name in method.key_columns]
                + [("content_hash", "bytea"), ("length", "int4"), ("metadata", "jsonb")]
-               + ([("text", "text")] if texts else []))
+               + ([("text", "bytea")] if texts else []))  # UTF-8, decoded by the INSERT
     connection.exec_driver_sql(
         "CREATE TEMPORARY TABLE staging (" + ", ".join(f"{n} {t} NOT NULL" for n, t in columns)
         + ", position int8) ON COMMIT DROP")  # position: the record's place in the batch's input
@@ -130,7 +130,7 @@ def store_chunk(connection: sa.Connection, schema: str, method: Method, chunk, *
     target = f'"{bulk_segment}"' if bulk_segment else "documents"
     connection.exec_driver_sql(
         f"INSERT INTO {target} ({column_list}, batch_id, duplicate_of, duplicate_distance, cluster_id) "
-        f"SELECT {', '.join('s.' + n for n, _ in columns)}, {int(batch_id)}, m.duplicate_of, m.distance, "
+        f"SELECT {', '.join(_from_staging(n) for n, _ in columns)}, {int(batch_id)}, m.duplicate_of, m.distance, "
         f"coalesce(c.cluster_id, s.id) FROM staging s LEFT JOIN staging_duplicates m USING (id) "
         f"LEFT JOIN staging_clusters c USING (id) ORDER BY s.id")
     if bulk_segment:  # indexed by sorting, then attached: the chunk's documents join the archive here
@@ -178,14 +178,18 @@ def _probe_rows(ids: np.ndarray, sketches, keys: np.ndarray, left_out: set[int])
             yield (identifier, sketch, *key_row)
 
 
-def chunk_and_stored_texts(connection: sa.Connection, ids: np.ndarray, texts: list[str] | None,
+def _from_staging(column: str) -> str:
+    return "convert_from(s.text, 'UTF8')" if column == "text" else f"s.{column}"
+
+
+def chunk_and_stored_texts(connection: sa.Connection, ids: np.ndarray, texts: list[bytes] | None,
                            wanted: np.ndarray) -> dict[int, str]:
-    """The texts of the ``wanted`` ids: the chunk's from memory, the stored ones' from ``documents.text``."""
+    """The texts of the ``wanted`` ids: the chunk's from memory (UTF-8), the stored ones' from ``documents.text``."""
     found, stored = {}, []
     for i in wanted.tolist():
         at = int(np.searchsorted(ids, i))
         if texts is not None and at < len(ids) and ids[at] == i:
-            found[int(i)] = texts[at]
+            found[int(i)] = texts[at].decode("utf-8")
         else:
             stored.append(int(i))
     if stored:
