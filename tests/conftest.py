@@ -217,6 +217,19 @@ def assert_records_consistent(engine: sa.Engine, schema: str, max_distance: int 
             (batch.new, batch.exact_duplicates, batch.near_duplicates, batch.already_stored, batch.rejected)
     assert unmatched == 0
     assert far == 0
+    assert_clusters_table(engine, schema)
+
+
+def assert_clusters_table(engine: sa.Engine, schema: str) -> None:
+    """The maintained ``clusters`` table is what grouping every document by its cluster gives."""
+    with engine.connect() as connection:
+        kept, grouped = ({(row[0], row[1], row[2], row[3], tuple(sorted(row[4]))) for row in connection.execute(
+            sa.text(statement)).all()} for statement in (
+            f"SELECT cluster_id, size, first_seen, last_seen, batches FROM {schema}.clusters",
+            f"SELECT d.cluster_id, count(*), min(d.created_at), max(d.created_at), array_agg(DISTINCT b.name) "
+            f"FROM {schema}.documents d JOIN {schema}.batches b ON b.id = d.batch_id GROUP BY d.cluster_id "
+            "HAVING count(*) > 1"))
+    assert kept == grouped
 
 
 @contextlib.contextmanager

@@ -1,5 +1,6 @@
 """The README and docs/ cannot drift: their commands and options exist, their Python runs, their SQL runs."""
 
+import json
 import re
 import shlex
 from pathlib import Path
@@ -78,6 +79,28 @@ def test_every_sql_recipe_runs_and_answers(corpus_archive, admin_engine):
         with admin_engine.connect() as connection:
             rows = connection.execute(sa.text(recipe.replace("simdb.", f"{archive}."))).all()
         assert rows, f"this README recipe returns nothing:\n{recipe}"
+
+
+def test_the_minhash_recipes_run_and_answer(run, tmp_path, schema, admin_engine):
+    records = list(corpus())
+    assert run("init", "--method", "minhash", "--verify", "exact").exit_code == 0
+    for name, part in (("archive", records[:250]), ("new", records[250:])):
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in part))
+        assert run("ingest", str(path), "--batch", name).exit_code == 0
+    recipes = blocks("sql minhash")
+    assert len(recipes) >= 4
+    for recipe in recipes:
+        with admin_engine.connect() as connection:
+            rows = connection.execute(sa.text(recipe.replace("simdb.", f"{schema}."))).all()
+        assert rows, f"this MinHash recipe returns nothing:\n{recipe}"
+    with admin_engine.connect() as connection:
+        similar, near, closest, both_ways = (connection.execute(sa.text(r.replace("simdb.", f"{schema}."))).all()
+                                             for r in recipes)
+    assert [r.external_id for r in similar] == ["ref-0012-drop_sentence"] == [r.external_id for r in near]
+    assert all(0.8 <= r.similarity < 1 and r.a_start and r.b_start for r in closest)
+    assert {(r.external_id, r.neighbour_is_earlier) for r in both_ways} == \
+        {("ref-0012", False), ("ref-0012-drop_sentence", True)}
 
 
 def test_the_recipes_say_what_they_claim(corpus_archive, admin_engine):

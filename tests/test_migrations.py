@@ -32,7 +32,7 @@ def test_upgrade_to_head_then_down_to_base_and_up_again(database_url, schema, ad
             migrate.upgrade(connection, schema, layout=settings.layout, new_index_settings=settings.to_rows())
             assert migrate.current_revision(connection, schema) == migrate.head_revision()
         assert tables_in(admin_engine, schema) == {"alembic_version", "settings", "batches", "documents",
-                                                   "near_duplicates", "idf_terms", "records"}
+                                                   "near_duplicates", "idf_terms", "records", "clusters"}
         columns = {c["name"] for c in sa.inspect(admin_engine).get_columns("documents", schema=schema)}
         assert {f"key_{i}" for i in range(10)} <= columns
 

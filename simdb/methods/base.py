@@ -188,6 +188,10 @@ class Method(ABC):
     def similarity_sql(self, distance: str) -> str:
         """SQL for the reported similarity of a stored pair whose distance is the expression ``distance``."""
 
+    @abstractmethod
+    def similarity_between_sql(self, schema: str, a: str, b: str) -> str:
+        """SQL for the similarity the sketches of two documents rows ``a`` and ``b`` give (a ``real``)."""
+
     # -- SQL -----------------------------------------------------------------------------------
 
     @abstractmethod

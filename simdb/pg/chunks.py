@@ -28,7 +28,7 @@ from ..inputs import checks
 from ..matches import distinct, earliest
 from ..methods import Method
 from .catalog import check_layout, record_segmenter
-from .clusters import merge_clusters
+from .clusters import merge_cluster_rows, merge_clusters
 from .copy import copy_in, id_table
 from .database import lock
 from .segments import attach_indexed, index_bare, place_chunk, seal, segment_pairs
@@ -136,6 +136,8 @@ def store_chunk(connection: sa.Connection, schema: str, method: Method, chunk, *
     if bulk_segment:  # indexed by sorting, then attached: the chunk's documents join the archive here
         index_bare(connection, bulk_segment, int(ids[0]), int(ids[-1]) + 1)
         attach_indexed(connection, bulk_segment, int(ids[0]), int(ids[-1]) + 1)
+    if len(pairs):  # the clusters the chunk's documents made, joined or merged
+        merge_cluster_rows(connection, batch_id)
     seal(connection, sealed)
     copy_in(connection, "near_duplicates (b_id, a_id, distance, batch_id)", ["int8", "int8", "int2", "int4"],
             ((probe, match, distance, batch_id) for probe, match, distance in pairs.tolist()))

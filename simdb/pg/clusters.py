@@ -6,6 +6,13 @@ new pairs join new documents to each other and to existing clusters, and the
 merged clusters take the smallest canonical id, so only the documents of
 clusters that actually merge are touched. A removal can split clusters; only
 the clusters that lost documents are recomputed, from their stored pairs.
+
+The ``clusters`` table holds one row per cluster of two or more documents (size, first and last
+seen, batches), kept in the same transactions: every ingest chunk and every removal recomputes the
+rows of the clusters it touched: an ingest from the rows of the clusters it merged and its own
+documents (:func:`merge_cluster_rows`), a removal from the members of the clusters that lost documents
+(:func:`refresh_clusters`). "The biggest clusters" is then an index scan of ``clusters``, where
+grouping every document took 2.8 s at 1M documents.
 """
 
 from __future__ import annotations
@@ -53,20 +60,59 @@ def merge_clusters(connection: sa.Connection, pairs: np.ndarray, new_ids: np.nda
     forest = UnionFind()
     for new, matched in pairs[:, :2].tolist():
         forest.union(new, clusters.get(matched, matched))
-    relabel = [(root, forest.find(root)) for root in set(clusters.values()) if forest.find(root) != root]
+    parts = [(root, forest.find(root)) for root in set(clusters.values())]
+    relabel = [(root, new) for root, new in parts if new != root]
     if relabel:
         copy_in(connection, "cluster_relabel (old, new)", ["int8", "int8"], relabel, create=True)
         connection.exec_driver_sql("UPDATE documents d SET cluster_id = r.new FROM cluster_relabel r "
                                    "WHERE d.cluster_id = r.old")
+    # every stored cluster the pairs reach, with the cluster it is now part of (for merge_cluster_rows)
+    copy_in(connection, "cluster_parts (old, root)", ["int8", "int8"], parts, create=True)
     # every new document the pairs touch, on either side: one that is only ever the earlier side of a
     # pair (matched by a later document of its chunk) still joins the merged cluster
     touched = {int(node) for node in pairs[:, :2].ravel() if first_new is not None and node >= first_new}
     return {new: forest.find(new) for new in touched}
 
 
+def merge_cluster_rows(connection: sa.Connection, batch_id: int) -> None:
+    """After a chunk's documents are stored: the ``clusters`` rows of the clusters its pairs made or merged,
+    from the rows of the stored clusters they absorbed (``cluster_parts``: a stored document without a row is
+    a cluster of one) and the chunk's own members (``staging_clusters``), without reading other members."""
+    connection.exec_driver_sql(f"""
+        CREATE TEMPORARY TABLE cluster_merged ON COMMIT DROP AS
+        SELECT p.root, coalesce(c.size, 1) AS size, coalesce(c.first_seen, d.created_at) AS first_seen,
+               coalesce(c.last_seen, d.created_at) AS last_seen, coalesce(c.batches, ARRAY[b.name]) AS batches
+        FROM cluster_parts p LEFT JOIN clusters c ON c.cluster_id = p.old
+        LEFT JOIN documents d ON d.id = p.old AND c.cluster_id IS NULL LEFT JOIN batches b ON b.id = d.batch_id
+        UNION ALL
+        SELECT s.cluster_id, count(*), now(), now(), ARRAY[(SELECT name FROM batches WHERE id = {int(batch_id)})]
+        FROM staging_clusters s GROUP BY s.cluster_id""")
+    connection.exec_driver_sql("DELETE FROM clusters c USING cluster_parts p WHERE c.cluster_id = p.old")
+    connection.exec_driver_sql(
+        "INSERT INTO clusters (cluster_id, size, first_seen, last_seen, batches) "
+        "SELECT m.root, sum(m.size), min(m.first_seen), max(m.last_seen), "
+        "(SELECT array_agg(DISTINCT name) FROM cluster_merged n, unnest(n.batches) name WHERE n.root = m.root) "
+        "FROM cluster_merged m GROUP BY m.root HAVING sum(m.size) > 1 "
+        "ON CONFLICT (cluster_id) DO UPDATE SET size = EXCLUDED.size, first_seen = EXCLUDED.first_seen, "
+        "last_seen = EXCLUDED.last_seen, batches = EXCLUDED.batches")
+
+
+def refresh_clusters(connection: sa.Connection, touched: str) -> None:
+    """Recompute the ``clusters`` rows of the cluster ids in the table ``touched`` (a ``cluster_id`` column)
+    from their members: a cluster left with one document (or none) has no row."""
+    connection.exec_driver_sql(f"ANALYZE {touched}")
+    connection.exec_driver_sql(f"DELETE FROM clusters c USING {touched} t WHERE c.cluster_id = t.cluster_id")
+    connection.exec_driver_sql(
+        "INSERT INTO clusters (cluster_id, size, first_seen, last_seen, batches) "
+        "SELECT d.cluster_id, count(*), min(d.created_at), max(d.created_at), array_agg(DISTINCT b.name) "
+        f"FROM documents d JOIN (SELECT DISTINCT cluster_id FROM {touched}) t ON t.cluster_id = d.cluster_id "
+        "JOIN batches b ON b.id = d.batch_id GROUP BY d.cluster_id HAVING count(*) > 1")
+
+
 def recluster(connection: sa.Connection, clusters: str) -> int:
     """Recompute the clusters listed in the table ``clusters`` (a ``cluster_id`` column) from their stored
-    pairs, after a removal; returns documents relabelled. Members and pairs are found by joining that
+    pairs, after a removal, and adds the clusters' new ids to that table (for :func:`refresh_clusters`);
+    returns documents relabelled. Members and pairs are found by joining that
     table, not through an array of ids in the statement: a removed batch of a million documents lists a
     million clusters, and a million-element array in every segment's scan exhausted the server's memory."""
     connection.exec_driver_sql(f"ANALYZE {clusters}")
@@ -84,6 +130,8 @@ def recluster(connection: sa.Connection, clusters: str) -> int:
         forest.union(a, b)
     changes = [(member, forest.find(member)) for member in members]
     copy_in(connection, "cluster_recomputed (id, cluster_id)", ["int8", "int8"], changes, create=True)
-    return connection.exec_driver_sql(
+    relabelled = connection.exec_driver_sql(
         "UPDATE documents d SET cluster_id = r.cluster_id FROM cluster_recomputed r "
         "WHERE d.id = r.id AND d.cluster_id <> r.cluster_id").rowcount
+    connection.exec_driver_sql(f"INSERT INTO {clusters} (cluster_id) SELECT DISTINCT cluster_id FROM cluster_recomputed")
+    return relabelled

@@ -17,12 +17,23 @@ from psycopg import sql
 from ..errors import SimdbError
 from ..methods import Method
 
-VIEWS = ("near_duplicate_pairs", "duplicate_clusters", "batch_summary")
+VIEWS = ("near_duplicate_pairs", "duplicate_clusters", "batch_summary", "document_neighbours", "cluster_members")
 
 
 def _run(connection: sa.Connection, statement: str) -> None:
     """Execute DDL as written: no parameters, so '%' in PL/pgSQL is not taken for a placeholder."""
     connection.connection.dbapi_connection.execute(statement)
+
+
+def neighbours_function(schema: str) -> tuple[str, str, str]:
+    """``simdb_neighbours(external_id)``, the same for every method (it reads the ``document_neighbours`` view)."""
+    return ("simdb_neighbours(text)",
+            f"""CREATE OR REPLACE FUNCTION {schema}.simdb_neighbours(external_id text)
+            RETURNS SETOF {schema}.document_neighbours
+            LANGUAGE sql STABLE PARALLEL SAFE AS $$
+            SELECT * FROM {schema}.document_neighbours n WHERE n.external_id = simdb_neighbours.external_id
+            $$""",
+            "The near-duplicates of one document (by its external id), earlier and later, with both batches.")
 
 
 def create_functions(connection: sa.Connection, schema: str, method: Method) -> None:
@@ -47,14 +58,31 @@ def create_views(connection: sa.Connection, schema: str, method: Method) -> None
         JOIN {schema}.batches bt ON bt.id = p.batch_id""")
     connection.exec_driver_sql(f"""
         CREATE OR REPLACE VIEW {schema}.duplicate_clusters AS
-        SELECT d.cluster_id, c.external_id AS canonical_id, count(*) AS size,
-               min(d.created_at) AS first_seen, max(d.created_at) AS last_seen,
-               array_agg(DISTINCT b.name) AS batches
-        FROM {schema}.documents d
-        JOIN {schema}.documents c ON c.id = d.cluster_id
-        JOIN {schema}.batches b ON b.id = d.batch_id
-        GROUP BY d.cluster_id, c.external_id
-        HAVING count(*) > 1""")
+        SELECT k.cluster_id, c.external_id AS canonical_id, k.size, k.first_seen, k.last_seen, k.batches,
+               c.text AS canonical_text
+        FROM {schema}.clusters k
+        JOIN {schema}.documents c ON c.id = k.cluster_id""")
+    side = ("SELECT p.{me}_id AS document_id, {me}.external_id, {me}b.name AS batch, p.{other}_id AS neighbour_id, "
+            "{other}.external_id AS neighbour_external_id, {other}b.name AS neighbour_batch, {earlier} AS "
+            "neighbour_is_earlier, p.distance, {similarity} AS similarity, p.found_at "
+            f"FROM {schema}.near_duplicates p JOIN {schema}.documents a ON a.id = p.a_id "
+            f"JOIN {schema}.batches ab ON ab.id = a.batch_id JOIN {schema}.documents b ON b.id = p.b_id "
+            f"JOIN {schema}.batches bb ON bb.id = b.batch_id")
+    connection.exec_driver_sql(
+        f"CREATE OR REPLACE VIEW {schema}.document_neighbours AS "
+        + side.format(me="b", other="a", earlier="true", similarity=similarity) + " UNION ALL "
+        + side.format(me="a", other="b", earlier="false", similarity=similarity))
+    to_canonical = method.similarity_between_sql(schema, "d", "c")
+    connection.exec_driver_sql(f"""
+        CREATE OR REPLACE VIEW {schema}.cluster_members AS
+        SELECT d.cluster_id, c.external_id AS canonical_id, k.size AS cluster_size, d.id AS document_id,
+               d.external_id, b.name AS batch, d.created_at, d.duplicate_of, d.duplicate_distance,
+               {to_canonical} AS similarity_to_canonical,
+               min({to_canonical}) OVER (PARTITION BY d.cluster_id) AS cluster_min_similarity, d.text
+        FROM {schema}.clusters k
+        JOIN {schema}.documents d ON d.cluster_id = k.cluster_id
+        JOIN {schema}.documents c ON c.id = k.cluster_id
+        JOIN {schema}.batches b ON b.id = d.batch_id""")
     connection.exec_driver_sql(f"""
         CREATE OR REPLACE VIEW {schema}.batch_summary AS
         SELECT b.id AS batch_id, b.name, b.source, b.status, b.started_at, b.finished_at,
@@ -62,13 +90,22 @@ def create_views(connection: sa.Connection, schema: str, method: Method) -> None
                b.near_duplicates, b.exact_duplicates + b.near_duplicates - b.within_batch AS against_archive,
                b.within_batch, b.already_stored, b.rejected
         FROM {schema}.batches b""")
+    _, statement, comment = neighbours_function(schema)  # it returns the rows of a view, so it comes after them
+    _run(connection, statement)
+    _run(connection, f"COMMENT ON FUNCTION {schema}.simdb_neighbours(text) IS " + sql.Literal(comment).as_string())
     for view, comment in {
         "near_duplicate_pairs": "Every near-duplicate pair found at ingest (a stored first), with both documents' "
                                 "metadata and, where the index keeps them, texts. distance: differing bits "
                                 "(SimHash), signature positions (MinHash) or ten-thousandths of Jaccard distance "
                                 "(MinHash deciding exactly); similarity: 1 - distance / 64 (SimHash), the Jaccard "
                                 "estimate or the exact Jaccard (MinHash).",
-        "duplicate_clusters": "Groups of near-duplicates (connected components), canonical = earliest document.",
+        "duplicate_clusters": "Groups of near-duplicates (connected components), canonical = earliest document, "
+                              "with its text where the index keeps texts; read from the clusters table.",
+        "document_neighbours": "Every stored pair from both sides: each document with each of its near-duplicates, "
+                               "both batches, whether the neighbour came earlier, distance and similarity.",
+        "cluster_members": "The members of every cluster of two or more, each with its similarity to the "
+                           "cluster's canonical (earliest) document as the sketches estimate it, and the smallest "
+                           "such similarity in its cluster: how far the cluster has spread.",
         "batch_summary": "Per batch: documents, new, exact and near duplicates (against the archive / within "
                          "the batch), already stored, rejected, duration.",
     }.items():
@@ -77,6 +114,7 @@ def create_views(connection: sa.Connection, schema: str, method: Method) -> None
 
 
 def drop_functions_and_views(connection: sa.Connection, schema: str) -> None:
+    connection.exec_driver_sql(f"DROP FUNCTION IF EXISTS {schema}.simdb_neighbours(text)")  # it needs a view
     for view in VIEWS:
         connection.exec_driver_sql(f"DROP VIEW IF EXISTS {schema}.{view}")
     for function in connection.execute(sa.text(

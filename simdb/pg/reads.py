@@ -274,7 +274,7 @@ def report_data(connection: sa.Connection, method: Method, batch: str | None, *,
         return data
     if chosen is None:
         scope, params, population = "", {}, data["stored"]
-        singletons = "SELECT count(*) FROM (SELECT 1 FROM documents GROUP BY cluster_id HAVING count(*) = 1) s"
+        singletons = f"SELECT {int(population)} - coalesce(sum(size), 0) FROM clusters"  # the rest are alone
     else:
         scope = "WHERE cluster_id IN (SELECT cluster_id FROM documents WHERE batch_id = :batch)"
         params = {"batch": chosen}

@@ -96,6 +96,17 @@ def build_metadata(key_columns: tuple[str, ...]) -> sa.MetaData:
         sa.CheckConstraint(sa.text("a_id < b_id"), name="ordered"),
         comment="Every near-duplicate pair found at ingest: a was stored before b; batch is b's.",
     )
+    clusters = sa.Table(
+        "clusters", metadata,
+        sa.Column("cluster_id", sa.BigInteger, primary_key=True, autoincrement=False),
+        sa.Column("size", sa.BigInteger, nullable=False),
+        sa.Column("first_seen", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("last_seen", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("batches", sa.ARRAY(sa.Text), nullable=False),
+        comment="One row per cluster of two or more documents (cluster_id = its earliest document's id), kept "
+                "by every ingest and removal: size, first and last seen, the batches of its members.",
+    )
+    sa.Index("ix_clusters_size", clusters.c.size.desc(), clusters.c.cluster_id)
     sa.Table(
         "records", metadata,
         sa.Column("batch_id", sa.Integer, sa.ForeignKey("batches.id", ondelete="CASCADE"), primary_key=True),

@@ -193,6 +193,9 @@ class MinHash(Method):
     def similarity_sql(self, distance: str) -> str:
         return f"(1 - {distance}::real / {self.settings.scale})"
 
+    def similarity_between_sql(self, schema: str, a: str, b: str) -> str:
+        return f"{schema}.simdb_similarity({a}.signature, {b}.signature)"  # the estimate, even when deciding exactly
+
     # -- SQL -----------------------------------------------------------------------------------
 
     def candidate_pairs(self, connection: sa.Connection, probe: str, target: str, max_distance: int, *,

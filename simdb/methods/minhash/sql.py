@@ -16,7 +16,7 @@ import sqlalchemy as sa
 
 from ...pg.copy import copy_out
 from ...pg.probes import lateral_probe
-from .signature import MinHashSettings
+from .signature import EXACT_SCALE, MinHashSettings
 
 
 def band_candidate_sql(settings: MinHashSettings, probe: str, target: str, *, where: str | None = None,
@@ -63,7 +63,10 @@ def band_key_sql(settings: MinHashSettings, band: int | str, signature: str = "s
 
 def function_statements(schema: str, settings: MinHashSettings) -> list[tuple[str, str, str]]:
     """``(signature, CREATE statement, comment)`` of the MinHash analysts' functions."""
-    bands, threshold = settings.bands, settings.threshold
+    bands, threshold, k, n = settings.bands, settings.threshold, settings.max_distance, settings.num_perm
+    positions = f"round((1 - s.similarity) * {n})::integer"  # the positions in which the signatures differ
+    distance = f"(({positions} * {EXACT_SCALE} + {n - 1}) / {n})" if settings.exact else positions
+    unit = "ten-thousandths of Jaccard distance (estimated)" if settings.exact else "signature positions"
     # the parameter qualified by the function's name: a bare ``signature`` here is the documents column, which
     # made every band "match" its own row and every lookup a scan of the table
     lookups = "\n                UNION\n".join(
@@ -109,4 +112,25 @@ def function_statements(schema: str, settings: MinHashSettings) -> list[tuple[st
             $$""",
          f"Documents whose estimated Jaccard similarity to a signature is at least min_similarity (default and at "
          f"least {threshold}), found through the band indexes."),
+        ("simdb_check_distance(integer)",
+         f"""CREATE OR REPLACE FUNCTION {schema}.simdb_check_distance(max_distance integer) RETURNS boolean
+            LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+            BEGIN
+                IF max_distance IS NULL OR max_distance < 0 OR max_distance > {k} THEN
+                    RAISE EXCEPTION 'simdb_near: max_distance must be between 0 and {k} (the index''s maximum '
+                                    'distance), not %', max_distance USING ERRCODE = 'invalid_parameter_value';
+                END IF;
+                RETURN true;
+            END $$""",
+         ""),
+        ("simdb_near(bytea, integer)",
+         f"""CREATE OR REPLACE FUNCTION {schema}.simdb_near(signature bytea, max_distance integer DEFAULT {k})
+            RETURNS TABLE (document_id bigint, distance integer)
+            LANGUAGE sql STABLE PARALLEL SAFE AS $$
+            SELECT s.document_id, {distance}
+            FROM {schema}.simdb_similar(simdb_near.signature, {threshold}) s
+            WHERE {schema}.simdb_check_distance(max_distance) AND {distance} <= max_distance
+            $$""",
+         f"Documents within max_distance (default and at most {k}) {unit} of a signature, found through the band "
+         "indexes: simdb_similar in the vocabulary of distance that SimHash indexes share."),
     ]

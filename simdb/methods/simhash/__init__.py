@@ -209,6 +209,9 @@ class SimHash(Method):
     def similarity_sql(self, distance: str) -> str:
         return f"(1 - {distance}::real / {self.layout.bits})::real"  # real: the type the column had as NULL::real
 
+    def similarity_between_sql(self, schema: str, a: str, b: str) -> str:
+        return f"(1 - bit_count(({a}.simhash # {b}.simhash)::bit(64))::real / {self.layout.bits})::real"
+
     # -- SQL -----------------------------------------------------------------------------------
 
     def candidate_pairs(self, connection: sa.Connection, probe: str, target: str, max_distance: int, *,

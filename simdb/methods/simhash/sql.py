@@ -124,4 +124,27 @@ def function_statements(schema: str, layout: BlockLayout) -> list[tuple[str, str
             $$""",
          f"Documents within max_distance (default and at most {k}) bits of a fingerprint, found through the "
          "block-key indexes."),
+        ("simdb_check_similarity(real)",
+         f"""CREATE OR REPLACE FUNCTION {schema}.simdb_check_similarity(min_similarity real) RETURNS boolean
+            LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+            BEGIN
+                IF min_similarity IS NULL OR min_similarity < {1 - k / 64} OR min_similarity > 1 THEN
+                    RAISE EXCEPTION 'simdb_similar: min_similarity must be between {1 - k / 64} (1 - {k} / 64, the '
+                                    'index''s maximum distance) and 1, not %', min_similarity
+                                    USING ERRCODE = 'invalid_parameter_value';
+                END IF;
+                RETURN true;
+            END $$""",
+         ""),
+        ("simdb_similar(bigint, real)",
+         f"""CREATE OR REPLACE FUNCTION {schema}.simdb_similar(fingerprint bigint, min_similarity real DEFAULT {1 - k / 64})
+            RETURNS TABLE (document_id bigint, similarity real)
+            LANGUAGE sql STABLE PARALLEL SAFE AS $$
+            SELECT n.document_id, (1 - n.distance::real / 64)::real
+            FROM {schema}.simdb_near(fingerprint, {k}) n
+            WHERE {schema}.simdb_check_similarity(min_similarity) AND 1 - n.distance::real / 64 >= min_similarity
+            $$""",
+         f"Documents whose similarity (1 - differing bits / 64) to a fingerprint is at least min_similarity (default "
+         f"and at least {1 - k / 64}), found through the block-key indexes: simdb_near in the vocabulary of "
+         "similarity that MinHash indexes share."),
     ]

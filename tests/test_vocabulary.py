@@ -1,0 +1,141 @@
+"""One SQL vocabulary for both methods, the neighbours and cluster views, and the maintained clusters table.
+
+Each answer is checked against what Python computes from the stored pairs and sketches, on a SimHash
+index and on MinHash indexes (estimate and exact), and every lookup's plan, function bodies included
+(auto_explain with nested statements), must read the indexes, not scan ``documents``.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import sqlalchemy as sa
+
+from simdb import Index
+from simdb.bits import to_unsigned
+from simdb.samples import corpus
+from tests.conftest import assert_clusters_table, explained
+from tests.test_texts import generated
+
+SETTINGS = {"simhash": {"store_text": True}, "minhash": {"method": "minhash"},
+            "minhash-exact": {"method": "minhash", "verify": "exact"}}
+
+
+@pytest.fixture(params=list(SETTINGS))
+def archive(request, database_url, schema):
+    """An index of each kind with two batches; yields (index, its documents as ingested)."""
+    documents = list(corpus()) if request.param == "simhash" else generated(seed=3, bases=20)
+    with Index.create(database_url, schema=schema, **SETTINGS[request.param]) as index:
+        half = len(documents) // 2
+        index.add_many(documents[:half], batch="first", chunk_size=50)
+        index.add_many(documents[half:], batch="second", chunk_size=50)
+        yield index, documents
+
+
+def signed(fingerprint: int) -> int:
+    """A fingerprint as the BIGINT column stores it."""
+    return fingerprint - (1 << 64) if fingerprint >= 1 << 63 else fingerprint
+
+
+def rows(index: Index, statement: str, **params) -> list[sa.Row]:
+    with index.database.engine.connect() as connection:
+        connection.exec_driver_sql(f"SET search_path TO {index.database.schema}")
+        return connection.execute(sa.text(statement), params).all()
+
+
+def test_neighbours_are_every_stored_pair_from_both_sides(archive):
+    index, documents = archive
+    method = index.settings.method
+    names = {row.id: (row.external_id, row.batch) for row in rows(
+        index, "SELECT d.id, d.external_id, b.name AS batch FROM documents d JOIN batches b ON b.id = d.batch_id")}
+    pairs = rows(index, "SELECT a_id, b_id, distance FROM near_duplicates")
+    expected = {(names[b][0], names[b][1], names[a][0], names[a][1], True, d) for a, b, d in pairs} | \
+               {(names[a][0], names[a][1], names[b][0], names[b][1], False, d) for a, b, d in pairs}
+    view = rows(index, "SELECT external_id, batch, neighbour_external_id, neighbour_batch, neighbour_is_earlier, "
+                       "distance, similarity FROM document_neighbours")
+    assert {tuple(row[:6]) for row in view} == expected and len(view) == 2 * len(pairs) > 20
+    assert all(row.similarity == pytest.approx(method.similarity(row.distance), abs=1e-6) for row in view)
+    for name in sorted({row.external_id for row in view})[:5]:
+        assert sorted(rows(index, "SELECT * FROM simdb_neighbours(:id)", id=name)) == \
+            sorted(rows(index, "SELECT * FROM document_neighbours WHERE external_id = :id", id=name))
+    assert rows(index, "SELECT * FROM simdb_neighbours('no such document')") == []
+
+
+def test_clusters_and_their_members_are_what_the_documents_say(archive, admin_engine):
+    index, documents = archive
+    method = index.settings.method
+    assert_clusters_table(admin_engine, index.database.schema)
+    texts = {d["id"]: d["text"] for d in documents}
+    clusters = rows(index, "SELECT cluster_id, canonical_id, size, canonical_text FROM duplicate_clusters")
+    assert clusters and all(c.canonical_text in (None, texts[c.canonical_id]) for c in clusters)
+    assert any(c.canonical_text is not None for c in clusters) == index.settings.texts
+    sketches = {row.id: row.sketch for row in rows(
+        index, f"SELECT id, {method.sketch_column[0]} AS sketch FROM documents")}
+    members = rows(index, "SELECT cluster_id, document_id, cluster_size, similarity_to_canonical, "
+                          "cluster_min_similarity FROM cluster_members")
+    by_cluster: dict[int, list] = {}
+    for member in members:
+        by_cluster.setdefault(member.cluster_id, []).append(member)
+    assert {c.cluster_id: c.size for c in clusters} == {c: len(m) for c, m in by_cluster.items()}
+    for cluster_id, found in by_cluster.items():
+        if method.name == "minhash":  # the sketches' estimate: the share of positions that agree
+            canonical = np.frombuffer(sketches[cluster_id], "<u4")
+            similarity = np.array([np.count_nonzero(canonical == np.frombuffer(sketches[m.document_id], "<u4"))
+                                   for m in found]) / method.settings.num_perm
+        else:
+            similarity = np.array([1 - (to_unsigned(sketches[cluster_id]) ^ to_unsigned(sketches[m.document_id]))
+                                   .bit_count() / 64 for m in found])
+        assert [m.similarity_to_canonical for m in found] == pytest.approx(similarity.tolist(), abs=1e-6)
+        assert [m.cluster_min_similarity for m in found] == pytest.approx([min(similarity)] * len(found), abs=1e-6)
+
+
+def test_similar_and_near_answer_on_both_methods(archive):
+    index, documents = archive
+    method = index.settings.method
+    probe = documents[5]["text"]
+    sketch = index.fingerprint(probe)
+    if method.name == "simhash":
+        fingerprint = signed(sketch)
+        near = rows(index, "SELECT document_id, distance FROM simdb_near(:f)", f=fingerprint)
+        similar = rows(index, "SELECT document_id, similarity FROM simdb_similar(:f)", f=fingerprint)
+        assert {(d, 1 - n / 64) for d, n in near} == {tuple(row) for row in similar}  # multiples of 1/64: exact
+        assert {d for d, s in rows(index, "SELECT * FROM simdb_similar(:f, 0.99)", f=fingerprint)} == \
+            {d for d, n in near if n == 0}
+        with pytest.raises(sa.exc.DBAPIError, match="min_similarity must be between 0.953125"):
+            rows(index, "SELECT * FROM simdb_similar(:f, 0.9)", f=fingerprint)
+    else:
+        similar = rows(index, "SELECT document_id, similarity FROM simdb_similar(:s)", s=sketch)
+        near = rows(index, "SELECT document_id, distance FROM simdb_near(:s)", s=sketch)
+        assert near and {d for d, _ in near} == {d for d, _ in similar}
+        stored = {row.id: row.signature for row in rows(index, "SELECT id, signature FROM documents")}
+        for document_id, distance in near:  # the estimate, in the index's unit
+            assert distance == int(method.distances(sketch, [stored[document_id]])[0]) <= method.max_distance
+        with pytest.raises(sa.exc.DBAPIError, match="max_distance must be between 0 and"):
+            rows(index, "SELECT * FROM simdb_near(:s, -1)", s=sketch)
+
+
+def test_every_lookup_reads_the_indexes_inside_function_bodies_too(archive):
+    index, documents = archive
+    method = index.settings.method
+    sketch = index.fingerprint(documents[5]["text"])
+    if method.name == "simhash":
+        sketch = signed(sketch)
+    cluster = rows(index, "SELECT cluster_id FROM clusters ORDER BY size DESC LIMIT 1")[0][0]
+    name = rows(index, "SELECT external_id FROM document_neighbours LIMIT 1")[0][0]
+    queries = [("SELECT * FROM simdb_near(:s)", {"s": sketch}), ("SELECT * FROM simdb_similar(:s)", {"s": sketch}),
+               ("SELECT * FROM simdb_neighbours(:n)", {"n": name}),
+               ("SELECT * FROM document_neighbours WHERE external_id = :n", {"n": name}),
+               ("SELECT * FROM duplicate_clusters ORDER BY size DESC, cluster_id LIMIT 10", {}),
+               ("SELECT * FROM cluster_members WHERE cluster_id = :c", {"c": cluster})]
+    engine = index.database.engine
+    with explained(engine) as plans:
+        with engine.connect() as connection:
+            connection.exec_driver_sql("SET enable_seqscan = off")  # small tables: a scan would be cheaper
+            for statement, params in queries:
+                assert connection.execute(sa.text(statement), params).all() is not None
+    scans = [plan for plan in plans if re.search(r"Seq Scan on (documents|clusters|near_duplicates)", plan)]
+    assert not scans, scans[0]
+    # function bodies were explained, not only the calls
+    assert any("simdb_near" not in plan.split("\n", 1)[0] and "key_" in plan for plan in plans)
