@@ -78,6 +78,7 @@ def merge_cluster_rows(connection: sa.Connection, batch_id: int) -> None:
     """After a chunk's documents are stored: the ``clusters`` rows of the clusters its pairs made or merged,
     from the rows of the stored clusters they absorbed (``cluster_parts``: a stored document without a row is
     a cluster of one) and the chunk's own members (``staging_clusters``), without reading other members."""
+    connection.exec_driver_sql("ANALYZE cluster_parts")
     connection.exec_driver_sql(f"""
         CREATE TEMPORARY TABLE cluster_merged ON COMMIT DROP AS
         SELECT p.root, coalesce(c.size, 1) AS size, coalesce(c.first_seen, d.created_at) AS first_seen,
@@ -88,11 +89,13 @@ def merge_cluster_rows(connection: sa.Connection, batch_id: int) -> None:
         SELECT s.cluster_id, count(*), now(), now(), ARRAY[(SELECT name FROM batches WHERE id = {int(batch_id)})]
         FROM staging_clusters s GROUP BY s.cluster_id""")
     connection.exec_driver_sql("DELETE FROM clusters c USING cluster_parts p WHERE c.cluster_id = p.old")
-    connection.exec_driver_sql(
+    connection.exec_driver_sql(  # two aggregates joined (a subquery per root read every row once per root)
         "INSERT INTO clusters (cluster_id, size, first_seen, last_seen, batches) "
-        "SELECT m.root, sum(m.size), min(m.first_seen), max(m.last_seen), "
-        "(SELECT array_agg(DISTINCT name) FROM cluster_merged n, unnest(n.batches) name WHERE n.root = m.root) "
-        "FROM cluster_merged m GROUP BY m.root HAVING sum(m.size) > 1 "
+        "SELECT m.root, m.size, m.first_seen, m.last_seen, n.batches FROM "
+        "(SELECT root, sum(size) AS size, min(first_seen) AS first_seen, max(last_seen) AS last_seen "
+        " FROM cluster_merged GROUP BY root HAVING sum(size) > 1) m JOIN "
+        "(SELECT root, array_agg(DISTINCT name) AS batches FROM cluster_merged, unnest(batches) name GROUP BY root) n "
+        "USING (root) "
         "ON CONFLICT (cluster_id) DO UPDATE SET size = EXCLUDED.size, first_seen = EXCLUDED.first_seen, "
         "last_seen = EXCLUDED.last_seen, batches = EXCLUDED.batches")
 
