@@ -164,24 +164,43 @@ def cli():
 
 
 @cli.command()
+@database_options
 @click.argument("text", required=False)
 @click.option("--file", type=click.File("rb"), help="Read the text from a file ('-' for standard input).")
-@click.option("--tokenizer", type=click.Choice(TOKENIZERS), default="auto", show_default=True)
+@click.option("--tokenizer", type=click.Choice(TOKENIZERS), default=None,
+              help="The tokenizer of the default settings [default: auto]; not with --index.")
 @click.option("--tokens", "show_tokens", is_flag=True, help="Also print the tokens the fingerprint is made of.")
+@click.option("--index", "from_index", is_flag=True,
+              help="Sketch the text as the index in --schema does (its method and every setting: tokenizer, IDF "
+                   "weights, shingles, permutations): a SimHash fingerprint, or a MinHash signature as hex.")
 @user_errors
-def fingerprint_command(text, file, tokenizer, show_tokens):
-    """Print the fingerprint of TEXT as 16 hex digits (default settings; no database needed).
+def fingerprint_command(database_url, schema, data_dir, text, file, tokenizer, show_tokens, from_index):
+    """Print the fingerprint of TEXT as 16 hex digits (default settings; no database needed), or, with --index,
+    the sketch the index would store for it.
+
+    A MinHash signature prints as the hex of its bytes, which SQL reads with decode(..., 'hex'):
+    SELECT * FROM simdb_similar(decode('<hex>', 'hex')).
 
     \b
     Example:
         simdb fingerprint "The quick brown fox"
         simdb fingerprint --file article.txt
+        simdb fingerprint --index --schema news --file article.txt
     """
     content = read_text_argument(text, file)
-    method = SimHash.new(tokenizer=tokenizer)
+    if from_index:
+        if tokenizer is not None:
+            raise click.UsageError("--tokenizer is the index's own with --index; give one or the other")
+        with open_index(database_url, schema, data_dir) as index:
+            sketch, method = index.fingerprint(content), index.sketcher
+    else:
+        method = SimHash.new(tokenizer=tokenizer or "auto")
+        sketch = method.sketch(content)
     if show_tokens:
+        if method.name != "simhash":
+            raise click.UsageError(f"--tokens lists a SimHash fingerprint's tokens; this index uses {method.title}")
         click.echo(" ".join(tokens_for(content, method.fingerprints)))
-    click.echo(format_fingerprint(method.sketch(content)))
+    click.echo(format_fingerprint(sketch) if method.name == "simhash" else method.format(sketch))
 
 
 cli.add_command(fingerprint_command, name="fingerprint")

@@ -166,3 +166,23 @@ def test_report_renders_in_headless_chromium(run, tmp_path):
     # the charts' fills are on screen: the SVG images were decoded and drawn, not replaced by their alt text
     for name in ("added", "new", "near", "within_batch", "histogram", "clusters"):
         assert near(COLORS[name]) > 500, f"no {name} bars ({COLORS[name]}) in the screenshot"
+
+
+def test_chinese_labels_are_drawn_with_a_cjk_font_where_one_is_installed():
+    """Batch names and clusters' texts in Chinese were drawn as boxes: the charts' fonts must hold the glyphs.
+    scripts/test installs fonts-wqy-microhei on Debian; elsewhere the test says what is missing."""
+    import matplotlib
+    from matplotlib.font_manager import FontProperties, findfont, fontManager, get_font
+
+    from simdb.charts import CJK_FONTS, chart_style
+
+    with chart_style():
+        families = list(matplotlib.rcParams["font.family"])
+    installed = {font.name for font in fontManager.ttflist} & set(CJK_FONTS)
+    assert installed <= set(families)  # every installed CJK font is used
+    if not installed:
+        pytest.skip(f"no CJK font installed (one of {', '.join(CJK_FONTS)}; Debian: apt-get install "
+                    "fonts-wqy-microhei, which scripts/test does as root)")
+    fonts = [get_font(findfont(FontProperties(family=name), fallback_to_default=False)) for name in families]
+    for character in "批次中文简体繁體":
+        assert any(font.get_char_index(ord(character)) for font in fonts), character

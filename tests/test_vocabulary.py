@@ -139,3 +139,28 @@ def test_every_lookup_reads_the_indexes_inside_function_bodies_too(archive):
     assert not scans, scans[0]
     # function bodies were explained, not only the calls
     assert any("simdb_near" not in plan.split("\n", 1)[0] and "key_" in plan for plan in plans)
+
+
+@pytest.mark.parametrize("settings", [["--idf-from", "sample.jsonl"], ["--method", "minhash", "--verify", "exact"]],
+                         ids=["simhash-idf", "minhash-exact"])
+def test_simdb_fingerprint_sketches_a_text_as_the_index_does(run, tmp_path, monkeypatch, schema, database_url,
+                                                             settings):
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    documents = list(corpus())[:80]
+    (tmp_path / "sample.jsonl").write_text("".join(json.dumps(d) + "\n" for d in documents))
+    assert run("init", *settings).exit_code == 0
+    assert run("ingest", "sample.jsonl", "--batch", "one").exit_code == 0
+    text = documents[7]["text"]
+    printed = run("fingerprint", "--index", text)
+    assert printed.exit_code == 0, printed.output
+    with Index.open(database_url, schema=schema) as index:
+        sketch = index.fingerprint(text)
+        expected = index.settings.method.format(sketch) if index.method == "minhash" else f"{sketch:016x}"
+        assert printed.output.strip() == expected
+        assert run("fingerprint", text).output.strip() != expected  # the default settings sketch it otherwise
+        found = rows(index, "SELECT d.external_id FROM simdb_similar(" + (
+            "decode(:sketch, 'hex')" if index.method == "minhash" else "simdb_fingerprint_from_hex(:sketch)")
+            + ") s JOIN documents d ON d.id = s.document_id", sketch=printed.output.strip())
+    assert documents[7]["id"] in {row.external_id for row in found}
