@@ -29,7 +29,7 @@ from .ingest import DEFAULT_CHUNK_SIZE, ON_ERROR, IngestOptions
 from .inputs import DEFAULT_MAX_CHARS, FORMATS, check_paths, read_documents, total_bytes
 from .methods import Method, SimHash
 from .methods.simhash.blocks import MAX_DISTANCE
-from .methods.simhash.fingerprint import IdfTable, tokens_for
+from .methods.simhash.fingerprint import IdfTable
 from .parallel import distinct_tokens
 from .pg.database import DEFAULT_SCHEMA, redact, translate
 from .progress import Progress
@@ -197,10 +197,11 @@ def fingerprint_command(database_url, schema, data_dir, text, file, tokenizer, s
         method = SimHash.new(tokenizer=tokenizer or "auto")
         sketch = method.sketch(content)
     if show_tokens:
-        if method.name != "simhash":
+        tokens = method.tokens(content)
+        if tokens is None:
             raise click.UsageError(f"--tokens lists a SimHash fingerprint's tokens; this index uses {method.title}")
-        click.echo(" ".join(tokens_for(content, method.fingerprints)))
-    click.echo(format_fingerprint(sketch) if method.name == "simhash" else method.format(sketch))
+        click.echo(" ".join(tokens))
+    click.echo(method.format(method.stored([sketch])[0]))
 
 
 cli.add_command(fingerprint_command, name="fingerprint")

@@ -134,6 +134,11 @@ class Method(ABC):
             raise result
         return result
 
+    def tokens(self, text: str) -> list[str] | None:
+        """The tokens a text's sketch is made of, for people (``simdb fingerprint --tokens``), where the method
+        has tokens to show."""
+        return None
+
     @abstractmethod
     def digest(self, sketch: Sketch) -> str:
         """A short, stable name for a sketch (the canaries)."""

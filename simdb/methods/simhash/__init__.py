@@ -22,7 +22,8 @@ from ...text.segment import segmenter_name
 from ...text.tokenize import TokenizerSettings
 from ..base import Method
 from .blocks import BlockLayout, layouts_for
-from .fingerprint import (ALGORITHM, ALGORITHMS, DEFAULT_TOP_FEATURES, FingerprintSettings, IdfTable, fingerprint)
+from .fingerprint import (ALGORITHM, ALGORITHMS, DEFAULT_TOP_FEATURES, FingerprintSettings, IdfTable, fingerprint,
+                          tokens_for)
 from .sql import candidate_sql, function_statements, key_expression, verified_pairs
 
 #: Mean candidates per lookup above which ``stats`` advises more blocks.
@@ -168,6 +169,9 @@ class SimHash(Method):
 
     def format(self, stored: int) -> str:
         return format_fingerprint(to_unsigned(stored))
+
+    def tokens(self, text: str) -> list[str]:
+        return tokens_for(text, self.recipe)
 
     @property
     def key_columns(self) -> list[str]:
