@@ -46,7 +46,8 @@ class _InputIndex:
             return []
         method, k = self.method, self.method.max_distance
         distances = method.distances(sketch, [self.sketches[i] for i in candidates]).tolist()
-        found = [(i, int(d)) for i, d in zip(candidates, distances) if d <= method.candidate_distance(k)]
+        wide = method.candidate_distance(k)
+        found = [(i, int(d)) for i, d in zip(candidates, distances) if d <= wide]
         if not method.needs_texts or not found:
             return found
         # the record is -1 among the earlier records' indexes

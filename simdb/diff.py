@@ -1,20 +1,31 @@
 """Character-level differences between two texts, for people: ``simdb show A B`` and the report's pairs.
 
 Near-duplicates are mostly the same text, so the diff is computed in two passes with
-:class:`difflib.SequenceMatcher`: over lines first, then over the characters of each changed run of
-lines. Characters, not words, because Chinese has no spaces to cut words at; ``autojunk`` is off,
-since its heuristic (a character in more than 1% of a long text is junk) would treat every common
-Chinese character as noise and match nothing. Changed lines that share little (a moved paragraph)
-are shown removed and added whole.
+:class:`difflib.SequenceMatcher`: over sentences and lines first, then over the characters of each
+changed run of them. Characters, not words, because Chinese has no spaces to cut words at;
+``autojunk`` is off, since its heuristic (a character in more than 1% of a long text is junk) would
+treat every common Chinese character as noise and match nothing. A changed run that shares little
+with its counterpart (a moved paragraph), or that is too long to compare character by character in
+good time, is shown removed and added whole.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from difflib import SequenceMatcher
 from typing import Literal
 
 Kind = Literal["same", "removed", "added"]
+
+#: Changed runs whose characters match less than this are shown as removed and added whole: a character
+#: diff of unrelated text is confetti of one-letter matches.
+MIN_CHARACTER_RATIO = 0.5
+#: Changed runs longer than this (characters, on either side) are not compared character by character:
+#: SequenceMatcher is quadratic in the worst case.
+MAX_CHARACTER_RUN = 20_000
+#: Where the first pass cuts: after a line break or a sentence's end (Chinese and Western punctuation).
+_UNITS = re.compile(r"(?<=[\n。！？；!?;])|(?<=[.] )")
 
 
 def _merged(pieces: Iterator[tuple[Kind, str]]) -> list[tuple[Kind, str]]:
@@ -29,12 +40,11 @@ def _merged(pieces: Iterator[tuple[Kind, str]]) -> list[tuple[Kind, str]]:
     return out
 
 
-#: Changed lines whose characters match less than this are shown as removed and added whole: a character
-#: diff of unrelated text is confetti of one-letter matches.
-MIN_CHARACTER_RATIO = 0.5
-
-
 def _characters(a: str, b: str) -> Iterator[tuple[Kind, str]]:
+    if max(len(a), len(b)) > MAX_CHARACTER_RUN:
+        yield "removed", a
+        yield "added", b
+        return
     matcher = SequenceMatcher(None, a, b, autojunk=False)
     if a and b and matcher.ratio() < MIN_CHARACTER_RATIO:
         yield "removed", a
@@ -51,13 +61,13 @@ def _characters(a: str, b: str) -> Iterator[tuple[Kind, str]]:
 def diff(a: str, b: str) -> list[tuple[Kind, str]]:
     """``(kind, text)`` runs that turn ``a`` into ``b``: the ``same`` and ``removed`` runs spell ``a``, the
     ``same`` and ``added`` runs spell ``b``."""
-    lines_a, lines_b = a.splitlines(keepends=True), b.splitlines(keepends=True)
+    units_a, units_b = _UNITS.split(a), _UNITS.split(b)
     pieces: list[tuple[Kind, str]] = []
-    for tag, i1, i2, j1, j2 in SequenceMatcher(None, lines_a, lines_b, autojunk=False).get_opcodes():
+    for tag, i1, i2, j1, j2 in SequenceMatcher(None, units_a, units_b, autojunk=False).get_opcodes():
         if tag == "equal":
-            pieces.append(("same", "".join(lines_a[i1:i2])))
+            pieces.append(("same", "".join(units_a[i1:i2])))
         else:
-            pieces.extend(_characters("".join(lines_a[i1:i2]), "".join(lines_b[j1:j2])))
+            pieces.extend(_characters("".join(units_a[i1:i2]), "".join(units_b[j1:j2])))
     return _merged(iter(pieces))
 
 
@@ -73,8 +83,8 @@ def elided(runs: list[tuple[Kind, str]], context: int = 80) -> list[tuple[Kind, 
     for i, (kind, text) in enumerate(runs):
         if kind == "same" and len(text) > 2 * context + 5:
             head = text[:context] if i > 0 else ""
-            tail = text[-context:] if i < len(runs) - 1 else ""
-            out.append(("same", f"{head} … {tail}" if head or tail else text[:2 * context] + " …"))
+            tail = text[len(text) - context:] if i < len(runs) - 1 else ""
+            out.append(("same", f"{head} … {tail}" if i > 0 or i < len(runs) - 1 else text[:2 * context] + " …"))
         else:
             out.append((kind, text))
     return out

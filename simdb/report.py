@@ -42,7 +42,7 @@ LARGEST_CLUSTERS = 10
 MEMBERS_SHOWN = 3
 #: Pairs shown side by side with their differences (where the index keeps texts), and how much of each text.
 PAIRS_SHOWN = 6
-TEXT_CHARS = 4000
+TEXT_CHARS = 50_000
 DIFF_CONTEXT = 120
 SAMPLE_TEXT_CHARS = 240
 METADATA_CHARS = 160
@@ -331,7 +331,7 @@ def build_report(index, batch: str | None = None) -> str:
     with index.database.engine.begin() as connection:
         data = reads.report_data(connection, method, batch, sample_size=SAMPLE_SIZE, clusters=LARGEST_CLUSTERS,
                                  members=MEMBERS_SHOWN, pairs=PAIRS_SHOWN if index.settings.texts else 0,
-                                 text_chars=TEXT_CHARS)
+                                 text_chars=TEXT_CHARS, sample_chars=SAMPLE_TEXT_CHARS)
     batches = data["batches"]
     header = {"index": f"schema {index.database.schema} of {index.database.display_url}",
               "layout": method.describe(), "key columns": ", ".join(method.key_columns),

@@ -18,7 +18,7 @@ import pytest
 import sqlalchemy as sa
 
 from simdb import Index
-from simdb.diff import diff, elided
+from simdb.diff import changed_characters, diff, elided
 from simdb.errors import IncompatibleIndex, SimdbError
 from simdb.ingest import FingerprintedBatch
 from simdb.methods.minhash.signature import EXACT_MISS, MinHashSettings
@@ -67,7 +67,10 @@ def oracle(documents: list[dict]) -> dict[tuple[str, str], Fraction]:
             if (similarity := jaccard(sets[i], sets[j])) >= THRESHOLD}
 
 
-def test_exact_minhash_pairs_clusters_and_verdicts_are_the_oracles(database_url, schema, admin_engine):
+def test_exact_minhash_pairs_clusters_and_verdicts_are_the_oracles(database_url, schema, admin_engine, monkeypatch):
+    from simdb.methods import minhash
+
+    monkeypatch.setattr(minhash, "DECIDE_BATCH", 7)  # the decisions of a chunk come in several batches
     documents = generated()
     expected = oracle(documents)
     first, second = documents[:100], documents[100:]
@@ -267,3 +270,20 @@ def test_the_report_of_an_index_without_texts_says_how_to_keep_them(index):
     index.add_many([{"id": "a", "text": "alpha beta gamma delta"}, {"id": "b", "text": "alpha beta gamma delta!"}],
                    batch="one")
     assert "simdb init --store-text</code> to see pairs side by side" in build_report(index)
+
+
+def test_elided_with_no_context_keeps_only_the_changes():
+    runs = diff("x" * 50 + "A" + "y" * 50 + "B" + "z" * 50, "x" * 50 + "C" + "y" * 50 + "D" + "z" * 50)
+    assert "".join(t for _, t in elided(runs, 0)) == " … AC … BD … "
+
+
+def test_the_diff_of_long_texts_without_line_breaks_finishes_and_spells_both():
+    from simdb import diff as diff_module
+
+    a = "".join(f"第{i}句话讲了一件事。" for i in range(20_000))  # 200k characters on one line
+    b = a.replace("第500句", "第五百句").replace("第19000句", "第一万九千句")
+    runs = diff(a, b)  # sentence by sentence first: a character diff of the whole took minutes
+    assert "".join(t for k, t in runs if k != "added") == a and "".join(t for k, t in runs if k != "removed") == b
+    assert changed_characters(runs) == (8, 6)  # "500" and "19000" against "五百" and "一万九千"
+    long_a, long_b = "甲" * (diff_module.MAX_CHARACTER_RUN + 1), "乙" * 10
+    assert diff(long_a, long_b) == [("removed", long_a), ("added", long_b)]

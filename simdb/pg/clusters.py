@@ -95,9 +95,7 @@ def merge_cluster_rows(connection: sa.Connection, batch_id: int) -> None:
         "(SELECT root, sum(size) AS size, min(first_seen) AS first_seen, max(last_seen) AS last_seen "
         " FROM cluster_merged GROUP BY root HAVING sum(size) > 1) m JOIN "
         "(SELECT root, array_agg(DISTINCT name) AS batches FROM cluster_merged, unnest(batches) name GROUP BY root) n "
-        "USING (root) "
-        "ON CONFLICT (cluster_id) DO UPDATE SET size = EXCLUDED.size, first_seen = EXCLUDED.first_seen, "
-        "last_seen = EXCLUDED.last_seen, batches = EXCLUDED.batches")
+        "USING (root)")  # every root's row was among those just deleted: each is inserted afresh
 
 
 def refresh_clusters(connection: sa.Connection, touched: str) -> None:

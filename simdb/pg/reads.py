@@ -78,13 +78,18 @@ def stored_document(connection: sa.Connection, method: Method, external_id: str)
     return row
 
 
+#: Ids per statement of :func:`texts`.
+TEXTS_PER_STATEMENT = 10_000
+
+
 def texts(connection: sa.Connection, ids: Sequence[int]) -> dict[int, str | None]:
-    """{id: text} of stored documents (None where the index keeps no text); ``ids`` are a bounded few (the
-    candidates of one lookup or of one chunk of ``simdb check``, read-only: no temporary table)."""
-    if not ids:
-        return {}
-    return dict(connection.execute(sa.text("SELECT id, text FROM documents WHERE id = ANY(:ids)"),
-                                   {"ids": list(ids)}).all())
+    """{id: text} of stored documents (None where the index keeps no text), for candidates of lookups and of
+    ``simdb check`` (read-only: no temporary table; the ids go in arrays of bounded length)."""
+    found: dict[int, str | None] = {}
+    for start in range(0, len(ids), TEXTS_PER_STATEMENT):  # an array of bounded length in each statement
+        found.update(connection.execute(sa.text("SELECT id, text FROM documents WHERE id = ANY(:ids)"),
+                                        {"ids": list(ids[start:start + TEXTS_PER_STATEMENT])}).all())
+    return found
 
 
 def lookup(connection: sa.Connection, method: Method, sketch, max_distance: int) -> list[tuple[sa.Row, int]]:
@@ -260,9 +265,10 @@ def _distance_sample(connection: sa.Connection, method: Method, batch: int | Non
 
 
 def report_data(connection: sa.Connection, method: Method, batch: str | None, *, sample_size: int, clusters: int,
-                members: int, pairs: int = 0, text_chars: int = 0) -> dict:
+                members: int, pairs: int = 0, text_chars: int = 0, sample_chars: int = 0) -> dict:
     """Everything ``simdb report`` shows, read in one read-only snapshot; with ``pairs``, that many stored pairs
-    that are not exact copies, least similar first, with their texts' first ``text_chars`` characters."""
+    that are not exact copies, least similar first, with their texts' first ``text_chars`` characters (and
+    cluster members with their first ``sample_chars``)."""
     read_only_snapshot(connection)
     chosen = batch_id(connection, batch) if batch is not None else None
     data = {"stored": document_count(connection),
@@ -283,7 +289,7 @@ def report_data(connection: sa.Connection, method: Method, batch: str | None, *,
                       "(SELECT 1 FROM documents o WHERE o.cluster_id = d.cluster_id AND o.id <> d.id)")
     data["counts"], data["sampled"] = _distance_sample(connection, method, chosen, population, sample_size)
     data["sizes"] = connection.execute(sa.text(
-        f"SELECT size, count(*) FROM duplicate_clusters {scope} GROUP BY size ORDER BY size"), params).all()
+        f"SELECT size, count(*) FROM clusters {scope} GROUP BY size ORDER BY size"), params).all()
     data["singletons"] = connection.execute(sa.text(singletons), params).scalar_one()
     data["clusters"] = connection.execute(sa.text(
         f"SELECT * FROM duplicate_clusters {scope} ORDER BY size DESC, cluster_id LIMIT {int(clusters)}"),
@@ -291,7 +297,7 @@ def report_data(connection: sa.Connection, method: Method, batch: str | None, *,
     data["members"] = shown = {}
     for row in connection.execute(sa.text(  # the canonical document first, then the batch's, then the earliest
             "SELECT * FROM (SELECT d.cluster_id, d.external_id, d.metadata, d.duplicate_distance, b.name AS batch, "
-            f"left(d.text, {int(text_chars)}) AS text, "
+            f"left(d.text, {int(sample_chars)}) AS text, "
             "row_number() OVER (PARTITION BY d.cluster_id ORDER BY d.id <> d.cluster_id, "
             "d.batch_id IS DISTINCT FROM :batch, d.id) AS n FROM documents d JOIN batches b ON b.id = d.batch_id "
             f"WHERE d.cluster_id = ANY(:clusters)) m WHERE n <= {int(members)} ORDER BY cluster_id, n"),

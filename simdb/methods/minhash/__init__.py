@@ -21,6 +21,11 @@ from .signature import ALGORITHM, MinHashSettings
 from .sql import band_candidate_sql, band_key_sql, band_pairs, function_statements
 
 
+#: Exact mode: candidate pairs decided together, whose texts and shingle sets are held at once (a 100k chunk of
+#: long texts with many copies holds tens of thousands of candidates; their shingle sets all at once, gigabytes).
+DECIDE_BATCH = 20_000
+
+
 @dataclass(frozen=True)
 class MinHash(Method):
     """MinHash-LSH with its settings (shingles, permutations, bands)."""
@@ -162,16 +167,21 @@ class MinHash(Method):
         shingled once, with the recipe the canaries check), and the pairs within ``max_distance`` kept."""
         if not self.settings.exact or not len(candidates):
             return candidates
-        ids = np.unique(candidates[:, :2])
-        found = texts(ids)
-        missing = [int(i) for i in ids.tolist() if found.get(int(i)) is None]
-        if missing:
-            raise SimdbError(f"{len(missing):,} document(s) have no stored text (document id {missing[0]}, ...), yet "
-                             "this index decides by the texts: store documents through ingest, which keeps them")
-        sets = {int(i): sig.shingle_set(found[int(i)], self.settings) for i in ids.tolist()}
-        distances = sig.exact_distances(sets, candidates[:, 0], candidates[:, 1])
-        keep = distances <= max_distance
-        return np.stack([candidates[keep, 0], candidates[keep, 1], distances[keep]], axis=1).astype(np.int64)
+        decided = [np.empty((0, 3), dtype=np.int64)]
+        for start in range(0, len(candidates), DECIDE_BATCH):  # texts and shingle sets of one batch at a time
+            batch = candidates[start:start + DECIDE_BATCH]
+            ids = np.unique(batch[:, :2])
+            found = texts(ids)
+            missing = [int(i) for i in ids.tolist() if found.get(int(i)) is None]
+            if missing:
+                raise SimdbError(f"{len(missing):,} document(s) have no stored text (document id {missing[0]}, ...), "
+                                 "yet this index decides by the texts: store documents through ingest, which keeps "
+                                 "them")
+            sets = {int(i): sig.shingle_set(found[int(i)], self.settings) for i in ids.tolist()}
+            distances = sig.exact_distances(sets, batch[:, 0], batch[:, 1])
+            keep = distances <= max_distance
+            decided.append(np.stack([batch[keep, 0], batch[keep, 1], distances[keep]], axis=1).astype(np.int64))
+        return np.concatenate(decided)
 
     distance_in_verdicts = False  # signature positions or ten-thousandths: the similarity says it
 

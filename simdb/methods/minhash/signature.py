@@ -166,6 +166,7 @@ class MinHashSettings:
         positions = np.asarray(positions, dtype=np.int64)
         return (positions * EXACT_SCALE + self.num_perm - 1) // self.num_perm if self.exact else positions
 
+    @functools.lru_cache(maxsize=64)  # noqa: B019 (settings are frozen and few): a binomial tail, 61-580 us
     def candidate_distance(self, max_distance: int) -> int:
         """Exact mode: the distance of estimates up to which a pair is judged by its texts, when judging at
         ``max_distance``: a pair exactly at ``max_distance`` has a larger estimate with probability at most
