@@ -37,7 +37,9 @@ class _InputIndex:
         self.sketches: list = []  # as stored (method.stored)
         self.names: list[str] = []
         self.hashes: dict[bytes, int] = {}
-        self.texts: list[str] = []  # kept only for a method that decides by the texts
+        # kept only for a method that decides by the texts, as UTF-8: the input's texts, the one part of a check
+        # that grows with the input beyond its sketches (a pickled str would also keep pickle's copy of itself)
+        self.texts: list[bytes] = []
 
     def matches(self, sketch, keys: list[int], text: str) -> list[tuple[int, int]]:
         """(earlier record's index, distance) of every earlier record within the method's distance."""
@@ -52,7 +54,8 @@ class _InputIndex:
             return found
         # the record is -1 among the earlier records' indexes
         pairs = np.array([(-1, i, d) for i, d in found], dtype=np.int64)
-        decided = method.decide(pairs, lambda ids: {i: text if i < 0 else self.texts[i] for i in ids.tolist()}, k)
+        decided = method.decide(pairs, lambda ids: {i: text if i < 0 else self.texts[i].decode("utf-8")
+                                                    for i in ids.tolist()}, k)
         return [(int(i), int(d)) for _, i, d in decided.tolist()]
 
     def add(self, name: str, stored, keys: list[int], content_hash: bytes, text: str) -> None:
@@ -64,7 +67,7 @@ class _InputIndex:
         self.names.append(name)
         self.hashes.setdefault(content_hash, index)
         if self.method.needs_texts:
-            self.texts.append(text)
+            self.texts.append(text.encode("utf-8"))
 
 
 def check(engine: sa.Engine, method: Method, items: Iterable[Document | InputError], *, batch: str | None = None,
