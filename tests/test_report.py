@@ -15,7 +15,7 @@ from simdb.report import COLORS
 from simdb.samples import corpus
 
 HEADINGS = ["Growth by batch", "Duplicates per batch", "Hamming distances among candidate pairs", "Cluster sizes",
-            "Largest clusters"]
+            "Largest clusters", "Pairs side by side"]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 NO_CHROMIUM = ("headless Chromium is not installed: install the Debian packages chromium and chromium-driver "
                "(apt-get install chromium chromium-driver; scripts/test does it when run as root)")
