@@ -296,3 +296,20 @@ class Method(ABC):
 
         raise SimdbError(f"the {self.name} method's keys are fixed when the index is created; create a new index "
                          "with other settings and ingest again")
+
+
+def check_distance_function(schema: str, max_distance: int) -> tuple[str, str, str]:
+    """``simdb_check_distance(integer)``, which ``simdb_near`` calls to refuse a distance outside the index's:
+    the same text for every method (as migration 0003 first wrote it)."""
+    k = max_distance
+    return ("simdb_check_distance(integer)",
+            f"""CREATE OR REPLACE FUNCTION {schema}.simdb_check_distance(max_distance integer) RETURNS boolean
+            LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+            BEGIN
+                IF max_distance IS NULL OR max_distance < 0 OR max_distance > {k} THEN
+                    RAISE EXCEPTION 'simdb_near: max_distance must be between 0 and {k} (the index''s maximum '
+                                    'distance), not %', max_distance USING ERRCODE = 'invalid_parameter_value';
+                END IF;
+                RETURN true;
+            END $$""",
+            "")

@@ -16,6 +16,7 @@ import sqlalchemy as sa
 
 from ...pg.copy import copy_out
 from ...pg.probes import lateral_probe
+from ..base import check_distance_function
 from .signature import EXACT_SCALE, MinHashSettings
 
 
@@ -112,17 +113,7 @@ def function_statements(schema: str, settings: MinHashSettings) -> list[tuple[st
             $$""",
          f"Documents whose estimated Jaccard similarity to a signature is at least min_similarity (default and at "
          f"least {threshold}), found through the band indexes."),
-        ("simdb_check_distance(integer)",
-         f"""CREATE OR REPLACE FUNCTION {schema}.simdb_check_distance(max_distance integer) RETURNS boolean
-            LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
-            BEGIN
-                IF max_distance IS NULL OR max_distance < 0 OR max_distance > {k} THEN
-                    RAISE EXCEPTION 'simdb_near: max_distance must be between 0 and {k} (the index''s maximum '
-                                    'distance), not %', max_distance USING ERRCODE = 'invalid_parameter_value';
-                END IF;
-                RETURN true;
-            END $$""",
-         ""),
+        check_distance_function(schema, k),
         ("simdb_near(bytea, integer)",
          f"""CREATE OR REPLACE FUNCTION {schema}.simdb_near(signature bytea, max_distance integer DEFAULT {k})
             RETURNS TABLE (document_id bigint, distance integer)

@@ -21,6 +21,7 @@ import sqlalchemy as sa
 from ...bits import hamming_array, to_unsigned_array
 from ...pg.copy import copy_out_int64
 from ...pg.probes import lateral_probe
+from ..base import check_distance_function
 from .blocks import BlockLayout
 
 
@@ -100,17 +101,7 @@ def function_statements(schema: str, layout: BlockLayout) -> list[tuple[str, str
                 RETURN ('x' || lpad(regexp_replace(hex, '^0x', '', 'i'), 16, '0'))::bit(64)::bigint;
             END $$""",
          "The stored (signed BIGINT) form of a fingerprint given in hex."),
-        ("simdb_check_distance(integer)",
-         f"""CREATE OR REPLACE FUNCTION {schema}.simdb_check_distance(max_distance integer) RETURNS boolean
-            LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
-            BEGIN
-                IF max_distance IS NULL OR max_distance < 0 OR max_distance > {k} THEN
-                    RAISE EXCEPTION 'simdb_near: max_distance must be between 0 and {k} (the index''s maximum '
-                                    'distance), not %', max_distance USING ERRCODE = 'invalid_parameter_value';
-                END IF;
-                RETURN true;
-            END $$""",
-         ""),
+        check_distance_function(schema, k),
         ("simdb_near(bigint, integer)",
          f"""CREATE OR REPLACE FUNCTION {schema}.simdb_near(fingerprint bigint, max_distance integer DEFAULT {k})
             RETURNS TABLE (document_id bigint, distance integer)
