@@ -94,13 +94,6 @@ def check(engine: sa.Engine, method: Method, items: Iterable[Document | InputErr
         connection.rollback()
 
 
-def _texts(connection: sa.Connection, documents: list, ids: np.ndarray) -> dict[int, str]:
-    """Texts by id: the chunk's records as -1, -2, ... (from the input), stored documents by their ids."""
-    texts = {int(i): documents[-int(i) - 1][1].document.text for i in ids.tolist() if i < 0}
-    texts.update(reads.texts(connection, [int(i) for i in ids.tolist() if i >= 0]))
-    return texts
-
-
 def _check_chunk(connection: sa.Connection, method: Method, chunk: list, batch: str | None, seen: dict[str, str],
                  earlier: _InputIndex) -> Iterator[Verdict]:
     documents = [(position, item) for position, item in chunk if isinstance(item, Fingerprinted)]
@@ -116,7 +109,8 @@ def _check_chunk(connection: sa.Connection, method: Method, chunk: list, batch: 
                          dtype=np.int64).reshape(-1, 3)
         if method.needs_texts and len(found):  # the chunk's records are -1, -2, ... among the stored ids
             found[:, 0] = -found[:, 0] - 1
-            found = method.decide(found, lambda ids: _texts(connection, documents, ids), k)
+            inputs = [item.document.text for _, item in documents]
+            found = method.decide(found, lambda ids: reads.texts(connection, ids, inputs), k)
             found[:, 0] = -found[:, 0] - 1
         for index, document_id, distance in found.tolist():
             archive.setdefault(index, []).append((document_id, distance))

@@ -385,9 +385,7 @@ class Index:
             if by_texts:  # the queries are -1, -2, ... among the stored ids
                 pairs = np.array([(-i - 1, d, distance) for i, distances in enumerate(found)
                                   for d, distance in distances.items()], dtype=np.int64).reshape(-1, 3)
-                decided = method.decide(pairs, lambda ids: {**{int(i): texts[-int(i) - 1] for i in ids if i < 0},
-                                                            **reads.texts(connection, [int(i) for i in ids if i >= 0])},
-                                        limit)
+                decided = method.decide(pairs, lambda ids: reads.texts(connection, ids, texts), limit)
                 found = [{} for _ in sketches]
                 for query, d, distance in decided.tolist():
                     found[-query - 1][d] = distance

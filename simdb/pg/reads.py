@@ -6,7 +6,7 @@ and the method where the answer depends on it; long results are streamed.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import sqlalchemy as sa
 
@@ -82,13 +82,17 @@ def stored_document(connection: sa.Connection, method: Method, external_id: str)
 TEXTS_PER_STATEMENT = 10_000
 
 
-def texts(connection: sa.Connection, ids: Sequence[int]) -> dict[int, str | None]:
-    """{id: text} of stored documents (None where the index keeps no text), for candidates of lookups and of
-    ``simdb check`` (read-only: no temporary table; the ids go in arrays of bounded length)."""
-    found: dict[int, str | None] = {}
-    for start in range(0, len(ids), TEXTS_PER_STATEMENT):  # an array of bounded length in each statement
+def texts(connection: sa.Connection, ids: Iterable[int], unstored: Sequence[str] = ()) -> dict[int, str | None]:
+    """{id: text} of stored documents (None where the index keeps no text), and of texts not stored, named
+    -1, -2, ... for ``unstored[0]``, ``unstored[1]``, ...: the queries or input records compared with stored
+    candidates, by lookups and ``simdb check`` (read-only: no temporary table; the ids go in arrays of
+    bounded length)."""
+    ids = [int(i) for i in ids]
+    found: dict[int, str | None] = {i: unstored[-i - 1] for i in ids if i < 0}
+    stored = [i for i in ids if i >= 0]
+    for start in range(0, len(stored), TEXTS_PER_STATEMENT):  # an array of bounded length in each statement
         found.update(connection.execute(sa.text("SELECT id, text FROM documents WHERE id = ANY(:ids)"),
-                                        {"ids": list(ids[start:start + TEXTS_PER_STATEMENT])}).all())
+                                        {"ids": stored[start:start + TEXTS_PER_STATEMENT]}).all())
     return found
 
 

@@ -163,8 +163,9 @@ class MinHash(Method):
         return self.settings.candidate_distance(max_distance)
 
     def decide(self, candidates: np.ndarray, texts, max_distance: int) -> np.ndarray:
-        """Exact mode: each candidate's distance is recomputed from the two texts' shingle sets (every text
-        shingled once, with the recipe the canaries check), and the pairs within ``max_distance`` kept."""
+        """Exact mode: each candidate's distance is recomputed from the two texts' shingle sets (each text
+        shingled once per batch of pairs, with the recipe the canaries check), and the pairs within
+        ``max_distance`` kept."""
         if not self.settings.exact or not len(candidates):
             return candidates
         decided = [np.empty((0, 3), dtype=np.int64)]
