@@ -36,12 +36,18 @@ def neighbours_function(schema: str) -> tuple[str, str, str]:
             "The near-duplicates of one document (by its external id), earlier and later, with both batches.")
 
 
+def _create_function(connection: sa.Connection, schema: str, function: tuple[str, str, str]) -> None:
+    """One ``(signature, CREATE statement, comment)`` function."""
+    signature, statement, comment = function
+    _run(connection, statement)
+    if comment:
+        _run(connection, f"COMMENT ON FUNCTION {schema}.{signature} IS " + sql.Literal(comment).as_string())
+
+
 def create_functions(connection: sa.Connection, schema: str, method: Method) -> None:
     """The method's analysts' functions, written for its current key layout."""
-    for signature, statement, comment in method.sql_functions(schema):
-        _run(connection, statement)
-        if comment:
-            _run(connection, f"COMMENT ON FUNCTION {schema}.{signature} IS " + sql.Literal(comment).as_string())
+    for function in method.sql_functions(schema):
+        _create_function(connection, schema, function)
 
 
 def create_views(connection: sa.Connection, schema: str, method: Method) -> None:
@@ -90,9 +96,7 @@ def create_views(connection: sa.Connection, schema: str, method: Method) -> None
                b.near_duplicates, b.exact_duplicates + b.near_duplicates - b.within_batch AS against_archive,
                b.within_batch, b.already_stored, b.rejected
         FROM {schema}.batches b""")
-    _, statement, comment = neighbours_function(schema)  # it returns the rows of a view, so it comes after them
-    _run(connection, statement)
-    _run(connection, f"COMMENT ON FUNCTION {schema}.simdb_neighbours(text) IS " + sql.Literal(comment).as_string())
+    _create_function(connection, schema, neighbours_function(schema))  # it returns a view's rows: after the views
     for view, comment in {
         "near_duplicate_pairs": "Every near-duplicate pair found at ingest (a stored first), with both documents' "
                                 "metadata and, where the index keeps them, texts. distance: differing bits "
