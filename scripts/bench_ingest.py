@@ -14,12 +14,13 @@ It measures, on this machine, in one run:
   archive of ``--archive`` (10M) rows. The big archive is built as one segment by a
   binary ``COPY ... FREEZE`` into the bare segment table, indexed from simdb's own
   definitions, attached, and ``VACUUM ANALYZE``d (``bench_common.bulk_load``); its
-  layout is ``BlockLayout.for_size(3, archive)`` (5 blocks at 10M), and
-  the default 4-block layout is measured the same way unless ``--no-default-layout``;
+  layout is ``BlockLayout.for_size(k, archive)`` (k = 4, simdb's default: 6 blocks at 10M;
+  ``--max-distance 3``: 5 blocks), and the smallest layout for k (``BlockLayout(max_distance=k)``)
+  is measured the same way unless ``--no-default-layout``;
 * the naive path: ``--naive`` documents, each with one SELECT on the block keys,
   popcount in Python and one INSERT through SQLAlchemy Core, one commit per document,
   into the same big archive;
-* the PyPI ``simhash`` package's in-memory ``SimhashIndex(k=3)``: insert and query
+* the PyPI ``simhash`` package's in-memory ``SimhashIndex(k)``: insert and query
   rates and RSS growth for ``--peer-documents`` (1M) ``Simhash(int)`` objects;
 * end to end: the ``simdb ingest`` CLI in a subprocess (``--workers`` = all cores) on
   ``--text-documents`` (100k) documents of real text (devset sentences recombined,
@@ -68,7 +69,7 @@ import simdb
 from simdb.ingest import DEFAULT_CHUNK_SIZE, FingerprintedBatch
 from simdb.inputs import Document
 from simdb.methods.simhash import SimHash
-from simdb.methods.simhash.blocks import BlockLayout
+from simdb.methods.simhash.blocks import DEFAULT_MAX_DISTANCE, BlockLayout
 from simdb.parallel import default_workers, fingerprint_stream
 from simdb.pg import segments
 
@@ -76,7 +77,7 @@ PREFIX = "simdb_bench_ingest"
 SCHEMAS = {name: f"{PREFIX}_{name}" for name in ("empty", "archive", "archive_default", "text", "small", "large")}
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_ZH = REPO.parent / "shared" / "devset" / "docs" / "long-zh.jsonl"
-K = 3
+K = DEFAULT_MAX_DISTANCE  # --max-distance sets it for the whole run
 NEAR_FRACTION = 0.01  # of the fingerprinted documents: near copies (1..K bits flipped) of stored ones
 SETTINGS = ("server_version", "shared_buffers", "max_wal_size", "checkpoint_timeout", "synchronous_commit",
             "autovacuum")
@@ -374,8 +375,8 @@ def measure_archive(url: str, admin: sa.Engine, args, rng: np.random.Generator) 
     """The big archive in the for_size layout (plus the naive path), then in the default layout."""
     m = {}
     layouts = [("archive", BlockLayout.for_size(K, args.archive))]
-    if args.default_layout and layouts[0][1] != BlockLayout(max_distance=K):
-        layouts.append(("archive_default", BlockLayout(max_distance=K)))
+    if args.default_layout and layouts[0][1] != BlockLayout(max_distance=K, blocks=K + 1):
+        layouts.append(("archive_default", BlockLayout(max_distance=K, blocks=K + 1)))
     for name, layout in layouts:
         schema = SCHEMAS[name]
         log(f"building an archive of {args.archive:,} rows ({layout.describe()})")
@@ -756,7 +757,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--added", type=int, default=100_000, help="documents ingested into the big archive")
     parser.add_argument("--naive", type=int, help="documents through the naive path (default 5,000; quick 1,000)")
     parser.add_argument("--default-layout", action=argparse.BooleanOptionalAction, default=True,
-                        help="also measure the big archive in the default 4-block layout")
+                        help="also measure the big archive in the smallest layout for k (k + 1 blocks)")
     parser.add_argument("--peer-documents", type=int, help="PyPI simhash index size (default 1,000,000; quick 200,000)")
     parser.add_argument("--text-documents", type=int,
                         help="real-text documents for the end-to-end CLI run (default 100,000; quick 5,000)")
@@ -767,9 +768,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--skip", default="", help="comma-separated parts to leave out: "
                         "fingerprint,empty,archive,peer,cli")
     parser.add_argument("--quick", action="store_true", help="smaller defaults: a few minutes with --archive 1000000")
+    parser.add_argument("--max-distance", type=int, default=DEFAULT_MAX_DISTANCE,
+                        help="k of every index measured (default: simdb's)")
     parser.add_argument("--seed", type=int, default=20240601)
     parser.add_argument("--markdown", action="store_true", help="print a GitHub markdown table")
     args = parser.parse_args(argv)
+    global K
+    K = args.max_distance
     defaults = {"min_seconds": (10.0, 3.0), "documents": (1_000_000, 200_000), "archive": (10_000_000, 10_000_000),
                 "naive": (5_000, 1_000), "peer_documents": (1_000_000, 200_000), "text_documents": (100_000, 5_000),
                 "memory_documents": ("200000,1000000", "20000,100000"),

@@ -28,7 +28,7 @@ from .index import Index
 from .ingest import DEFAULT_CHUNK_SIZE, ON_ERROR, IngestOptions
 from .inputs import DEFAULT_MAX_CHARS, FORMATS, check_paths, read_documents, total_bytes
 from .methods import Method, SimHash
-from .methods.simhash.blocks import MAX_DISTANCE
+from .methods.simhash.blocks import DEFAULT_MAX_DISTANCE, MAX_DISTANCE
 from .methods.simhash.fingerprint import IdfTable
 from .parallel import distinct_tokens
 from .pg.database import DEFAULT_SCHEMA, redact, translate
@@ -94,7 +94,7 @@ def flag(parameter: str) -> str:
 #: Which ``simdb init`` options belong to which method.
 METHOD_OPTIONS = {
     "simhash": ("max_distance", "blocks", "tokenizer", "jieba_hmm", "shingle_size", "stopwords", "weighting",
-                "idf_paths", "top_features", "expected_size"),
+                "bigrams", "idf_paths", "top_features", "expected_size"),
     "minhash": ("threshold", "num_perm", "verify"),
 }
 OPTION_FLAGS = {"idf_paths": "--idf-from"}
@@ -209,7 +209,7 @@ cli.add_command(fingerprint_command, name="fingerprint")
 
 @cli.command()
 @database_options
-@click.option("--max-distance", type=click.IntRange(1, MAX_DISTANCE), default=3, show_default=True,
+@click.option("--max-distance", type=click.IntRange(1, MAX_DISTANCE), default=DEFAULT_MAX_DISTANCE, show_default=True,
               help="Largest Hamming distance that counts as a near-duplicate (k).")
 @click.option("--blocks", type=click.IntRange(1, 16), default=None,
               help="Blocks the 64 bits are cut into (m); keys are made of m - k blocks "
@@ -221,7 +221,10 @@ cli.add_command(fingerprint_command, name="fingerprint")
               help="Characters per shingle for scripts written without spaces.")
 @click.option("--stopwords/--no-stopwords", default=True, show_default=True)
 @click.option("--weighting", type=click.Choice(["sublinear_tf", "tf", "binary", "tfidf"]), default=None,
-              help="Feature weights [default: tfidf with --idf-from, else sublinear_tf].")
+              help="Feature weights [default: tfidf with --idf-from, else tf].")
+@click.option("--bigrams", type=click.IntRange(0), default=None,
+              help="Pairs of adjacent tokens are features too, weighing min(1, N / tokens) times their "
+                   "frequency; 0 for tokens only [default: 50; 0 with tfidf].")
 @click.option("--idf-from", "idf_paths", multiple=True, type=click.Path(dir_okay=False),
               help="Learn IDF weights from these documents (a sample of the archive, same formats as ingest; "
                    "repeatable). The table is frozen in the index.")
@@ -256,7 +259,7 @@ cli.add_command(fingerprint_command, name="fingerprint")
               help="Processes tokenizing the --idf-from sample in parallel [default: all cores].")
 @user_errors
 def init(database_url, schema, data_dir, max_distance, blocks, tokenizer, jieba_hmm, shingle_size, stopwords,
-         weighting, idf_paths, top_features, expected_size, method, threshold, num_perm, verify, store_text,
+         weighting, bigrams, idf_paths, top_features, expected_size, method, threshold, num_perm, verify, store_text,
          segment_size, merge_factor, bulk_chunk, workers):
     """Create an index; its settings are stored with it and checked on every open.
 
@@ -285,7 +288,7 @@ def init(database_url, schema, data_dir, max_distance, blocks, tokenizer, jieba_
     # index is compared with the settings asked for and with nothing else
     values = {"max_distance": max_distance, "blocks": blocks, "tokenizer": tokenizer, "jieba_hmm": jieba_hmm,
               "shingle_size": shingle_size, "stopwords": stopwords, "weighting": weighting,
-              "top_features": top_features, "expected_size": expected_size, "threshold": threshold,
+              "top_features": top_features, "bigrams": bigrams, "expected_size": expected_size, "threshold": threshold,
               "num_perm": num_perm, "verify": verify, "store_text": store_text}
     options = {name: value for name, value in {"method": method, **values}.items() if name in given}
     options.update({name: value for name, value in (("segment_size", segment_size), ("merge_factor", merge_factor),

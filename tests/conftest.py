@@ -139,13 +139,23 @@ def count_rows(engine: sa.Engine, schema: str) -> tuple[int, int]:
     return documents, batches
 
 
-def assert_consistent(engine: sa.Engine, schema: str, max_distance: int = 3) -> list[tuple[str, str | None]]:
+def stored_max_distance(engine: sa.Engine, schema: str) -> int:
+    """The k a SimHash index was created with, read from its settings table."""
+    with engine.connect() as connection:
+        return int(connection.execute(sa.text(
+            f"SELECT value FROM {schema}.settings WHERE name = 'max_distance'")).scalar_one())
+
+
+def assert_consistent(engine: sa.Engine, schema: str, max_distance: int | None = None
+                      ) -> list[tuple[str, str | None]]:
     """Brute-force check of what ingest and removal maintain; returns (external id, duplicate_of's) rows.
 
     Every document's duplicate_of is its earliest stored near-duplicate, the
-    stored pairs are exactly the pairs within ``max_distance``, and every
+    stored pairs are exactly the pairs within ``max_distance`` (by default the index's own), and every
     cluster_id is the smallest id of the document's connected component.
     """
+    if max_distance is None:
+        max_distance = stored_max_distance(engine, schema)
     from simdb.bits import to_unsigned
     from simdb.pg.clusters import UnionFind
 
@@ -175,13 +185,15 @@ def assert_consistent(engine: sa.Engine, schema: str, max_distance: int = 3) -> 
     return [(row.external_id, row.dup) for row in rows]
 
 
-def assert_records_consistent(engine: sa.Engine, schema: str, max_distance: int = 3) -> None:
+def assert_records_consistent(engine: sa.Engine, schema: str, max_distance: int | None = None) -> None:
     """The per-record outcomes agree with the batches and documents (for batches that have them).
 
     Each batch's counts are its records' statuses; every stored document has one record, with its
     batch, id and duplicate_of (as at ingest, unless that document was removed since); positions run 1..position without a gap; a duplicate's
-    duplicate_of, while both are stored, is a stored pair within the distance.
+    duplicate_of, while both are stored, is a stored pair within the distance (by default the index's own).
     """
+    if max_distance is None:
+        max_distance = stored_max_distance(engine, schema)
     with engine.connect() as connection:
         batches = connection.execute(sa.text(
             f"SELECT b.id, b.position, b.documents, b.new, b.exact_duplicates, b.near_duplicates, b.already_stored, "

@@ -10,6 +10,7 @@ from simdb import __version__, fingerprint
 from simdb.cli import cli
 from simdb.pg.database import redact
 from simdb.samples import corpus
+from simdb.methods.simhash.blocks import DEFAULT_MAX_DISTANCE as K
 from tests.conftest import count_rows
 
 SECTION_A = ("Assert statements are a convenient way to insert debugging assertions into a program. "
@@ -28,7 +29,7 @@ def expected_counts(records):
         earlier = records[:i]
         if any(r["text"] == record["text"] for r in earlier):
             exact += 1
-        elif any((fingerprint(r["text"]) ^ fingerprint(record["text"])).bit_count() <= 3 for r in earlier):
+        elif any((fingerprint(r["text"]) ^ fingerprint(record["text"])).bit_count() <= K for r in earlier):
             near += 1
     return exact, near
 
@@ -59,12 +60,11 @@ def test_init_ingest_query_pairs_export(run, tmp_path, database_url, schema):
     assert result.exit_code == 0
     assert result.output == (
         f"created index in schema '{schema}' of {redact(database_url)}\n"
-        "layout: 4 blocks of 16 bits, 4 keys of 1 blocks (16 bits), max distance 3\n"
+        "layout: 6 blocks of 10/11 bits, 15 keys of 2 blocks (20/21/22 bits), max distance 4\n"
         "expected candidates per lookup at 1,000,000 documents (random fingerprints):\n"
-        "  --blocks 4:   4 keys,        61.04  <- this index\n"
-        "  --blocks 5:  10 keys,         0.21\n"
-        "  --blocks 6:  20 keys,         0.01\n"
-        "  --blocks 7:  35 keys,         0.00\n")
+        "  --blocks 5:   5 keys,       732.42\n"
+        "  --blocks 6:  15 keys,         6.20  <- this index\n"
+        "  --blocks 7:  35 keys,         0.20\n")
     assert run("init").output.startswith("found existing index")
 
     records = list(corpus())[:40]
@@ -80,7 +80,7 @@ def test_init_ingest_query_pairs_export(run, tmp_path, database_url, schema):
     base = records[0]
     fp = fingerprint(base["text"])
     expected = sorted(((fingerprint(r["text"]) ^ fp).bit_count(), r["id"], fingerprint(r["text"])) for r in records
-                      if (fingerprint(r["text"]) ^ fp).bit_count() <= 3)
+                      if (fingerprint(r["text"]) ^ fp).bit_count() <= K)
     assert len(expected) >= 2
     result = run("query", base["text"])
     assert result.output == "distance  simhash           id\n" + "".join(
@@ -95,7 +95,7 @@ def test_init_ingest_query_pairs_export(run, tmp_path, database_url, schema):
     assert all(set(p) == {"a", "b", "distance"} for p in pairs)
     fps = [(r["id"], fingerprint(r["text"])) for r in records]
     assert pairs == [{"a": a, "b": b, "distance": (fa ^ fb).bit_count()}
-                     for j, (b, fb) in enumerate(fps) for a, fa in fps[:j] if (fa ^ fb).bit_count() <= 3]
+                     for j, (b, fb) in enumerate(fps) for a, fa in fps[:j] if (fa ^ fb).bit_count() <= K]
     csv_output = run("pairs", "--format", "csv").output.splitlines()
     assert csv_output[0] == "a,b,distance" and len(csv_output) == len(pairs) + 1
 
@@ -119,7 +119,7 @@ def test_pairs_equal_brute_force_over_export(run, tmp_path):
     expected = set()
     for i, (a, fa) in enumerate(fingerprints):
         for b, fb in fingerprints[i + 1:]:
-            if (fa ^ fb).bit_count() <= 3:
+            if (fa ^ fb).bit_count() <= K:
                 expected.add((a, b, (fa ^ fb).bit_count()))
     found = {(p["a"], p["b"], p["distance"]) for p in map(json.loads, run("pairs").output.splitlines())}
     assert found == expected
@@ -214,10 +214,10 @@ def test_ids_already_stored(run, tmp_path, admin_engine, schema):
 
 def test_other_settings_are_refused(run, database_url, schema):
     run("init")
-    result = run("init", "--max-distance", "4", "--blocks", "5")
+    result = run("init", "--max-distance", "3", "--blocks", "5")
     assert result.exit_code == 1
-    assert result.output == ("Error: the index was created with other settings (max_distance: asked 4, stored 3; "
-                             "blocks: asked 5, stored 4). Open it without those options, or create a new index "
+    assert result.output == ("Error: the index was created with other settings (max_distance: asked 3, stored 4; "
+                             "blocks: asked 5, stored 6). Open it without those options, or create a new index "
                              "in another --schema\n")
 
 

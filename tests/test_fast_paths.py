@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from simdb.methods.minhash.signature import writes_without_spaces
 from simdb.text.normalize import fold, fold_and_simplify, normalize, punctuation_and_symbols, strip_punctuation
 from simdb.text.scripts import WITHOUT_SPACES_CHARACTER
-from simdb.text.tokenize import TokenizerSettings, count_punctuated, tokenize
+from simdb.text.tokenize import TokenizerSettings, count_punctuated, punctuated_tokens, tokenize
 
 _TRICKY = st.sampled_from(list("abcXYZ019 \t\n\u3000\u00a0,.!?;:'\"()[]{}+-*/=<>@#$%^&_~|\\，。！？：；（）《》、…—·「」"
                                "人民日报北京天安门中文與網路設定頭髮後來發現的了是和")
@@ -46,10 +46,25 @@ def test_the_fingerprints_fast_path_gives_the_tokens_of_the_normalized_text(text
     assert fast == slow
 
 
+@settings(max_examples=3000, deadline=None)
+@given(st.lists(st.one_of(_TRICKY, st.text(max_size=3)), max_size=30).map("".join), st.booleans(), st.booleans())
+def test_the_ordered_fast_path_gives_the_tokens_of_the_normalized_text_in_their_order(text, hmm, stopwords):
+    """Bigrams are made of neighbouring tokens: the fast path must give the plain path's order too."""
+    tokenizer = TokenizerSettings(jieba_hmm=hmm, stopwords=stopwords)
+    slow = tokenize(normalize(text), tokenizer)
+    assert (punctuated_tokens(fold_and_simplify(text), tokenizer) if normalize(text) else []) == slow
+
+
+def test_tokens_are_grouped_by_kind_each_kind_in_text_order():
+    tokens = tokenize(normalize("PostgreSQL 数据库 supports สวัสดี B-tree 索引"), TokenizerSettings(stopwords=False))
+    assert tokens == ["数据库", "索引", "postgresql", "supports", "b", "tree", "สวั", "วัส", "ัสด", "สดี"]
+
+
 @pytest.mark.slow
 def test_the_fingerprints_fast_path_gives_the_tokens_of_every_devset_text(devset_texts):
     differing = [text[:60] for text in devset_texts
-                 if operator.ne(*_tokens_both_ways(text, TokenizerSettings()))]
+                 if operator.ne(*_tokens_both_ways(text, TokenizerSettings()))
+                 or punctuated_tokens(fold_and_simplify(text)) != tokenize(normalize(text))]
     assert differing == []
 
 

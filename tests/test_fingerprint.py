@@ -3,6 +3,7 @@
 import math
 import subprocess
 import sys
+from collections import Counter
 from fractions import Fraction
 
 import numpy as np
@@ -57,7 +58,10 @@ def test_same_text_same_fingerprint_across_processes():
 def test_fingerprint_is_pinned():
     # If this changes, the recipe changed: bump fingerprint.ALGORITHM, since
     # every stored index would otherwise mix old and new fingerprints.
-    assert f"{fingerprint(ARTICLE):016x}" == "28c672a431f32108"
+    # The settings that are stored with an index (weighting, bigrams) may change their defaults; what an index
+    # created under the earlier defaults stores must still give its fingerprints.
+    assert f"{fingerprint(ARTICLE):016x}" == "3ce268a456fb35cc"
+    assert f"{fingerprint(ARTICLE, FingerprintSettings(weighting='sublinear_tf', bigrams=0)):016x}" == "28c672a431f32108"
 
 
 def test_near_copies_are_close_and_other_texts_are_not():
@@ -74,6 +78,41 @@ def test_weights_are_sublinear_term_frequency():
     features, weights = weighted_features(["a", "b", "a", "a"], "sublinear_tf")
     assert features == ["a", "b"]
     assert weights.tolist() == pytest.approx([1 + 1.0986122886681098, 1.0])
+
+
+def _bigram_hash_by_the_definition(first: int, second: int) -> int:
+    mask = 2**64 - 1
+    x = ((first << 32 | first >> 32) & mask) ^ second
+    x = ((x ^ x >> 30) * 0xBF58476D1CE4E5B9) & mask
+    x = ((x ^ x >> 27) * 0x94D049BB133111EB) & mask
+    return x ^ x >> 31
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(["alpha", "beta", "gamma", "delta", "数据", "索引", "the", "x1"]), min_size=1,
+                max_size=120).map(" ".join), st.sampled_from([1, 7, 50]), st.sampled_from(["tf", "sublinear_tf", "binary"]))
+def test_a_fingerprint_with_bigrams_is_the_sign_of_the_exact_sum_of_its_tokens_and_bigrams(text, scale, weighting):
+    """The recipe, computed from its definition in exact arithmetic: every distinct token weighted by its
+    frequency, every distinct pair of neighbouring tokens by its frequency times min(1, scale / tokens)."""
+    recipe = FingerprintSettings(weighting=weighting, bigrams=scale, seed=5)
+    tokens = tokens_for(text, recipe)
+    weight = {"tf": Fraction, "binary": lambda n: Fraction(1), "sublinear_tf": lambda n: Fraction(1 + math.log(n))}
+    token_hash = {t: xxhash.xxh3_64_intdigest(t.encode(), 5) for t in tokens}
+    features = [(token_hash[t], weight[weighting](n)) for t, n in Counter(tokens).items()]
+    share = min(Fraction(1), Fraction(scale, len(tokens)))
+    features += [(_bigram_hash_by_the_definition(token_hash[a], token_hash[b]), weight[weighting](n) * share)
+                 for (a, b), n in Counter(zip(tokens, tokens[1:])).items()]
+    expected = 0
+    for bit in range(64):
+        expected |= (sum(w if h >> bit & 1 else -w for h, w in features) > 0) << bit
+    assert fingerprint(text, recipe) == expected
+
+
+def test_bigrams_tell_word_order_apart():
+    words = "archive index segment cluster lookup ingest"
+    reordered = "ingest lookup cluster segment index archive"
+    assert fingerprint(words, FingerprintSettings(bigrams=0)) == fingerprint(reordered, FingerprintSettings(bigrams=0))
+    assert fingerprint(words) != fingerprint(reordered)
 
 
 def test_simhash_of_one_feature_is_its_hash():

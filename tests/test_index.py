@@ -58,12 +58,13 @@ class Archive:
         return pairs
 
 
-@pytest.fixture(params=[4, 5], ids=["blocks4", "blocks5"])
+@pytest.fixture(params=[(3, 4), (3, 5), (4, 6)], ids=["k3-blocks4", "k3-blocks5", "k4-blocks6"])
 def archive(request, database_url, schema):
     """2,000 random fingerprints, then clusters planted by each test."""
-    with Index.create(database_url, schema=schema, blocks=request.param) as index:
+    max_distance, blocks = request.param
+    with Index.create(database_url, schema=schema, blocks=blocks, max_distance=max_distance) as index:
         archive = Archive(index)
-        rng = random.Random(request.param)
+        rng = random.Random(blocks)
         archive.add([rng.getrandbits(64) for _ in range(2000)], "random")
         yield archive
 
@@ -232,8 +233,8 @@ def test_reopening_gives_the_same_answers(database_url, schema):
 
 def test_open_refuses_other_settings(index, database_url):
     schema = index.database.schema
-    with pytest.raises(IncompatibleIndex, match="max_distance: asked 4, stored 3"):
-        Index.open(database_url, schema=schema, max_distance=4)
+    with pytest.raises(IncompatibleIndex, match="max_distance: asked 3, stored 4"):
+        Index.open(database_url, schema=schema, max_distance=3)
     with pytest.raises(IncompatibleIndex, match="tokenizer: asked 'words', stored 'auto'"):
         Index.create(database_url, schema=schema, exist_ok=True, tokenizer="words")
     with Index.create(database_url, schema=schema, exist_ok=True) as same:
@@ -267,15 +268,15 @@ def test_tampered_schema_and_missing_index_are_errors(index, database_url, admin
 
 
 def test_max_distance_above_the_index_is_refused(index):
-    with pytest.raises(Exception, match="between 0 and the index's maximum distance 3"):
-        index.query_fingerprint(0, 4)
+    with pytest.raises(Exception, match="between 0 and the index's maximum distance 4"):
+        index.query_fingerprint(0, 5)
 
 
 def test_stats(index):
     index.add_many([{"id": str(i), "text": f"text {i} " * 20} for i in range(20)], batch="s")
     stats = index.stats()
     assert stats["documents"] == 20
-    assert stats["layout"] == "4 blocks of 16 bits, 4 keys of 1 blocks (16 bits), max distance 3"
+    assert stats["layout"] == "6 blocks of 10/11 bits, 15 keys of 2 blocks (20/21/22 bits), max distance 4"
     # issue 9: a document is not its own candidate (this counted 4.0 for 20 unrelated documents)
     from collections import Counter
     keys = [index.layout.block_keys(int(e["simhash"], 16)) for e in index.export()]
@@ -293,7 +294,7 @@ def test_stats_of_a_large_archive_sample_its_buckets_without_bias(database_url, 
 
     rng = random.Random(4)
     fingerprints = [rng.getrandbits(64) for _ in range(700)] * 4
-    index = Index.create(database_url, schema=schema, blocks=5)
+    index = Index.create(database_url, schema=schema, blocks=5, max_distance=3)
     index.add_fingerprinted(make_batch(fingerprints, "four"), batch="four")
     exact = index.stats(exact=True)
     assert exact["measured_from_sample"] is None and exact["measured_candidates_per_lookup"] == 30  # 10 keys

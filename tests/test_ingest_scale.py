@@ -19,6 +19,7 @@ from simdb.text import content_hash
 from simdb.inputs import Document
 from simdb.parallel import TASK_SIZE, Fingerprinted, fingerprint_stream, key_rows
 from simdb.samples import corpus
+from simdb.methods.simhash.blocks import DEFAULT_MAX_DISTANCE as K
 from tests.conftest import assert_consistent, count_rows
 
 CORPUS = list(corpus())
@@ -223,7 +224,7 @@ def test_concurrent_ingests_find_every_pair(database_url, admin_engine, schema, 
     with Index.open(database_url, schema=schema) as index:
         found = {(p.a, p.b) for p in index.pairs()}
         exported = [(e["id"], int(e["simhash"], 16)) for e in index.export()]
-    expected = {(a, b) for i, (a, fa) in enumerate(exported) for b, fb in exported[i + 1:] if (fa ^ fb).bit_count() <= 3}
+    expected = {(a, b) for i, (a, fa) in enumerate(exported) for b, fb in exported[i + 1:] if (fa ^ fb).bit_count() <= K}
     assert found == expected
 
 

@@ -23,7 +23,7 @@ def tables_in(engine, schema):
 
 
 def test_upgrade_to_head_then_down_to_base_and_up_again(database_url, schema, admin_engine):
-    settings = IndexSettings.new(blocks=5)
+    settings = IndexSettings.new(blocks=5, max_distance=3)
     database = Database.connect(database_url, schema=schema)
     try:
         with database.engine.begin() as connection:
@@ -47,7 +47,7 @@ def test_upgrade_to_head_then_down_to_base_and_up_again(database_url, schema, ad
     finally:
         database.close()
     with Index.create(database_url, schema=schema) as index:  # and up again, through the public path
-        assert index.created and index.layout.blocks == 4
+        assert index.created and index.layout.blocks == 6
 
 
 def test_upgrading_an_index_with_data_computes_its_pairs_and_clusters(database_url, schema, admin_engine):
@@ -85,7 +85,7 @@ def test_upgrading_an_index_with_data_computes_its_pairs_and_clusters(database_u
     finally:
         database.close()
     expected = {(i + 1, j + 1, (a ^ b).bit_count()) for i, a in enumerate(fingerprints)
-                for j, b in enumerate(fingerprints) if i < j and (a ^ b).bit_count() <= 3}
+                for j, b in enumerate(fingerprints) if i < j and (a ^ b).bit_count() <= layout.max_distance}
     assert stored == expected and len(expected) >= 120
     forest = UnionFind()
     for a, b, _ in expected:

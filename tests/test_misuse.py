@@ -87,7 +87,7 @@ CASES = [
     ("init-minhash-blocks", "none", ["init", "--method", "minhash", "--blocks", "5"], 2, "SimHash options"),
     ("init-simhash-threshold", "none", ["init", "--threshold", "0.9"], 2, "MinHash options"),
     ("init-num-perm", "none", ["init", "--method", "minhash", "--num-perm", "130"], 1, "multiple of 4"),
-    ("init-other-settings", "simhash", ["init", "--max-distance", "4"], 1, "max_distance: asked 4, stored 3"),
+    ("init-other-settings", "simhash", ["init", "--max-distance", "3"], 1, "max_distance: asked 3, stored 4"),
     ("init-other-method", "simhash", ["init", "--method", "minhash"], 1, "method: asked 'minhash'"),
     # mismatched settings and bad arguments
     ("query-nothing", "simhash", ["query"], 2, "give either TEXT or --file"),
@@ -130,7 +130,7 @@ CASES = [
     ("compact-no-index", "none", ["compact"], 1, "no simdb index"),
     ("init-segment-too-small", "none", ["init", "--segment-size", "10"], 2, "--segment-size"),
     ("init-merge-factor-one", "none", ["init", "--merge-factor", "1"], 2, "--merge-factor"),
-    ("relayout-same", "simhash", ["relayout", "--blocks", "4"], 1, "already uses 4 blocks"),
+    ("relayout-same", "simhash", ["relayout", "--blocks", "6"], 1, "already uses 6 blocks"),
     ("relayout-minhash", "minhash", ["relayout"], 1, "bands are fixed"),
     ("relayout-minhash-blocks", "minhash", ["relayout", "--blocks", "5"], 1, "bands are fixed"),
     ("grant-bad-role", "simhash", ["grant-reader", "Bad-Name"], 1, "invalid role name"),

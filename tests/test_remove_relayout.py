@@ -19,6 +19,13 @@ def dup_of(engine, schema):
     return dict(assert_consistent(engine, schema))
 
 
+@pytest.fixture
+def index(database_url, schema):
+    """The fingerprints below are planted at distances, and relaid out, from k = 3 in 4 blocks."""
+    with Index.create(database_url, schema=schema, max_distance=3) as created:
+        yield created
+
+
 def test_remove_by_id_repoints_to_the_earliest_remaining(index, admin_engine):
     schema = index.database.schema
     base = 0x0123_4567_89AB_CDEF
@@ -78,7 +85,7 @@ def test_remove_from_the_cli(run, tmp_path):
 
 def test_relayout_with_data_in_place_answers_the_same(database_url, schema, admin_engine):
     rng = random.Random(5)
-    with Index.create(database_url, schema=schema) as index:
+    with Index.create(database_url, schema=schema, max_distance=3) as index:
         fingerprints = [rng.getrandbits(64) for _ in range(3000)]
         for cluster in range(40):
             base = rng.getrandbits(64)

@@ -82,7 +82,7 @@ def test_report_is_one_self_contained_page(run, tmp_path, admin_engine, schema):
         assert f"<h2>{heading}</h2>" in page
     assert f"<dt>documents</dt><dd>{total:,}</dd><dt>batches</dt><dd>2</dd>" in page
     assert f"A random sample of {min(total, 2000):,} documents," in page
-    assert "within k = 3 (left of the dashed line)" in page
+    assert "within k = 4 (left of the dashed line)" in page
     canonical = largest_cluster(admin_engine, schema)
     table = page[page.index("<h2>Largest clusters</h2>"):]
     assert table.index(f"<code>{html.escape(canonical)}</code>") < table.index("</tr>", table.index("<tbody>"))

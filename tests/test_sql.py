@@ -59,8 +59,9 @@ def test_simdb_near_matches_the_index_and_uses_the_key_indexes(filled):
     assert "Seq Scan" not in plan
     # each key column through its index, in every segment
     assert all(f"Index Cond: ({column} = " in plan for column in index.layout.key_columns), plan
-    with pytest.raises(sa.exc.DataError, match="max_distance must be between 0 and 3"):
-        scalar(index, "SELECT count(*) FROM simdb_near(0, 4)")
+    k = index.layout.max_distance
+    with pytest.raises(sa.exc.DataError, match=f"max_distance must be between 0 and {k}"):
+        scalar(index, f"SELECT count(*) FROM simdb_near(0, {k + 1})")
 
 
 def test_simdb_near_follows_a_relayout(filled):

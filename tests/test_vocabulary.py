@@ -103,7 +103,7 @@ def test_similar_and_near_answer_on_both_methods(archive):
         assert {(d, 1 - n / 64) for d, n in near} == {tuple(row) for row in similar}  # multiples of 1/64: exact
         assert {d for d, s in rows(index, "SELECT * FROM simdb_similar(:f, 0.99)", f=fingerprint)} == \
             {d for d, n in near if n == 0}
-        with pytest.raises(sa.exc.DBAPIError, match="min_similarity must be between 0.953125"):
+        with pytest.raises(sa.exc.DBAPIError, match=f"min_similarity must be between {1 - method.max_distance / 64}"):
             rows(index, "SELECT * FROM simdb_similar(:f, 0.9)", f=fingerprint)
     else:
         similar = rows(index, "SELECT document_id, similarity FROM simdb_similar(:s)", s=sketch)

@@ -85,15 +85,18 @@ def tokenize(normalized: str, settings: TokenizerSettings = TokenizerSettings())
         tokens = jieba_tokens(normalized, settings.jieba_hmm)
     elif settings.name == "shingles":
         tokens = shingles(normalized.replace(" ", ""), settings.shingle_size)
-    else:
-        tokens = []
+    else:  # grouped by kind, each kind in text order (what the fast path gives)
+        han_tokens: list[str] = []
+        words: list[str] = []
+        shingled: list[str] = []
         for han, nospace, word in _RUNS.findall(normalized):
             if han:
-                tokens.extend(jieba_tokens(han, settings.jieba_hmm))
+                han_tokens.extend(jieba_tokens(han, settings.jieba_hmm))
             elif nospace:
-                tokens.extend(shingles(nospace, settings.shingle_size))
+                shingled.extend(shingles(nospace, settings.shingle_size))
             else:
-                tokens.append(word)
+                words.append(word)
+        tokens = han_tokens + words + shingled
     return _without_stopwords(tokens, settings)
 
 
@@ -113,6 +116,32 @@ def _punctuated_runs() -> tuple[re.Pattern, re.Pattern, re.Pattern]:
             re.compile(rf"[^\s{han}{character_class(expand(OTHER_WITHOUT_SPACES))}{character_class(separators)}]+"))
 
 
+def _punctuated_kinds(folded: str, settings: TokenizerSettings) -> tuple[list[str], list[str], list[str]]:
+    """The Han tokens (with a ``" "`` between runs), the words and the shingles of folded text whose
+    punctuation is still in, each kind in text order."""
+    not_han, nospace, word = _punctuated_runs()
+    # the Han runs, one space between two: jieba cuts at every space, so each run is segmented on its own
+    han = not_han.sub(" ", folded)
+    han_tokens = cut(han, settings.jieba_hmm) if han.strip() else []
+    shingled: list[str] = []
+    if nospace.search(folded):
+        for run in nospace.findall(folded):
+            shingled.extend(shingles(run, settings.shingle_size))
+    return han_tokens, word.findall(folded), shingled
+
+
+def punctuated_tokens(folded: str, settings: TokenizerSettings = TokenizerSettings()) -> list[str]:
+    """``tokenize(strip_punctuation(folded))`` without building the stripped text, as :func:`count_punctuated`
+    does, but in order: the Han tokens, then the words, then the shingles, each kind in text order. The
+    fast path of fingerprints with bigrams; the tests hold the two equal."""
+    if settings.name != "auto":
+        raise ValueError("punctuated_tokens is the auto tokenizer's")
+    if ASTRAL_CHARACTER.search(folded):  # rare: the plain way
+        return tokenize(strip_punctuation(folded), settings)
+    han_tokens, words, shingled = _punctuated_kinds(folded, settings)
+    return _without_stopwords([t for t in han_tokens if t != " "] + words + shingled, settings)
+
+
 def count_punctuated(folded: str, settings: TokenizerSettings = TokenizerSettings()) -> Counter:
     """The ``auto`` tokens of folded (for ``simhash64-v2`` also simplified) text whose punctuation and symbols
     are still in, counted: ``Counter(tokenize(strip_punctuation(folded)))`` without building the stripped
@@ -123,15 +152,11 @@ def count_punctuated(folded: str, settings: TokenizerSettings = TokenizerSetting
         raise ValueError("count_punctuated is the auto tokenizer's")
     if ASTRAL_CHARACTER.search(folded):  # rare: the plain way
         return Counter(tokenize(strip_punctuation(folded), settings))
-    not_han, nospace, word = _punctuated_runs()
-    # the Han runs, one space between two: jieba cuts at every space, so each run is segmented on its own
-    han = not_han.sub(" ", folded)
-    counts = Counter(cut(han, settings.jieba_hmm)) if han.strip() else Counter()
+    han_tokens, words, shingled = _punctuated_kinds(folded, settings)
+    counts = Counter(han_tokens)
     counts.pop(" ", None)
-    counts.update(word.findall(folded))
-    if nospace.search(folded):
-        for run in nospace.findall(folded):
-            counts.update(shingles(run, settings.shingle_size))
+    counts.update(words)
+    counts.update(shingled)
     if settings.stopwords:
         dropped = STOPWORDS.intersection(counts)
         if len(dropped) < len(counts):  # a text made only of stop words still has a fingerprint

@@ -21,8 +21,8 @@ from ...errors import IncompatibleIndex, InputError, SimdbError
 from ...text.segment import segmenter_name
 from ...text.tokenize import TokenizerSettings
 from ..base import Method
-from .blocks import BlockLayout, layouts_for
-from .fingerprint import (ALGORITHM, ALGORITHMS, DEFAULT_TOP_FEATURES, FingerprintSettings, IdfTable, fingerprint,
+from .blocks import DEFAULT_MAX_DISTANCE, BlockLayout, layouts_for
+from .fingerprint import (ALGORITHM, ALGORITHMS, DEFAULT_BIGRAMS, DEFAULT_TOP_FEATURES, FingerprintSettings, IdfTable, fingerprint,
                           tokens_for)
 from .sql import candidate_sql, function_statements, key_expression, verified_pairs
 
@@ -42,23 +42,26 @@ class SimHash(Method):
     calibration_axis = "max distance k (bits)"
 
     fingerprints: FingerprintSettings = field(default_factory=FingerprintSettings)
-    layout: BlockLayout = field(default_factory=BlockLayout)
+    layout: BlockLayout = field(default_factory=lambda: BlockLayout.for_size(DEFAULT_MAX_DISTANCE, 1_000_000))
 
     @classmethod
-    def new(cls, *, max_distance: int = 3, blocks: int | None = None, expected_size: int = 1_000_000,
-            tokenizer: str = "auto", jieba_hmm: bool = False, shingle_size: int = 3, stopwords: bool = True,
-            weighting: str | None = None, idf: IdfTable | None = None, top_features: int | None = None) -> "SimHash":
+    def new(cls, *, max_distance: int = DEFAULT_MAX_DISTANCE, blocks: int | None = None,
+            expected_size: int = 1_000_000, tokenizer: str = "auto", jieba_hmm: bool = False, shingle_size: int = 3,
+            stopwords: bool = True, weighting: str | None = None, idf: IdfTable | None = None,
+            top_features: int | None = None, bigrams: int | None = None) -> "SimHash":
         """A SimHash method; without ``blocks``, the fewest that keep lookups small at ``expected_size``."""
         layout = BlockLayout(max_distance=max_distance, blocks=blocks) if blocks is not None else \
             BlockLayout.for_size(max_distance, expected_size)
         if weighting is None:
-            weighting = "tfidf" if idf is not None else "sublinear_tf"
+            weighting = "tfidf" if idf is not None else "tf"
         if top_features is None:
             top_features = DEFAULT_TOP_FEATURES if weighting == "tfidf" else 0
+        if bigrams is None:
+            bigrams = 0 if weighting == "tfidf" else DEFAULT_BIGRAMS
         return cls(FingerprintSettings(
             tokenizer=TokenizerSettings(name=tokenizer, jieba_hmm=jieba_hmm, shingle_size=shingle_size,
                                         stopwords=stopwords),
-            weighting=weighting, idf=idf, top_features=top_features), layout)
+            weighting=weighting, idf=idf, top_features=top_features, bigrams=bigrams), layout)
 
     # -- settings ------------------------------------------------------------------------------
 
@@ -89,6 +92,7 @@ class SimHash(Method):
             "tokenizer": dataclasses.asdict(self.fingerprints.tokenizer),
             "weighting": self.fingerprints.weighting,
             "top_features": self.fingerprints.top_features,
+            "bigrams": self.fingerprints.bigrams,
             "idf": None if idf is None else {"documents": idf.documents, "terms": len(idf.terms),
                                              "digest": idf.digest, "table": "idf_terms"},
             "hash": {"function": "xxh3_64", "seed": self.fingerprints.seed},
@@ -134,7 +138,7 @@ class SimHash(Method):
             fps = FingerprintSettings(tokenizer=TokenizerSettings(**rows["tokenizer"]),
                                       weighting=rows["weighting"], seed=rows["hash"]["seed"],
                                       algorithm=rows["algorithm"], idf=idf,
-                                      top_features=rows.get("top_features", 0))
+                                      top_features=rows.get("top_features", 0), bigrams=rows.get("bigrams", 0))
         except (KeyError, TypeError, ValueError) as exc:
             raise IncompatibleIndex(f"the stored settings cannot be read ({exc!r}); "
                                     "the index was written by another simdb version or edited by hand") from exc
@@ -146,7 +150,7 @@ class SimHash(Method):
         return {"method": self.name, "max_distance": self.layout.max_distance, "blocks": self.layout.blocks,
                 "tokenizer": tok.name, "jieba_hmm": tok.jieba_hmm, "shingle_size": tok.shingle_size,
                 "stopwords": tok.stopwords, "weighting": self.fingerprints.weighting,
-                "top_features": self.fingerprints.top_features,
+                "top_features": self.fingerprints.top_features, "bigrams": self.fingerprints.bigrams,
                 "idf_documents": idf.documents if idf else None,
                 "seed": self.fingerprints.seed, "algorithm": self.fingerprints.algorithm}
 

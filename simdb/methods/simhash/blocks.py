@@ -8,8 +8,10 @@ untouched, so they agree exactly on the key made of those blocks: looking up
 each key by equality finds every neighbour, with no false negatives. Wider
 keys (more blocks) mean fewer candidates per lookup but more keys to store.
 
-Default for ``max_distance=3``: four 16-bit keys. ``blocks=5``: ten keys of 25
-or 26 bits, for archives of many millions of documents.
+The default, ``max_distance=4``, takes six blocks and fifteen keys of 20-22
+bits up to about 10 million documents, seven blocks and 35 keys of 27-28 bits
+beyond. ``max_distance=3`` takes four 16-bit keys, or ten of 25-26 bits for
+archives of many millions of documents.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from ...bits import BITS
 MAX_KEY_BITS = 62  # keys are stored as non-negative BIGINT
 #: The largest distance any layout can guarantee (16 blocks, keys of one block).
 MAX_DISTANCE = 15
+#: The default k (measured on the devset: see docs/quality.md).
+DEFAULT_MAX_DISTANCE = 4
 
 
 @dataclass(frozen=True)

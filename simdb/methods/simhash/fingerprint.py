@@ -1,7 +1,10 @@
 """Tokens -> weighted features -> 64-bit SimHash (Charikar 2002).
 
-Each distinct token is a feature with a weight (sublinear term frequency by
-default: ``1 + ln(tf)``). An index created with an IDF table (learned from a
+Each distinct token is a feature weighted by its term frequency, and each
+distinct pair of adjacent tokens (a *bigram*, hashed from its tokens' hashes) is one too, weighted by its own
+frequency times ``min(1, bigrams / tokens)``: word order is what a bag of words
+loses, and it matters most in short texts, where a few words decide all the bits
+(see docs/quality.md for the measurements that chose these defaults). An index created with an IDF table (learned from a
 sample of the archive by ``simdb init --idf-from``, then frozen in the
 database) weights features by ``(1 + ln tf) * ln((N + 1) / (df + 1))`` and
 keeps only the ``top_features`` heaviest ones (ties broken by the token), so
@@ -27,7 +30,7 @@ import numpy as np
 import xxhash
 
 from ...text.normalize import fold, fold_and_simplify, normalized_or_folded
-from ...text.tokenize import TokenizerSettings, count_punctuated, tokenize
+from ...text.tokenize import TokenizerSettings, count_punctuated, punctuated_tokens, tokenize
 from ..base import DEFAULT_SEED
 
 #: Names the whole text -> fingerprint recipe. Any change to normalization,
@@ -37,6 +40,8 @@ ALGORITHM = "simhash64-v2"  # v2: traditional Chinese folded to simplified (Open
 #: Every recipe this simdb can still compute: indexes built by an earlier release keep their answers.
 ALGORITHMS = ("simhash64-v1", ALGORITHM)
 WEIGHTINGS = ("sublinear_tf", "tf", "binary", "tfidf")
+#: Default ``bigrams`` scale: in a text of up to this many tokens a bigram weighs as much as a token.
+DEFAULT_BIGRAMS = 50
 #: Features kept per document under ``tfidf`` weighting (measured on the devset: see docs/quality.md).
 DEFAULT_TOP_FEATURES = 8
 #: Terms seen in fewer documents are not stored; they weigh as if seen in one.
@@ -93,12 +98,15 @@ class FingerprintSettings:
     """Everything that decides a text's fingerprint; stored with the index."""
 
     tokenizer: TokenizerSettings = field(default_factory=TokenizerSettings)
-    weighting: str = "sublinear_tf"
+    weighting: str = "tf"
     seed: int = DEFAULT_SEED
     algorithm: str = ALGORITHM
     idf: IdfTable | None = None
     #: With ``tfidf``: features kept per document (0 = all).
     top_features: int = 0
+    #: Bigrams of adjacent tokens are features too, weighted ``min(1, bigrams / tokens)`` times their
+    #: frequency; 0 = tokens only (every index created before bigrams existed).
+    bigrams: int = DEFAULT_BIGRAMS
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -111,6 +119,10 @@ class FingerprintSettings:
                              "and an IDF table needs tfidf weighting")
         if self.top_features < 0:
             raise ValueError(f"top features must be 0 (all) or more, not {self.top_features}")
+        if self.bigrams < 0:
+            raise ValueError(f"the bigram scale must be 0 (no bigrams) or more, not {self.bigrams}")
+        if self.bigrams and self.weighting == "tfidf":
+            raise ValueError("bigrams have no IDF weights: tfidf weighting needs --bigrams 0")
         if not 0 <= self.seed < 2**64:
             raise ValueError("the hash seed must be an unsigned 64-bit integer")
 
@@ -119,22 +131,24 @@ class FingerprintSettings:
 _SUBLINEAR = np.array([0.0] + [1.0 + math.log(c) for c in range(1, 1024)])
 
 
+def term_weights(frequencies: np.ndarray, weighting: str) -> np.ndarray:
+    """Weights of features seen ``frequencies`` times (``tfidf``: before the IDF factor)."""
+    if weighting == "binary":
+        return np.ones(len(frequencies))
+    if weighting == "tf":
+        return frequencies.astype(np.float64)
+    if len(frequencies) and frequencies.max() < len(_SUBLINEAR):
+        return _SUBLINEAR[frequencies]
+    return np.array([1.0 + math.log(c) for c in frequencies.tolist()])
+
+
 def weighted_features(tokens: list[str] | Counter, weighting: str, idf: IdfTable | None = None,
                       top_features: int = 0) -> tuple[list[str], np.ndarray]:
     """Distinct tokens (given as a list, or already counted) and their weights (with ``tfidf``: the
     ``top_features`` heaviest)."""
     counts = tokens if isinstance(tokens, Counter) else Counter(tokens)
     features = list(counts)
-    if weighting == "binary":
-        weights = np.ones(len(features))
-    else:
-        frequencies = np.fromiter(counts.values(), dtype=np.int64, count=len(features))
-        if weighting == "tf":
-            weights = frequencies.astype(np.float64)
-        elif len(features) and frequencies.max() < len(_SUBLINEAR):
-            weights = _SUBLINEAR[frequencies]
-        else:
-            weights = np.array([1.0 + math.log(c) for c in frequencies.tolist()])
+    weights = term_weights(np.fromiter(counts.values(), dtype=np.int64, count=len(features)), weighting)
     if weighting == "tfidf":
         weights = weights * np.fromiter((idf.weight(f) for f in features), dtype=np.float64, count=len(features))
         if 0 < top_features < len(features):
@@ -145,9 +159,32 @@ def weighted_features(tokens: list[str] | Counter, weighting: str, idf: IdfTable
     return features, weights
 
 
+def feature_hashes(features: list[str], seed: int = DEFAULT_SEED) -> np.ndarray:
+    """xxh3-64 of each feature's UTF-8 under ``seed``."""
+    return np.fromiter((xxhash.xxh3_64_intdigest(f.encode("utf-8"), seed) for f in features),
+                       dtype="<u8", count=len(features))
+
+
+def bigram_hashes(first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    """The hash of the bigram of two tokens, from the tokens' hashes: the first rotated by 32 bits, xored
+    with the second (so the order counts), through the splitmix64 finalizer (Steele, Lea & Flood 2014;
+    every input bit flips each output bit with probability close to 1/2). Equal to hashing the pair as one
+    string in what it does for a SimHash, without building, encoding and hashing the string."""
+    with np.errstate(over="ignore"):
+        x = ((first << np.uint64(32)) | (first >> np.uint64(32))) ^ second
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
 def simhash(features: list[str], weights: np.ndarray, seed: int = DEFAULT_SEED) -> int:
-    """The 64-bit SimHash of weighted features: bit ``i`` is set when the exact sum of the weights, each
-    signed by bit ``i`` of its feature's hash, is positive.
+    """The 64-bit SimHash of weighted features: see :func:`simhash_of_hashes`."""
+    return simhash_of_hashes(feature_hashes(features, seed), weights)
+
+
+def simhash_of_hashes(hashes: np.ndarray, weights: np.ndarray) -> int:
+    """The 64-bit SimHash of features with these hashes and weights: bit ``i`` is set when the exact sum of
+    the weights, each signed by bit ``i`` of its feature's hash, is positive.
 
     The sums are taken in floating point, where their rounding depends on the order of the features and on
     the machine (numpy's matrix product runs different BLAS kernels on different CPUs). Where a sum lies
@@ -155,14 +192,13 @@ def simhash(features: list[str], weights: np.ndarray, seed: int = DEFAULT_SEED) 
     is taken from the exactly rounded sum (:func:`math.fsum`) instead, so a fingerprint is the same on every
     machine and for every order of its features.
     """
-    hashes = np.fromiter((xxhash.xxh3_64_intdigest(f.encode("utf-8"), seed) for f in features),
-                         dtype="<u8", count=len(features))
-    bits = np.unpackbits(hashes.view(np.uint8).reshape(-1, 8), axis=1, bitorder="little")
+    bits = np.unpackbits(hashes.astype("<u8", copy=False).view(np.uint8).reshape(-1, 8), axis=1,
+                         bitorder="little")
     signs = bits.astype(np.float64) * 2.0 - 1.0
     totals = weights @ signs
     # any order of summation errs by at most (n - 1) * 2**-53 * sum(|w|); twice that leaves room for the
     # rounding of the bound itself
-    bound = len(features) * 2.0**-52 * float(np.abs(weights).sum())
+    bound = len(hashes) * 2.0**-52 * float(np.abs(weights).sum())
     for column in np.flatnonzero(np.abs(totals) <= bound):
         totals[column] = math.fsum((weights * signs[:, column]).tolist())
     packed = np.packbits(totals > 0, bitorder="little")
@@ -176,6 +212,10 @@ def tokens_for(text: str, settings: FingerprintSettings) -> list[str]:
     back to its folded characters, so that it still gets a fingerprint; a text
     with nothing but whitespace has none and is an error.
     """
+    if settings.tokenizer.name == "auto":  # the default: without building the normalized text
+        tokens = punctuated_tokens(fold_and_simplify(text, settings.algorithm != "simhash64-v1"), settings.tokenizer)
+        if tokens:
+            return tokens
     normalized, folded = normalized_or_folded(text, simplify_script=settings.algorithm != "simhash64-v1")
     if folded:
         return [c for c in normalized if c != " "]
@@ -193,9 +233,28 @@ def token_counts(text: str, settings: FingerprintSettings) -> Counter:
 
 def fingerprint(text: str, settings: FingerprintSettings = FingerprintSettings()) -> int:
     """Text -> unsigned 64-bit SimHash under ``settings``."""
-    features, weights = weighted_features(token_counts(text, settings), settings.weighting, settings.idf,
-                                          settings.top_features)
-    return simhash(features, weights, settings.seed)
+    if not settings.bigrams:
+        features, weights = weighted_features(token_counts(text, settings), settings.weighting, settings.idf,
+                                              settings.top_features)
+        return simhash(features, weights, settings.seed)
+    return simhash_of_tokens(tokens_for(text, settings), settings)
+
+
+def simhash_of_tokens(tokens: list[str], settings: FingerprintSettings) -> int:
+    """The SimHash of a text's tokens, in order, under ``settings`` with bigrams."""
+    counts = Counter(tokens)
+    features = list(counts)
+    hashes = feature_hashes(features, settings.seed)
+    weights = term_weights(np.fromiter(counts.values(), dtype=np.int64, count=len(features)), settings.weighting)
+    if len(tokens) > 1:
+        position = {feature: i for i, feature in enumerate(features)}
+        ids = np.fromiter(map(position.__getitem__, tokens), dtype=np.int64, count=len(tokens))
+        pairs, frequencies = np.unique(ids[:-1] * len(features) + ids[1:], return_counts=True)
+        first, second = np.divmod(pairs, len(features))
+        hashes = np.concatenate((hashes, bigram_hashes(hashes[first], hashes[second])))
+        weights = np.concatenate((weights, term_weights(frequencies, settings.weighting)
+                                  * min(1.0, settings.bigrams / len(tokens))))
+    return simhash_of_hashes(hashes, weights)
 
 
 def learn_idf(texts: Iterable[str], tokenizer: TokenizerSettings = TokenizerSettings()) -> IdfTable:
