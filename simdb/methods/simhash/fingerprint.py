@@ -194,13 +194,13 @@ def simhash_of_hashes(hashes: np.ndarray, weights: np.ndarray) -> int:
     """
     bits = np.unpackbits(hashes.astype("<u8", copy=False).view(np.uint8).reshape(-1, 8), axis=1,
                          bitorder="little")
-    signs = bits.astype(np.float64) * 2.0 - 1.0
-    totals = weights @ signs
-    # any order of summation errs by at most (n - 1) * 2**-53 * sum(|w|); twice that leaves room for the
-    # rounding of the bound itself
-    bound = len(hashes) * 2.0**-52 * float(np.abs(weights).sum())
+    # the signed sum is 2 * (the weights whose bit is set) - (all the weights)
+    totals = 2.0 * (weights @ bits) - weights.sum()
+    # each of the two sums, in any order, errs by at most (n - 1) * 2**-53 * sum(|w|), the doubling is exact
+    # and the difference rounds once: (4n + 4) * 2**-53 * sum(|w|) leaves room for the bound's own rounding
+    bound = (2 * len(hashes) + 2) * 2.0**-52 * float(np.abs(weights).sum())
     for column in np.flatnonzero(np.abs(totals) <= bound):
-        totals[column] = math.fsum((weights * signs[:, column]).tolist())
+        totals[column] = math.fsum((weights * (bits[:, column] * 2.0 - 1.0)).tolist())
     packed = np.packbits(totals > 0, bitorder="little")
     return int(packed.view("<u8")[0])
 
@@ -242,15 +242,14 @@ def fingerprint(text: str, settings: FingerprintSettings = FingerprintSettings()
 
 def simhash_of_tokens(tokens: list[str], settings: FingerprintSettings) -> int:
     """The SimHash of a text's tokens, in order, under ``settings`` with bigrams."""
-    counts = Counter(tokens)
-    features = list(counts)
-    hashes = feature_hashes(features, settings.seed)
-    weights = term_weights(np.fromiter(counts.values(), dtype=np.int64, count=len(features)), settings.weighting)
+    position: dict[str, int] = {}
+    ids = np.array([position.setdefault(token, len(position)) for token in tokens], dtype=np.int64)
+    distinct = len(position)
+    hashes = feature_hashes(list(position), settings.seed)
+    weights = term_weights(np.bincount(ids, minlength=distinct), settings.weighting)
     if len(tokens) > 1:
-        position = {feature: i for i, feature in enumerate(features)}
-        ids = np.fromiter(map(position.__getitem__, tokens), dtype=np.int64, count=len(tokens))
-        pairs, frequencies = np.unique(ids[:-1] * len(features) + ids[1:], return_counts=True)
-        first, second = np.divmod(pairs, len(features))
+        pairs, frequencies = np.unique(ids[:-1] * distinct + ids[1:], return_counts=True)
+        first, second = np.divmod(pairs, distinct)
         hashes = np.concatenate((hashes, bigram_hashes(hashes[first], hashes[second])))
         weights = np.concatenate((weights, term_weights(frequencies, settings.weighting)
                                   * min(1.0, settings.bigrams / len(tokens))))
