@@ -1,12 +1,14 @@
 """Tokens -> weighted features -> 64-bit SimHash (Charikar 2002).
 
 Each distinct token is a feature weighted by its term frequency, and each
-distinct pair of adjacent tokens (a *bigram*, hashed from its tokens' hashes) is one too, weighted by its own
-frequency times ``min(1, bigrams / tokens)``: word order is what a bag of words
-loses, and it matters most in short texts, where a few words decide all the bits
-(see docs/quality.md for the measurements that chose these defaults). An index created with an IDF table (learned from a
-sample of the archive by ``simdb init --idf-from``, then frozen in the
-database) weights features by ``(1 + ln tf) * ln((N + 1) / (df + 1))`` and
+distinct pair of neighbouring tokens (a *bigram*, hashed from its tokens'
+hashes) is one too, weighted by its own frequency times
+``min(1, bigrams / tokens)``: word order is what a bag of words loses, and it
+matters most in short texts, where a few words decide all the bits (see
+docs/quality.md for the measurements that chose these defaults; indexes
+created before them keep ``1 + ln(tf)`` and no bigrams). An index created
+with an IDF table (learned from a sample of the archive by
+``simdb init --idf-from``, then frozen in the database) weights features by ``(1 + ln tf) * ln((N + 1) / (df + 1))`` and
 keeps only the ``top_features`` heaviest ones (ties broken by the token), so
 that function words and boilerplate no longer decide the bits and small edits
 elsewhere do not move them. Each feature is hashed with xxh3-64 under a fixed
@@ -168,8 +170,8 @@ def feature_hashes(features: list[str], seed: int = DEFAULT_SEED) -> np.ndarray:
 def bigram_hashes(first: np.ndarray, second: np.ndarray) -> np.ndarray:
     """The hash of the bigram of two tokens, from the tokens' hashes: the first rotated by 32 bits, xored
     with the second (so the order counts), through the splitmix64 finalizer (Steele, Lea & Flood 2014;
-    every input bit flips each output bit with probability close to 1/2). Equal to hashing the pair as one
-    string in what it does for a SimHash, without building, encoding and hashing the string."""
+    every input bit flips each output bit with probability close to 1/2). It serves a SimHash as a hash of
+    the pair as one string would, without building, encoding and hashing the string."""
     with np.errstate(over="ignore"):
         x = ((first << np.uint64(32)) | (first >> np.uint64(32))) ^ second
         x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
