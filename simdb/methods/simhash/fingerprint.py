@@ -8,9 +8,9 @@ matters most in short texts, where a few words decide all the bits (see
 docs/quality.md for the measurements that chose these defaults; indexes
 created before them keep ``1 + ln(tf)`` and no bigrams). An index created
 with an IDF table (learned from a sample of the archive by
-``simdb init --idf-from``, then frozen in the database) weights features by ``(1 + ln tf) * ln((N + 1) / (df + 1))`` and
-keeps only the ``top_features`` heaviest ones (ties broken by the token), so
-that function words and boilerplate no longer decide the bits and small edits
+``simdb init --idf-from``, then frozen in the database) weights features by
+``(1 + ln tf) * ln((N + 1) / (df + 1))`` and keeps only the
+``top_features`` heaviest ones (ties broken by the token), so that function words and boilerplate no longer decide the bits and small edits
 elsewhere do not move them. Each feature is hashed with xxh3-64 under a fixed
 seed; bit ``i`` of the fingerprint is set when the weights of the features
 whose hash has bit ``i`` set outweigh those whose hash has it clear. The sum is
