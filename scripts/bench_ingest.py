@@ -182,7 +182,7 @@ def measure_fingerprinting(texts: list[str], workers: int, min_seconds: float) -
             if first is None:
                 first = time.perf_counter() - start
             done += 1
-            if not hasattr(item, "simhash"):
+            if isinstance(item, simdb.InputError):
                 raise RuntimeError(f"fingerprinting failed: {item}")
         seconds = time.perf_counter() - start
         m[key], m[f"{key}_first"] = (done, passes * m["set_bytes"], seconds), first
