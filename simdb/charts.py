@@ -26,8 +26,25 @@ def chart_style():
     from matplotlib import font_manager
 
     installed = {font.name for font in font_manager.fontManager.ttflist}
+    if not installed.intersection(CJK_FONTS):
+        installed |= _fonts_installed_since_cached(font_manager)
     fonts = ["DejaVu Sans", *(name for name in CJK_FONTS if name in installed)]
     with matplotlib.rc_context({"svg.fonttype": "path", "svg.hashsalt": "simdb", "font.family": fonts}), \
             warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Glyph .* missing from font", category=UserWarning)
         yield
+
+
+def _fonts_installed_since_cached(font_manager) -> set[str]:
+    """The names of system fonts matplotlib's cached font list does not know, now added to it.
+
+    matplotlib lists the system's fonts once and caches the list on disk: a CJK font installed after
+    that (``apt-get install fonts-wqy-microhei``) stays unknown to it, and Chinese is drawn as boxes.
+    Fonts that cannot be read are left out."""
+    manager = font_manager.fontManager
+    known, before = {font.fname for font in manager.ttflist}, len(manager.ttflist)
+    for path in font_manager.findSystemFonts():
+        if path not in known:
+            with contextlib.suppress(OSError, RuntimeError, ValueError):
+                manager.addfont(path)  # a font collection (.ttc) adds each of its faces
+    return {font.name for font in manager.ttflist[before:]}

@@ -168,6 +168,31 @@ def test_report_renders_in_headless_chromium(run, tmp_path):
         assert near(COLORS[name]) > 500, f"no {name} bars ({COLORS[name]}) in the screenshot"
 
 
+def test_a_cjk_font_installed_after_matplotlib_cached_its_font_list_is_used(monkeypatch):
+    """matplotlib caches the system's font list on disk once: a CJK font installed later (as scripts/test
+    does, after earlier runs built the cache) was never used, and Chinese came out as boxes."""
+    import matplotlib
+    from matplotlib import font_manager
+
+    from simdb.charts import CJK_FONTS, chart_style
+
+    # the cached list as it was before the font was installed
+    stale = [font for font in font_manager.fontManager.ttflist if font.name not in CJK_FONTS]
+    monkeypatch.setattr(font_manager.fontManager, "ttflist", stale)
+    on_disk = set()
+    for path in font_manager.findSystemFonts():
+        try:
+            on_disk.add(font_manager.ttfFontProperty(font_manager.get_font(path)).name)
+        except (OSError, RuntimeError, ValueError):
+            continue
+    if not on_disk & set(CJK_FONTS):
+        pytest.skip(f"no CJK font installed (one of {', '.join(CJK_FONTS)}; Debian: apt-get install "
+                    "fonts-wqy-microhei, which scripts/test does as root)")
+    with chart_style():
+        families = list(matplotlib.rcParams["font.family"])
+    assert set(families) & set(CJK_FONTS)
+
+
 def test_chinese_labels_are_drawn_with_a_cjk_font_where_one_is_installed():
     """Batch names and clusters' texts in Chinese were drawn as boxes: the charts' fonts must hold the glyphs.
     scripts/test installs fonts-wqy-microhei on Debian; elsewhere the test says what is missing."""
