@@ -76,7 +76,7 @@ from simdb.pg import segments
 PREFIX = "simdb_bench_ingest"
 SCHEMAS = {name: f"{PREFIX}_{name}" for name in ("empty", "archive", "archive_default", "text", "small", "large")}
 REPO = Path(__file__).resolve().parent.parent
-DEFAULT_ZH = REPO.parent / "shared" / "devset" / "docs" / "long-zh.jsonl"
+DEFAULT_ZH = Path(os.environ.get("SIMDB_DEVSET", REPO.parent / "shared" / "devset")) / "docs" / "long-zh.jsonl"
 K = DEFAULT_MAX_DISTANCE  # --max-distance sets it for the whole run
 NEAR_FRACTION = 0.01  # of the fingerprinted documents: near copies (1..K bits flipped) of stored ones
 SETTINGS = ("server_version", "shared_buffers", "max_wal_size", "checkpoint_timeout", "synchronous_commit",
