@@ -176,8 +176,9 @@ def test_a_cjk_font_installed_after_matplotlib_cached_its_font_list_is_used(monk
 
     from simdb.charts import CJK_FONTS, chart_style
 
-    # the cached list as it was before the font was installed
-    stale = [font for font in font_manager.fontManager.ttflist if font.name not in CJK_FONTS]
+    # the cached list as it was before the font was installed: without any face of a CJK font's file
+    cjk_files = {font.fname for font in font_manager.fontManager.ttflist if font.name in CJK_FONTS}
+    stale = [font for font in font_manager.fontManager.ttflist if font.fname not in cjk_files]
     monkeypatch.setattr(font_manager.fontManager, "ttflist", stale)
     on_disk = set()
     for path in font_manager.findSystemFonts():
