@@ -11,6 +11,7 @@ With one worker everything runs in this process (no start-up cost).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import multiprocessing
 import os
@@ -73,12 +74,10 @@ def _exit_with_parent(parent: int) -> None:
     Linux delivers SIGKILL to a child whose parent dies once asked (``PR_SET_PDEATHSIG``); a
     watcher thread covers other systems and the moment before the request took effect.
     """
-    try:
+    with contextlib.suppress(OSError, AttributeError):  # not Linux: the watcher alone
         import ctypes
 
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
     def watch() -> None:
         while os.getppid() == parent:

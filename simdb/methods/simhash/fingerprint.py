@@ -128,6 +128,11 @@ class FingerprintSettings:
         if not 0 <= self.seed < 2**64:
             raise ValueError("the hash seed must be an unsigned 64-bit integer")
 
+    @property
+    def simplifies_script(self) -> bool:
+        """Whether traditional Chinese is folded to simplified (every recipe since ``simhash64-v1``)."""
+        return self.algorithm != "simhash64-v1"
+
 
 #: ``1 + ln(tf)`` for the common term frequencies, computed once (the same ``math.log`` values).
 _SUBLINEAR = np.array([0.0] + [1.0 + math.log(c) for c in range(1, 1024)])
@@ -215,10 +220,10 @@ def tokens_for(text: str, settings: FingerprintSettings) -> list[str]:
     with nothing but whitespace has none and is an error.
     """
     if settings.tokenizer.name == "auto":  # the default: without building the normalized text
-        tokens = punctuated_tokens(fold_and_simplify(text, settings.algorithm != "simhash64-v1"), settings.tokenizer)
+        tokens = punctuated_tokens(fold_and_simplify(text, settings.simplifies_script), settings.tokenizer)
         if tokens:
             return tokens
-    normalized, folded = normalized_or_folded(text, simplify_script=settings.algorithm != "simhash64-v1")
+    normalized, folded = normalized_or_folded(text, simplify_script=settings.simplifies_script)
     if folded:
         return [c for c in normalized if c != " "]
     return tokenize(normalized, settings.tokenizer) or [c for c in fold(text) if not c.isspace()]
@@ -227,7 +232,7 @@ def tokens_for(text: str, settings: FingerprintSettings) -> list[str]:
 def token_counts(text: str, settings: FingerprintSettings) -> Counter:
     """``Counter(tokens_for(text, settings))``, by the ``auto`` tokenizer's fast path where it applies."""
     if settings.tokenizer.name == "auto":  # the default: without building the normalized text
-        counts = count_punctuated(fold_and_simplify(text, settings.algorithm != "simhash64-v1"), settings.tokenizer)
+        counts = count_punctuated(fold_and_simplify(text, settings.simplifies_script), settings.tokenizer)
         if counts:
             return counts
     return Counter(tokens_for(text, settings))
