@@ -255,12 +255,20 @@ cli.add_command(fingerprint_command, name="fingerprint")
               help="An ingest chunk of at least this many documents is loaded into a segment of its own and "
                    "indexed afterwards, which is faster than inserting it into the active segment's indexes "
                    "[default: 50,000].")
+@click.option("--distributed", is_flag=True, default=False,
+              help="Create a distributed index on a Citus coordinator: documents sharded by id across the "
+                   "workers, every candidate join run on all of them (docs/scale-out.md).")
+@click.option("--shards", type=click.IntRange(1, 4096), default=None,
+              help="Shards per distributed table, with --distributed [default: 32].")
+@click.option("--copy-from", "copy_from", metavar="SCHEMA", default=None,
+              help="With --distributed: make the new index a copy of the index in SCHEMA of the same database "
+                   "(settings, batches, documents, pairs, clusters, verdicts), to move an archive onto Citus.")
 @click.option("--workers", type=click.IntRange(1), default=None,
               help="Processes tokenizing the --idf-from sample in parallel [default: all cores].")
 @user_errors
 def init(database_url, schema, data_dir, max_distance, blocks, tokenizer, jieba_hmm, shingle_size, stopwords,
          weighting, bigrams, idf_paths, top_features, expected_size, method, threshold, num_perm, verify, store_text,
-         segment_size, merge_factor, bulk_chunk, workers):
+         segment_size, merge_factor, bulk_chunk, distributed, shards, copy_from, workers):
     """Create an index; its settings are stored with it and checked on every open.
 
     Running it again with the same settings leaves the index as it is; with
@@ -275,10 +283,26 @@ def init(database_url, schema, data_dir, max_distance, blocks, tokenizer, jieba_
         simdb init --method minhash --threshold 0.8
         simdb init --method minhash --verify exact
         simdb init --store-text
+        simdb init --distributed --database-url postgresql://coordinator/db
+        simdb init --distributed --schema archive_citus --copy-from archive
     """
     context = click.get_current_context()
     given = {name for name in context.params
              if context.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE}
+    if copy_from is not None:
+        settings = sorted(given - {"database_url", "schema", "data_dir", "distributed", "shards", "copy_from"})
+        if not distributed or settings:
+            raise click.UsageError("--copy-from makes a distributed copy of an index, with that index's own settings: "
+                                   "give it with --distributed (and --shards), and without "
+                                   + (", ".join(OPTION_FLAGS.get(name, flag(name)) for name in settings) or
+                                      "other settings"))
+        with Index.copy_to_distributed(database_url, schema=schema, source=copy_from, shards=shards,
+                                       data_dir=data_dir) as index:
+            click.echo(f"created index in schema {index.database.schema!r} of {index.database.display_url}, a "
+                       f"distributed copy of schema {copy_from!r}: {index.stats()['documents']:,} documents")
+            click.echo(f"layout: {index.settings.method.describe()}")
+            click.echo(f"distributed: {index.settings.distributed['shards']} shards per table (Citus)")
+        return
     foreign = sorted(given & (set().union(*METHOD_OPTIONS.values()) - set(METHOD_OPTIONS[method])))
     if foreign:
         owner = next(name for name, names in METHOD_OPTIONS.items() if foreign[0] in names)
@@ -292,7 +316,10 @@ def init(database_url, schema, data_dir, max_distance, blocks, tokenizer, jieba_
               "num_perm": num_perm, "verify": verify, "store_text": store_text}
     options = {name: value for name, value in {"method": method, **values}.items() if name in given}
     options.update({name: value for name, value in (("segment_size", segment_size), ("merge_factor", merge_factor),
-                                                     ("bulk_chunk", bulk_chunk)) if value is not None})
+                                                     ("bulk_chunk", bulk_chunk), ("shards", shards))
+                    if value is not None})
+    if distributed:
+        options["distributed"] = True
     if idf_paths:
         check_paths(idf_paths)
         options["idf"] = learn_idf(idf_paths, TokenizerSettings(name=tokenizer, jieba_hmm=jieba_hmm,
@@ -302,6 +329,8 @@ def init(database_url, schema, data_dir, max_distance, blocks, tokenizer, jieba_
         verb = "created" if index.created else "found existing"
         click.echo(f"{verb} index in schema {schema!r} of {index.database.display_url}")
         click.echo(f"layout: {index.settings.method.describe()}")
+        if index.settings.distributed is not None:
+            click.echo(f"distributed: {index.settings.distributed['shards']} shards per table (Citus)")
         index.settings.check_canaries()
         for line in index.settings.method.creation_notes(expected_size):
             click.echo(line)

@@ -27,9 +27,9 @@ from .errors import IncompatibleIndex, InputError, SimdbError, parameter
 from .ingest import BatchSummary, FingerprintedBatch, IngestOptions, ingest
 from .inputs import DEFAULT_MAX_CHARS, Document, check_text, checks
 from .methods import Method
-from .pg import catalog, reads, segments, server
+from .pg import catalog, citus, reads, segments, server
 from .pg.chunks import store_chunk
-from .pg.database import Database
+from .pg.database import Database, check_schema_name
 from .pg.functions import grant_reader
 from .pg.relayout import relayout
 from .pg.remove import RemovalSummary, remove
@@ -137,17 +137,21 @@ class Index:
         """
         storage = {name: settings.pop(name) for name in ("segment_size", "merge_factor", "bulk_chunk")
                    if settings.get(name) is not None}
+        distributed, shards = settings.pop("distributed", False), settings.pop("shards", None)
+        if shards is not None and not distributed:
+            raise SimdbError(f"{parameter('shards')} is for a distributed index: add {parameter('distributed')}")
         try:
             wanted = IndexSettings.new(**settings)
             policy = segments.SegmentPolicy(**{{"segment_size": "size"}.get(name, name): value
                                                for name, value in storage.items()})
         except ValueError as exc:
             raise SimdbError(f"invalid index settings: {exc}") from None
-        wanted = replace(wanted, segments=policy.to_row())
+        wanted = replace(wanted, segments=policy.to_row(), distributed={
+            "shards": citus.check_shards(citus.DEFAULT_SHARDS if shards is None else shards)} if distributed else None)
         database = Database.connect(database_url, schema=schema, data_dir=data_dir)
         try:
             with database.engine.begin() as connection:
-                created = catalog.create_index(connection, database.schema, wanted)
+                created = catalog.create_index(connection, database.schema, wanted, database.display_url)
             if not created and not exist_ok:
                 raise SimdbError(f"an index already exists in schema {database.schema!r} of {database.display_url}; "
                                  f"use it as it is, or choose another {parameter('schema')}")
@@ -163,10 +167,33 @@ class Index:
                            if (value := storage.get(name)) is not None and stored.get(key) != value]
             if settings.get("store_text") and not index.settings.texts:
                 differences.append("store_text: asked True, stored False")
+            if distributed and index.settings.distributed is None:
+                differences.append("distributed: asked True, stored False")
             if differences:
                 raise IncompatibleIndex("the index was created with other storage settings ("
                                         + "; ".join(differences) + "). Open it without those options, or create "
                                         f"a new index in another {parameter('schema')}")
+            return index
+        except BaseException:
+            database.close()
+            raise
+
+    @classmethod
+    def copy_to_distributed(cls, database_url: str | None = None, *, schema: str, source: str,
+                            shards: int | None = None, data_dir: str | Path | None = None) -> "Index":
+        """A new distributed index in ``schema`` of a Citus coordinator's database, holding everything the
+        index in schema ``source`` of the same database holds: its settings, batches, documents with their
+        ids, segments, pairs, clusters and verdicts, so that it gives the same answers. One transaction;
+        the source's ingests wait for it, and the source is left as it was."""
+        database = Database.connect(database_url, schema=schema, data_dir=data_dir)
+        try:
+            with database.engine.begin() as connection:
+                catalog.copy_to_distributed(
+                    connection, check_schema_name(source), database.schema,
+                    citus.check_shards(citus.DEFAULT_SHARDS if shards is None else shards), database.display_url,
+                    segments.add_segment)
+            index = cls._open(database, {})
+            index.created = True
             return index
         except BaseException:
             database.close()
@@ -188,6 +215,8 @@ class Index:
         with database.engine.begin() as connection:
             stored = catalog.open_index(connection, database.schema, database.display_url)
         stored.check_requested(expected)
+        if stored.distributed is not None:
+            database.use_session(citus.SESSION_SETTINGS)
         return cls(database, stored)
 
     def close(self) -> None:

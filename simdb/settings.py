@@ -68,6 +68,9 @@ class IndexSettings:
     #: Whether ``documents.text`` keeps each document's text (``simdb init --store-text``, or a method that
     #: decides by the texts, as MinHash with ``verify="exact"``); storage only, it changes no answer.
     texts: bool = field(default=False, compare=False)
+    #: A distributed index on a Citus cluster (``simdb init --distributed``): ``{"shards": n}``, else None;
+    #: storage only, it changes no answer (:mod:`simdb.pg.citus`).
+    distributed: dict | None = field(default=None, compare=False)
 
     @property
     def layout(self):
@@ -100,7 +103,8 @@ class IndexSettings:
     def to_rows(self) -> dict[str, object]:
         """The settings table's rows (side tables such as ``idf_terms`` are the method's)."""
         return {**self.method.to_rows(), "created_with": self.created_with, "canaries": self.canaries,
-                "segments": self.segments, "segmenters": list(self.segmenters), "texts": {"stored": self.texts}}
+                "segments": self.segments, "segmenters": list(self.segmenters), "texts": {"stored": self.texts},
+                **({"distributed": self.distributed} if self.distributed is not None else {})}
 
     @staticmethod
     def side_table_names(rows: dict[str, object]) -> list[str]:
@@ -119,7 +123,7 @@ class IndexSettings:
             raise IncompatibleIndex(f"the index's method decides by the documents' texts ({method.describe()}), "
                                     "yet its settings say it keeps none; the settings were edited by hand")
         made = cls(method=method, created_with=created_with, canaries=rows.get("canaries", {}),
-                   segmenters=tuple(segmenters), texts=texts)
+                   segmenters=tuple(segmenters), texts=texts, distributed=rows.get("distributed"))
         return replace(made, segments=rows["segments"]) if "segments" in rows else made
 
     # -- checks ----------------------------------------------------------------------------

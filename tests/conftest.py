@@ -25,6 +25,7 @@ from click.testing import CliRunner
 
 from simdb import Index
 from simdb.cli import cli
+from simdb.pg import citus
 from simdb.pg.database import postgres_url, redact, start_embedded
 
 LOCAL_SERVER = "postgresql://postgres@127.0.0.1:5432/test"
@@ -60,6 +61,9 @@ def pytest_report_header(config):
 
 
 def pytest_sessionfinish(session, exitstatus):
+    for engine in _ENGINES.values():
+        engine.dispose()
+    _stop_citus()
     if _database.cache_info().currsize:
         _, origin, server = _database()
         if server is not None:
@@ -76,24 +80,144 @@ def devset_texts() -> list[str]:
     return [json.loads(line)["text"] for path in files for line in path.open(encoding="utf-8")]
 
 
+# -- Citus: the core correctness tests run on a local cluster too -------------------------------------------
+
+#: ../shared/citus beside the checkout (or SIMDB_CITUS): install.sh and cluster.sh (see its README).
+CITUS_TOOLS = pathlib.Path(os.environ.get("SIMDB_CITUS", pathlib.Path(__file__).parents[2] / "shared" / "citus"))
+#: Shards per distributed table in the tests: a few, so that every segment's DDL stays quick.
+CITUS_SHARDS = 4
+
+
+@functools.cache
+def _citus() -> tuple[str | None, str]:
+    """(coordinator URL, None and why there is none), decided once per test session: SIMDB_TEST_CITUS_URL, else
+    a coordinator and 2 workers started by ``cluster.sh`` when Citus is installed."""
+    if os.environ.get("SIMDB_TEST_CITUS_URL"):
+        return os.environ["SIMDB_TEST_CITUS_URL"], "SIMDB_TEST_CITUS_URL"
+    import subprocess
+
+    library = subprocess.run(["pg_config", "--pkglibdir"], capture_output=True, text=True).stdout.strip() \
+        if shutil.which("pg_config") else ""
+    candidates = [pathlib.Path(library)] if library else []
+    candidates += sorted(pathlib.Path("/usr/lib/postgresql").glob("*/lib"))
+    if not any((folder / "citus.so").exists() for folder in candidates):
+        return None, (f"Citus is not installed on this machine (install it as root with {CITUS_TOOLS}/install.sh, "
+                      "as scripts/test does, or set SIMDB_TEST_CITUS_URL)")
+    if not (CITUS_TOOLS / "cluster.sh").exists():
+        return None, f"no {CITUS_TOOLS}/cluster.sh to start a Citus cluster with (set SIMDB_CITUS to its folder)"
+    port = free_port(3, start=9800)
+    directory = tempfile.mkdtemp(prefix="simdb-test-citus-")
+    started = subprocess.run(["bash", str(CITUS_TOOLS / "cluster.sh"), "start", directory, "2", str(port)],
+                             capture_output=True, text=True)
+    if started.returncode != 0:
+        raise RuntimeError(f"could not start a Citus cluster in {directory}: {started.stderr.strip()}")
+    _CITUS_CLUSTERS.append(directory)
+    url = started.stdout.strip().splitlines()[-1]
+    # for every later caller, this module imported again by a test module (`from tests.conftest import ...`)
+    # included: one cluster per session
+    os.environ["SIMDB_TEST_CITUS_URL"] = url
+    return url, f"a coordinator and 2 workers in {directory}"
+
+
+_CITUS_CLUSTERS: list[str] = []
+
+
+def free_port(count: int, start: int = 9850) -> int:
+    """The first of ``count`` consecutive loopback ports nothing listens on (a cluster's coordinator and workers)."""
+    import socket
+
+    def taken(port: int) -> bool:
+        with socket.socket() as probe:
+            return probe.connect_ex(("127.0.0.1", port)) == 0
+
+    port = start
+    while any(taken(p) for p in range(port, port + count)):
+        port += 10
+    return port
+
+
+def _stop_citus() -> None:
+    import subprocess
+
+    for directory in _CITUS_CLUSTERS:
+        subprocess.run(["bash", str(CITUS_TOOLS / "cluster.sh"), "stop", directory], capture_output=True)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def pytest_generate_tests(metafunc):
+    """A test marked ``citus`` runs twice: on the test database, and on a distributed index on Citus."""
+    if metafunc.definition.get_closest_marker("citus"):
+        metafunc.parametrize("backend", ["postgres", "citus"], indirect=True)
+
+
+@pytest.fixture
+def backend(request, monkeypatch) -> str:
+    """"postgres", or "citus": then the test's database is a Citus coordinator, and every index it creates
+    (Index.create, ``simdb init``) is distributed unless the test says otherwise."""
+    name = getattr(request, "param", "postgres")
+    if name == "citus":
+        url, why = _citus()
+        if url is None:
+            pytest.skip(why)
+        create = Index.create.__func__
+
+        def distributed_create(cls, *args, **kwargs):
+            kwargs.setdefault("distributed", True)
+            if kwargs["distributed"]:
+                kwargs.setdefault("shards", CITUS_SHARDS)
+            return create(cls, *args, **kwargs)
+
+        monkeypatch.setattr(Index, "create", classmethod(distributed_create))
+    return name
+
+
+def init_options(database_url: str) -> list[str]:
+    """What ``simdb init`` in a subprocess needs to create the index the test's backend wants."""
+    citus_url = os.environ.get("SIMDB_TEST_CITUS_URL")
+    return ["--distributed", "--shards", str(CITUS_SHARDS)] if citus_url and database_url == citus_url else []
+
+
 @pytest.fixture(scope="session")
-def database_url() -> str:
+def server_url() -> str:
+    """The test database, for fixtures shared by a module's tests (which do not run on Citus)."""
     return _database()[0]
 
 
 @pytest.fixture(scope="session")
-def admin_engine(database_url):
-    engine = sa.create_engine(postgres_url(database_url))
-    yield engine
-    engine.dispose()
+def server_engine(server_url) -> sa.Engine:
+    """An engine on the test database, for Hypothesis tests (whose fixtures must outlive their examples)."""
+    if server_url not in _ENGINES:
+        _ENGINES[server_url] = sa.create_engine(postgres_url(server_url))
+    return _ENGINES[server_url]
 
 
 @pytest.fixture
-def schema(admin_engine):
-    """A fresh schema name for one test; the schema (if created) is dropped afterwards."""
+def database_url(backend) -> str:
+    return _citus()[0] if backend == "citus" else _database()[0]
+
+
+_ENGINES: dict[str, sa.Engine] = {}
+
+
+@pytest.fixture
+def admin_engine(database_url):
+    if database_url not in _ENGINES:  # on Citus, with the settings a distributed index's own connections have
+        options = {"options": " ".join(f"-c {name}={value}" for name, value in citus.SESSION_SETTINGS.items())} \
+            if database_url == _citus()[0] else {}
+        _ENGINES[database_url] = sa.create_engine(postgres_url(database_url), connect_args=options)
+    return _ENGINES[database_url]
+
+
+@pytest.fixture
+def schema(admin_engine, backend):
+    """A fresh schema name for one test; the schema (if created) is dropped afterwards. On Citus, an index the
+    test made there must have been distributed (else the test ran on a plain index on the coordinator)."""
     name = f"simdb_test_{uuid.uuid4().hex[:12]}"
     yield name
     with admin_engine.begin() as connection:
+        if backend == "citus" and connection.execute(sa.text("SELECT to_regclass(:t)"), {"t": f"{name}.settings"}
+                                                     ).scalar() is not None:
+            assert _distributed(admin_engine, name), f"the test made a plain index in {name} on the Citus coordinator"
         connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {name} CASCADE")
 
 
@@ -131,6 +255,45 @@ def corpus_archive(run, tmp_path, schema):
     return schema
 
 
+def _distributed(engine: sa.Engine, schema: str) -> bool:
+    with engine.connect() as connection:
+        return _has_citus(connection) and connection.execute(sa.text(
+            "SELECT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = to_regclass(:t))"),
+            {"t": f"{schema}.documents"}).scalar_one()
+
+
+def _has_citus(connection) -> bool:
+    return connection.execute(sa.text("SELECT count(*) FROM pg_extension WHERE extname = 'citus'")).scalar_one() > 0
+
+
+#: The tables a brute-force check reads, with their primary keys.
+ORACLE_TABLES = {"settings": "name", "batches": "id", "documents": "id", "near_duplicates": "a_id, b_id",
+                 "clusters": "cluster_id", "records": "batch_id, position"}
+
+
+def on_a_local_copy(check):
+    """A brute-force check of a distributed index runs on a copy of its tables, as they are, in a local schema
+    of the coordinator: the oracle's joins (a document with its duplicate's row, say) are ones Citus does not
+    run on tables distributed by other columns, and the copy holds exactly what the index stores."""
+    @functools.wraps(check)
+    def checked(engine: sa.Engine, schema: str, *args, **kwargs):
+        if not _distributed(engine, schema):
+            return check(engine, schema, *args, **kwargs)
+        copy = f"{schema}_oracle"
+        with engine.begin() as connection:
+            connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {copy} CASCADE")
+            connection.exec_driver_sql(f"CREATE SCHEMA {copy}")
+            for table, key in ORACLE_TABLES.items():
+                connection.exec_driver_sql(f"CREATE TABLE {copy}.{table} AS SELECT * FROM {schema}.{table}")
+                connection.exec_driver_sql(f"ALTER TABLE {copy}.{table} ADD PRIMARY KEY ({key})")
+        try:
+            return check(engine, copy, *args, **kwargs)
+        finally:
+            with engine.begin() as connection:
+                connection.exec_driver_sql(f"DROP SCHEMA {copy} CASCADE")
+    return checked
+
+
 def count_rows(engine: sa.Engine, schema: str) -> tuple[int, int]:
     """(documents, batches) stored in an index schema."""
     with engine.connect() as connection:
@@ -146,6 +309,7 @@ def stored_max_distance(engine: sa.Engine, schema: str) -> int:
             f"SELECT value FROM {schema}.settings WHERE name = 'max_distance'")).scalar_one())
 
 
+@on_a_local_copy
 def assert_consistent(engine: sa.Engine, schema: str, max_distance: int | None = None
                       ) -> list[tuple[str, str | None]]:
     """Brute-force check of what ingest and removal maintain; returns (external id, duplicate_of's) rows.
@@ -185,6 +349,7 @@ def assert_consistent(engine: sa.Engine, schema: str, max_distance: int | None =
     return [(row.external_id, row.dup) for row in rows]
 
 
+@on_a_local_copy
 def assert_records_consistent(engine: sa.Engine, schema: str, max_distance: int | None = None) -> None:
     """The per-record outcomes agree with the batches and documents (for batches that have them).
 
@@ -232,6 +397,7 @@ def assert_records_consistent(engine: sa.Engine, schema: str, max_distance: int 
     assert_clusters_table(engine, schema)
 
 
+@on_a_local_copy
 def assert_clusters_table(engine: sa.Engine, schema: str) -> None:
     """The maintained ``clusters`` table is what grouping every document by its cluster gives."""
     with engine.connect() as connection:

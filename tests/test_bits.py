@@ -26,9 +26,9 @@ def test_signed_round_trip(value):
 
 @settings(max_examples=30, deadline=None)
 @given(st.lists(uint64, min_size=1, max_size=200))
-def test_round_trip_through_postgresql(admin_engine, values):
+def test_round_trip_through_postgresql(server_engine, values):
     values = values + EDGES
-    with admin_engine.connect() as connection:
+    with server_engine.connect() as connection:
         back = connection.execute(sa.text("SELECT unnest(CAST(:values AS bigint[]))"),
                                   {"values": [to_signed(v) for v in values]}).scalars().all()
         distances = connection.execute(

@@ -10,6 +10,8 @@ from __future__ import annotations
 import threading
 import uuid
 
+import pytest
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -69,6 +71,7 @@ def replay(database_url, admin_engine, schema, index, history, after_chunk=None)
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                  HealthCheck.too_slow])
+@pytest.mark.citus
 @given(history=histories())
 def test_clusters_are_the_connected_components_of_the_pairs(database_url, admin_engine, history):
     schema = f"simdb_test_{uuid.uuid4().hex[:12]}"

@@ -20,7 +20,7 @@ from simdb.inputs import Document
 from simdb.parallel import TASK_SIZE, Fingerprinted, fingerprint_stream, key_rows
 from simdb.samples import corpus
 from simdb.methods.simhash.blocks import DEFAULT_MAX_DISTANCE as K
-from tests.conftest import assert_consistent, count_rows
+from tests.conftest import assert_consistent, count_rows, init_options
 
 CORPUS = list(corpus())
 
@@ -131,7 +131,9 @@ def test_stop_after_stored_chunks_says_how_to_resume(run, tmp_path, admin_engine
 
 
 def simdb_command(database_url, schema, *args):
-    return [sys.executable, "-m", "simdb", *args, "--database-url", database_url, "--schema", schema]
+    """``simdb ARGS`` in a subprocess; ``init`` creates the index the test's backend wants (distributed on Citus)."""
+    extra = init_options(database_url) if args[:1] == ("init",) else []
+    return [sys.executable, "-m", "simdb", *args, *extra, "--database-url", database_url, "--schema", schema]
 
 
 def wait_for_backends_to_finish(engine, seconds=30):
@@ -147,6 +149,7 @@ def wait_for_backends_to_finish(engine, seconds=30):
         time.sleep(0.05)
 
 
+@pytest.mark.citus
 @pytest.mark.slow
 def test_sigkill_at_random_moments_loses_nothing_and_stores_once(database_url, admin_engine, schema, tmp_path):
     """Kill ingests with SIGKILL at random points; every time the archive holds whole chunks only, and
@@ -193,6 +196,7 @@ def test_sigkill_at_random_moments_loses_nothing_and_stores_once(database_url, a
     assert killed == state(admin_engine, schema)
 
 
+@pytest.mark.citus
 def test_a_rerun_of_the_same_input_stores_nothing_twice(run, tmp_path, admin_engine, schema):
     run("init")
     path = write_jsonl(tmp_path / "in.jsonl", CORPUS[:50])
@@ -202,6 +206,7 @@ def test_a_rerun_of_the_same_input_stores_nothing_twice(run, tmp_path, admin_eng
     assert count_rows(admin_engine, schema) == (50, 2)
 
 
+@pytest.mark.citus
 @pytest.mark.slow
 def test_concurrent_ingests_find_every_pair(database_url, admin_engine, schema, tmp_path):
     """Three processes at once, their batches sharing near-duplicates: same result as one after another."""

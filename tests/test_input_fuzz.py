@@ -320,9 +320,9 @@ def expected_outcome(items: list[Expected]) -> list[tuple]:
 
 
 @pytest.fixture(scope="module")
-def fuzz_index(database_url):
+def fuzz_index(server_url):
     schema = f"simdb_test_{uuid.uuid4().hex[:12]}"
-    with Index.create(database_url, schema=schema) as index:
+    with Index.create(server_url, schema=schema) as index:
         yield index
         with index.database.engine.begin() as connection:
             connection.exec_driver_sql(f"DROP SCHEMA {schema} CASCADE")

@@ -15,6 +15,7 @@ from simdb import IncompatibleIndex, Index, SimdbError
 from simdb.methods.minhash import signature as minhash
 from simdb.pg.clusters import UnionFind
 from simdb.samples import corpus
+from tests.conftest import on_a_local_copy
 
 CORPUS = list(corpus())
 
@@ -110,6 +111,7 @@ def _documents(count=300):
     return [{"id": r["id"], "text": r["text"]} for r in list(corpus())[:count]]
 
 
+@on_a_local_copy
 def assert_minhash_consistent(engine, schema, recipe):
     """Brute force: every stored pair is exactly a pair sharing a band within max_distance positions,
     duplicate_of is the earliest such document, clusters are the connected components."""
@@ -140,6 +142,7 @@ def assert_minhash_consistent(engine, schema, recipe):
     return expected
 
 
+@pytest.mark.citus
 def test_minhash_index_end_to_end(database_url, schema, admin_engine):
     documents = _documents()
     with Index.create(database_url, schema=schema, method="minhash", threshold=0.8) as index:
@@ -204,6 +207,7 @@ def test_minhash_index_refuses_other_settings(database_url, schema):
         assert same.method == "minhash"
 
 
+@pytest.mark.citus
 def test_minhash_through_the_cli(run, tmp_path):
     documents = _documents(120)
     path = tmp_path / "docs.jsonl"

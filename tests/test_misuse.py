@@ -89,6 +89,11 @@ CASES = [
     ("init-num-perm", "none", ["init", "--method", "minhash", "--num-perm", "130"], 1, "multiple of 4"),
     ("init-other-settings", "simhash", ["init", "--max-distance", "3"], 1, "max_distance: asked 3, stored 4"),
     ("init-other-method", "simhash", ["init", "--method", "minhash"], 1, "method: asked 'minhash'"),
+    ("init-shards-alone", "none", ["init", "--shards", "4"], 1, "is for a distributed index: add --distributed"),
+    ("init-distributed-without-citus", "none", ["init", "--distributed"], 1, "has no Citus extension"),
+    ("init-copy-not-distributed", "simhash", ["init", "--copy-from", "simdb"], 2, "give it with --distributed"),
+    ("init-copy-with-settings", "simhash", ["init", "--distributed", "--copy-from", "simdb", "--max-distance", "3"], 2,
+     "without --max-distance"),
     # mismatched settings and bad arguments
     ("query-nothing", "simhash", ["query"], 2, "give either TEXT or --file"),
     ("query-distance", "simhash", ["query", "x", "--max-distance", "9"], 1, "between 0 and the index's maximum"),
@@ -169,18 +174,18 @@ CASES = [
 
 
 @pytest.fixture(scope="module")
-def archives(database_url):
+def archives(server_url):
     """The SimHash and MinHash archives and the read-only role every case starts from."""
     names = {"simhash": f"simdb_misuse_{uuid.uuid4().hex[:8]}", "minhash": f"simdb_misuse_{uuid.uuid4().hex[:8]}"}
     reader = f"simdb_misuse_reader_{uuid.uuid4().hex[:8]}"
     documents = [{"id": f"doc-{i}", "text": f"document number {i} is about topic {i % 5}, at some length"}
                  for i in range(30)]
-    with Index.create(database_url, schema=names["simhash"]) as index:
+    with Index.create(server_url, schema=names["simhash"]) as index:
         index.add_many(documents, batch="first")
         index.grant_reader(reader, login=True)
-    with Index.create(database_url, schema=names["minhash"], method="minhash") as index:
+    with Index.create(server_url, schema=names["minhash"], method="minhash") as index:
         index.add_many(documents, batch="first")
-    engine = sa.create_engine(postgres_url(database_url))
+    engine = sa.create_engine(postgres_url(server_url))
     yield names, reader
     with engine.begin() as connection:
         for schema in names.values():

@@ -26,6 +26,7 @@ def index(database_url, schema):
         yield created
 
 
+@pytest.mark.citus
 def test_remove_by_id_repoints_to_the_earliest_remaining(index, admin_engine):
     schema = index.database.schema
     base = 0x0123_4567_89AB_CDEF
@@ -42,6 +43,7 @@ def test_remove_by_id_repoints_to_the_earliest_remaining(index, admin_engine):
     assert dup_of(admin_engine, schema) == {"x-1": None, "x-2": "x-1", "x-3": "x-2"}
 
 
+@pytest.mark.citus
 def test_remove_a_batch_and_by_age(index, admin_engine):
     schema = index.database.schema
     records = list(corpus())[:120]
@@ -60,6 +62,7 @@ def test_remove_a_batch_and_by_age(index, admin_engine):
     assert count_rows(admin_engine, schema) == (0, 1)
 
 
+@pytest.mark.citus
 def test_remove_refuses_unknown_ids_and_removes_nothing(index, admin_engine):
     index.add_many([{"id": "a", "text": "some text"}], batch="b")
     with pytest.raises(SimdbError, match=r"no stored document has the id\(s\) 'nope'; nothing was removed"):
@@ -71,6 +74,7 @@ def test_remove_refuses_unknown_ids_and_removes_nothing(index, admin_engine):
     assert count_rows(admin_engine, index.database.schema) == (1, 1)
 
 
+@pytest.mark.citus
 def test_remove_from_the_cli(run, tmp_path):
     run("init")
     (tmp_path / "a.jsonl").write_text('{"id": "a", "text": "one text"}\n{"id": "b", "text": "one text"}\n')
@@ -83,6 +87,7 @@ def test_remove_from_the_cli(run, tmp_path):
                                                  "nothing was removed\n")
 
 
+@pytest.mark.citus
 def test_relayout_with_data_in_place_answers_the_same(database_url, schema, admin_engine):
     rng = random.Random(5)
     with Index.create(database_url, schema=schema, max_distance=3) as index:
@@ -122,6 +127,7 @@ def test_relayout_with_data_in_place_answers_the_same(database_url, schema, admi
         assert [index.query_fingerprint(q) for q in queries] == answers
 
 
+@pytest.mark.citus
 def test_relayout_cleans_up_after_an_interrupted_one(index, admin_engine):
     schema = index.database.schema
     index.add_many([{"id": str(i), "text": f"text number {i} " * 10} for i in range(30)], batch="b")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DEVSET
+from tests.conftest import CITUS_TOOLS, DEVSET, _citus, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,3 +47,18 @@ def test_the_benchmark_runs_and_prints_its_table(script, arguments, needs_devset
                           env={**os.environ, "SIMDB_DEVSET": str(DEVSET), "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr[-3000:]
     assert "|---" in done.stdout, done.stdout[-3000:]
+
+
+@pytest.mark.slow
+def test_the_citus_benchmark_runs_and_prints_its_table(database_url):
+    """bench_citus starts clusters of its own (with ../shared/citus/cluster.sh), so it needs Citus installed."""
+    url, why = _citus()
+    if url is None:
+        pytest.skip(why)
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_citus.py"), "--database-url", database_url,
+                           "--archive", "3000", "--batch", "1000", "--workers", "1", "--single", "3", "--queries",
+                           "20", "--shards", "4", "--port", str(free_port(3)), "--markdown"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "SIMDB_CITUS": str(CITUS_TOOLS), "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "|---" in done.stdout and "Citus 1 worker: ingest" in done.stdout, done.stdout[-3000:]

@@ -30,6 +30,7 @@ def scalar(index, sql, **params):
         return connection.execute(sa.text(sql), params).scalar_one()
 
 
+@pytest.mark.citus
 def test_hamming_and_hex_functions(filled):
     index, fingerprints = filled
     for a, b in [(fingerprints[0], fingerprints[1]), (2**64 - 1, 0), (2**63, 2**63 - 1)]:
@@ -81,7 +82,8 @@ def reader_role(admin_engine):
             connection.exec_driver_sql(f"DROP ROLE {role}")
 
 
-def test_the_reader_role_reads_everything_and_writes_nothing(filled, database_url, run, reader_role):
+@pytest.mark.citus
+def test_the_reader_role_reads_everything_and_writes_nothing(filled, database_url, run, reader_role, backend):
     index, fingerprints = filled
     result = run("grant-reader", reader_role, "--login")
     assert result.output == (f"created role {reader_role!r}: it can read schema {index.database.schema!r} and "
@@ -97,7 +99,10 @@ def test_the_reader_role_reads_everything_and_writes_nothing(filled, database_ur
         for statement in ("INSERT INTO batches (name, source, status, started_at) VALUES ('x', 'x', 'running', now())",
                           "UPDATE documents SET length = 0", "DELETE FROM near_duplicates",
                           "CREATE TABLE mine (x int)", "TRUNCATE settings"):
-            with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+            # (Citus checks the privilege before the transaction's read-only mode when truncating its tables)
+            refused = psycopg.errors.ReadOnlySqlTransaction if backend == "postgres" or "TRUNCATE" not in statement \
+                else psycopg.errors.InsufficientPrivilege
+            with pytest.raises(refused):
                 connection.execute(statement)
         connection.execute("SET default_transaction_read_only = off")  # even then, no privilege to write
         for statement in ("UPDATE documents SET length = 0", "CREATE TABLE mine (x int)", "DELETE FROM settings"):
@@ -140,6 +145,7 @@ def test_grant_reader_refuses_bad_or_administrative_roles(run):
         "Error: the environment variable SIMDB_NO_SUCH_VARIABLE is not set or empty\n")
 
 
+@pytest.mark.citus
 def test_views_agree_with_the_tables(corpus_archive, admin_engine):
     schema = corpus_archive
     with admin_engine.connect() as connection:

@@ -67,6 +67,7 @@ def oracle(documents: list[dict]) -> dict[tuple[str, str], Fraction]:
             if (similarity := jaccard(sets[i], sets[j])) >= THRESHOLD}
 
 
+@pytest.mark.citus
 def test_exact_minhash_pairs_clusters_and_verdicts_are_the_oracles(database_url, schema, admin_engine, monkeypatch):
     from simdb.methods import minhash
 
@@ -187,6 +188,7 @@ def test_store_text_keeps_texts_and_an_index_without_them_says_so(database_url, 
         connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {schema}_plain CASCADE")
 
 
+@pytest.mark.citus
 def test_show_prints_a_document_and_a_diff_of_two(run, tmp_path, schema):
     path = tmp_path / "docs.jsonl"
     base = "今天天气很好，我们去公园散步。然后去图书馆看书，晚上回家做饭。" * 4

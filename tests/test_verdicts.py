@@ -72,6 +72,7 @@ def essentials(verdicts) -> list[tuple]:
             for v in verdicts]
 
 
+@pytest.mark.citus
 @pytest.mark.parametrize("settings", METHODS, ids=["simhash", "minhash"])
 @pytest.mark.parametrize("seed", [1, 2])
 def test_check_and_ingest_give_the_oracles_verdicts(settings, seed, database_url, schema, admin_engine, tmp_path):
@@ -125,6 +126,7 @@ def test_a_verdict_says_what_a_script_needs(index):
         list(index.verdicts("nope"))
 
 
+@pytest.mark.citus
 def test_the_reader_role_can_check_and_look_up_and_stores_nothing(database_url, schema, admin_engine, run):
     role = f"simdb_check_{schema[-8:]}"
     run("init")
@@ -159,6 +161,7 @@ def write_jsonl(path, records):
     return str(path)
 
 
+@pytest.mark.citus
 def test_the_command_line_for_an_ingest_script(run, tmp_path, schema, admin_engine):
     run("init")
     old = write_jsonl(tmp_path / "old.jsonl", [{"id": r["id"], "text": r["text"], "source": "wire"}

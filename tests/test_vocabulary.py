@@ -45,6 +45,7 @@ def rows(index: Index, statement: str, **params) -> list[sa.Row]:
         return connection.execute(sa.text(statement), params).all()
 
 
+@pytest.mark.citus
 def test_neighbours_are_every_stored_pair_from_both_sides(archive):
     index, documents = archive
     method = index.settings.method
@@ -63,6 +64,7 @@ def test_neighbours_are_every_stored_pair_from_both_sides(archive):
     assert rows(index, "SELECT * FROM simdb_neighbours('no such document')") == []
 
 
+@pytest.mark.citus
 def test_clusters_and_their_members_are_what_the_documents_say(archive, admin_engine):
     index, documents = archive
     method = index.settings.method
@@ -91,6 +93,7 @@ def test_clusters_and_their_members_are_what_the_documents_say(archive, admin_en
         assert [m.cluster_min_similarity for m in found] == pytest.approx([min(similarity)] * len(found), abs=1e-6)
 
 
+@pytest.mark.citus
 def test_similar_and_near_answer_on_both_methods(archive):
     index, documents = archive
     method = index.settings.method

@@ -14,8 +14,9 @@ import sqlalchemy as sa
 from ..errors import IncompatibleIndex, IndexNotFound
 from ..methods import Method
 from ..settings import IndexSettings
-from . import migrate
+from . import citus, migrate
 from .database import lock
+from .functions import create_functions, create_views, drop_functions_and_views
 
 #: The settings rows that decide which key columns an index has.
 _LAYOUT_ROWS = ("keys", "first_key")
@@ -63,15 +64,22 @@ def record_segmenter(connection: sa.Connection, method: Method) -> None:
         "WHERE NOT settings.value @> EXCLUDED.value"), {"name": method.segmenter})
 
 
-def create_index(connection: sa.Connection, schema: str, settings: IndexSettings) -> bool:
+def create_index(connection: sa.Connection, schema: str, settings: IndexSettings, where: str = "the database") -> bool:
     """Create the index in ``schema`` at the head revision, unless one is there; True if it was created."""
     lock(connection, schema, "migrate")
+    if settings.distributed is not None:
+        citus.require_citus(connection, where)
     connection.exec_driver_sql(f"CREATE SCHEMA IF NOT EXISTS {schema}")
     if migrate.current_revision(connection, schema) is not None:
         return False
     side_tables = settings.method.side_tables()
     migrate.upgrade(connection, schema, layout=settings.layout, new_index_settings=settings.to_rows(),
                     new_index_idf_terms=side_tables.get("idf_terms"))
+    if settings.distributed is not None:  # Citus distributes only tables that no view or function depends on
+        drop_functions_and_views(connection, schema)
+        citus.distribute(connection, schema, settings.distributed["shards"])
+        create_functions(connection, schema, settings.method)
+        create_views(connection, schema, settings.method)
     return True
 
 
@@ -85,6 +93,9 @@ def open_index(connection: sa.Connection, schema: str, where: str) -> IndexSetti
         raise IncompatibleIndex(f"the index in schema {schema!r} is at schema revision {revision}, "
                                 "written by a newer simdb; upgrade simdb to open it")
     stored = load_settings(connection)
+    if stored.distributed is not None:
+        citus.check(connection, schema, where)
+        citus.set_session(connection)
     if revision != migrate.head_revision():
         lock(connection, schema, "migrate")
         migrate.upgrade(connection, schema, layout=stored.layout)
@@ -93,3 +104,21 @@ def open_index(connection: sa.Connection, schema: str, where: str) -> IndexSetti
         raise IncompatibleIndex(f"the documents table lacks key columns {sorted(missing)} that its layout "
                                 "needs; the schema was changed by hand")
     return stored
+
+
+def copy_to_distributed(connection: sa.Connection, source: str, target: str, shards: int, where: str,
+                        add_segment) -> dict[str, int]:
+    """A new distributed index in ``target`` (the connection's search path) holding everything the index in
+    ``source`` holds (see :func:`simdb.pg.citus.copy_rows`), in one transaction, the source's ingests waiting;
+    rows copied per table. The source is left as it was."""
+    from dataclasses import replace
+
+    lock(connection, source, "ingest")
+    connection.exec_driver_sql(f"SET LOCAL search_path TO {source}, public")
+    stored = open_index(connection, source, where)
+    connection.exec_driver_sql(f"SET LOCAL search_path TO {target}, public")
+    if not create_index(connection, target, replace(stored, distributed={"shards": shards}), where):
+        raise IncompatibleIndex(f"an index already exists in schema {target!r} of {where}; copy into a new schema")
+    lock(connection, target, "ingest")
+    return citus.copy_rows(connection, source, target, add_segment)
+

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import re
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
@@ -108,6 +108,13 @@ class Database:
     engine: sa.Engine
     schema: str
     server: object | None = None
+    session: dict[str, str] = field(default_factory=dict)  #: settings every new connection gets
+
+    def use_session(self, settings: dict[str, str]) -> None:
+        """Give every connection from now on these settings (the pool's idle connections are replaced)."""
+        if any(self.session.get(name) != value for name, value in settings.items()):
+            self.session.update(settings)
+            self.engine.dispose()
 
     @classmethod
     def connect(cls, database_url: str | URL | None = None, *, schema: str | None = None,
@@ -122,11 +129,15 @@ class Database:
         engine = sa.create_engine(url, pool_pre_ping=True,
                                   connect_args={"connect_timeout": 10, "application_name": "simdb"})
 
+        session: dict[str, str] = {}  # more settings for every connection (Database.use_session)
+
         @event.listens_for(engine, "connect", insert=True)
         def _set_search_path(dbapi_connection, _record):
             autocommit = dbapi_connection.autocommit
             dbapi_connection.autocommit = True
             dbapi_connection.execute(f"SET search_path TO {schema}, public")
+            for name, value in session.items():
+                dbapi_connection.execute("SELECT set_config(%s, %s, false)", (name, value))
             dbapi_connection.autocommit = autocommit
 
         try:
@@ -146,7 +157,7 @@ class Database:
 
             with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
                 tune_embedded(connection)
-        return cls(engine=engine, schema=schema, server=server)
+        return cls(engine=engine, schema=schema, server=server, session=session)
 
     @property
     def display_url(self) -> str:

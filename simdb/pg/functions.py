@@ -16,6 +16,7 @@ from psycopg import sql
 
 from ..errors import SimdbError
 from ..methods import Method
+from .citus import SESSION_SETTINGS, as_plpgsql, is_distributed
 
 VIEWS = ("near_duplicate_pairs", "duplicate_clusters", "batch_summary", "document_neighbours", "cluster_members")
 
@@ -39,14 +40,14 @@ def neighbours_function(schema: str) -> tuple[str, str, str]:
 def _create_function(connection: sa.Connection, schema: str, function: tuple[str, str, str]) -> None:
     """One ``(signature, CREATE statement, comment)`` function."""
     signature, statement, comment = function
-    _run(connection, statement)
+    _run(connection, as_plpgsql(statement) if is_distributed(connection) else statement)
     if comment:
         _run(connection, f"COMMENT ON FUNCTION {schema}.{signature} IS " + sql.Literal(comment).as_string())
 
 
 def create_functions(connection: sa.Connection, schema: str, method: Method) -> None:
     """The method's analysts' functions, written for its current key layout."""
-    for function in method.sql_functions(schema):
+    for function in method.sql_functions(schema, one_statement=is_distributed(connection)):
         _create_function(connection, schema, function)
 
 
@@ -159,10 +160,14 @@ def grant_reader(connection: sa.Connection, schema: str, role: str, *, login: bo
     database = connection.exec_driver_sql("SELECT current_database()").scalar_one()
     path = [name for name in _role_search_path(connection, role) if name != "public"]
     path = [*path, schema] if schema not in path else path
+    settings = [sql.SQL("default_transaction_read_only = on"),
+                sql.SQL("search_path = {}").format(sql.SQL(", ").join(
+                    [*map(sql.Identifier, path), sql.Identifier("public")]))]
+    if is_distributed(connection):  # e.g. the views' joins of a pair with its earlier document (simdb.pg.citus)
+        settings += [sql.SQL("{} = {}").format(sql.Identifier(*name.split(".")), sql.Literal(value))
+                     for name, value in SESSION_SETTINGS.items()]
     with raw.cursor() as cursor:
-        for setting in (sql.SQL("default_transaction_read_only = on"),
-                        sql.SQL("search_path = {}").format(sql.SQL(", ").join(
-                            [*map(sql.Identifier, path), sql.Identifier("public")]))):
+        for setting in settings:
             cursor.execute(sql.SQL("ALTER ROLE {} IN DATABASE {} SET ").format(
                 sql.Identifier(role), sql.Identifier(database)) + setting)
     return created

@@ -7,12 +7,14 @@ and the method where the answer depends on it; long results are streamed.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from typing import NamedTuple
 
 import sqlalchemy as sa
 
 from ..errors import SimdbError
 from ..matches import distinct
 from ..methods import Method
+from .citus import is_distributed
 from .copy import copy_in
 
 
@@ -45,14 +47,46 @@ def document_count(connection: sa.Connection) -> int:
 def records(connection: sa.Connection, batch: str, *, after: int = 0, upto: int | None = None,
             status: str | None = None) -> Iterator[sa.Row]:
     """The records of a batch at input positions in ``(after, upto]`` (and of one ``status``), in input order,
-    with the external id of the document each duplicates; streamed."""
-    yield from connection.execution_options(yield_per=10_000).execute(sa.text(
-        "SELECT r.position, r.status, r.external_id, r.distance, o.external_id AS duplicate_of_id, r.path, r.line, "
-        "r.reason, r.hint FROM records r JOIN batches b ON b.id = r.batch_id "
-        "LEFT JOIN documents o ON o.id = r.duplicate_of WHERE b.name = :batch AND r.position > :after "
-        "AND (CAST(:upto AS bigint) IS NULL OR r.position <= :upto) "
-        "AND (CAST(:status AS text) IS NULL OR r.status = :status) ORDER BY r.position"),
-        {"batch": batch, "after": after, "upto": upto, "status": status})
+    with the external id of the document each duplicates; read 10,000 at a time, the external ids of each
+    part's duplicates looked up by their document ids (a join of records with documents is not co-located on
+    a distributed index)."""
+    batch_id = connection.execute(sa.text("SELECT id FROM batches WHERE name = :batch"), {"batch": batch}).scalar()
+    while batch_id is not None:
+        part = connection.execute(sa.text(
+            "SELECT r.position, r.status, r.external_id, r.distance, r.duplicate_of, r.path, r.line, r.reason, "
+            "r.hint FROM records r WHERE r.batch_id = :batch AND r.position > :after "
+            "AND (CAST(:upto AS bigint) IS NULL OR r.position <= :upto) "
+            "AND (CAST(:status AS text) IS NULL OR r.status = :status) ORDER BY r.position LIMIT 10000"),
+            {"batch": batch_id, "after": after, "upto": upto, "status": status}).all()
+        names = external_ids(connection, {row.duplicate_of for row in part if row.duplicate_of is not None})
+        for row in part:
+            yield Record(row.position, row.status, row.external_id, row.distance, names.get(row.duplicate_of),
+                         row.path, row.line, row.reason, row.hint)
+        if len(part) < 10000:
+            return
+        after = part[-1].position
+
+
+class Record(NamedTuple):
+    """One input record's outcome, as :func:`records` reads it."""
+    position: int
+    status: str
+    external_id: str | None
+    distance: int | None
+    duplicate_of_id: str | None  #: the external id of the stored document it duplicates
+    path: str | None
+    line: int | None
+    reason: str | None
+    hint: str | None
+
+
+def external_ids(connection: sa.Connection, ids: Iterable[int]) -> dict[int, str]:
+    """{document id: external id} of those of ``ids`` (at most a few thousand) that are stored."""
+    ids = sorted(ids)
+    if not ids:
+        return {}
+    return dict(connection.execute(sa.text("SELECT id, external_id FROM documents WHERE id = ANY(:ids)"),
+                                   {"ids": ids}).all())
 
 
 def documents(connection: sa.Connection, method: Method, ids: Sequence[int]) -> dict[int, sa.Row]:
@@ -69,13 +103,30 @@ def stored_document(connection: sa.Connection, method: Method, external_id: str)
     cluster's canonical document and of its earliest near-duplicate, and its sketch."""
     row = connection.execute(sa.text(
         f"SELECT d.id, d.external_id, d.{method.sketch_column[0]} AS sketch, d.text, d.metadata, d.length, "
-        "d.created_at, b.name AS batch, c.external_id AS cluster, o.external_id AS duplicate_of, "
-        "d.duplicate_distance FROM documents d JOIN batches b ON b.id = d.batch_id "
-        "JOIN documents c ON c.id = d.cluster_id LEFT JOIN documents o ON o.id = d.duplicate_of "
-        "WHERE d.external_id = :external_id"), {"external_id": external_id}).first()
+        "d.created_at, b.name AS batch, d.cluster_id, d.duplicate_of, d.duplicate_distance "
+        "FROM documents d JOIN batches b ON b.id = d.batch_id WHERE d.external_id = :external_id"),
+        {"external_id": external_id}).first()
     if row is None:
         raise SimdbError(f"no document with id {external_id!r} in the index; `simdb export` lists them")
-    return row
+    # the other two documents by id (joins of documents with itself on other columns are not co-located)
+    names = external_ids(connection, {row.cluster_id, *([row.duplicate_of] if row.duplicate_of else [])})
+    return StoredRow(row.id, row.external_id, row.sketch, row.text, row.metadata, row.length, row.created_at,
+                     row.batch, names[row.cluster_id], names.get(row.duplicate_of), row.duplicate_distance)
+
+
+class StoredRow(NamedTuple):
+    """One stored document as :func:`stored_document` reads it."""
+    id: int
+    external_id: str
+    sketch: object
+    text: str | None
+    metadata: dict
+    length: int
+    created_at: object
+    batch: str
+    cluster: str  #: the external id of its cluster's canonical (earliest) document
+    duplicate_of: str | None  #: the external id of its earliest near-duplicate
+    duplicate_distance: int | None
 
 
 #: Ids per statement of :func:`texts`.
@@ -123,7 +174,7 @@ def match_many(connection: sa.Connection, method: Method, sketches: Sequence, ma
                 ((i, value, *key_row) for i, (value, key_row) in enumerate(zip(values, keys.tolist()))), create=True)
         connection.exec_driver_sql("ANALYZE probes")
         pairs = distinct(method.candidate_pairs(connection, "probes", "documents", max_distance,
-                                                index_probes=True)).tolist()
+                                                index_probes=not is_distributed(connection))).tolist()
     for probe, document, distance in pairs:
         found[probe][document] = distance
     return found
@@ -135,14 +186,22 @@ def probe_arrays(connection: sa.Connection, method: Method, sketches: Sequence, 
     (``keys``: their key values, when the caller has them), through the method's candidate joins, with the
     sketches sent as arrays: it writes nothing, not even a temporary table, so it runs in a read-only
     transaction. A pair may come more than once."""
+    keys = method.keys(sketches).tolist() if keys is None else keys
+    probe, params = _array_probe(method, list(range(len(sketches))), method.stored(sketches), keys)
+    for chunk in method.candidate_pairs(connection, probe, "documents", max_distance, params=params,
+                                        index_probes=not is_distributed(connection)):
+        yield from chunk.tolist()
+
+
+def _array_probe(method: Method, ids: list[int], stored: list, keys: list[list[int]]) -> tuple[str, dict]:
+    """Probes (``ids``, their sketches as ``method`` stores them, their key rows) as a derived table of arrays
+    sent as parameters, and those parameters: it needs no table, and Citus joins it with a distributed table
+    on any column (each shard gets the arrays)."""
     columns = [("id", "int8"), method.sketch_column, *((c, "int8") for c in method.key_columns)]
     arrays = ", ".join(f"CAST(%(p_{name})s AS {'bigint' if kind == 'int8' else kind}[])" for name, kind in columns)
     probe = f"(SELECT * FROM unnest({arrays}) AS probe({', '.join(name for name, _ in columns)}))"
-    keys = method.keys(sketches).tolist() if keys is None else keys
-    params = {"p_id": list(range(len(sketches))), f"p_{method.sketch_column[0]}": method.stored(sketches),
-              **{f"p_{column}": [row[i] for row in keys] for i, column in enumerate(method.key_columns)}}
-    for chunk in method.candidate_pairs(connection, probe, "documents", max_distance, params=params, index_probes=True):
-        yield from chunk.tolist()
+    return probe, {"p_id": ids, f"p_{method.sketch_column[0]}": stored,
+                   **{f"p_{column}": [row[i] for row in keys] for i, column in enumerate(method.key_columns)}}
 
 
 def stored_ids(connection: sa.Connection, external_ids: Sequence[str]) -> dict[str, sa.Row]:
@@ -161,13 +220,6 @@ def stored_texts(connection: sa.Connection, content_hashes: Sequence[bytes]) -> 
     return set(connection.execute(sa.text(
         "SELECT DISTINCT content_hash FROM documents WHERE content_hash = ANY(:hashes)"),
         {"hashes": list(content_hashes)}).scalars())
-
-
-def external_ids(connection: sa.Connection, ids: Sequence[int]) -> dict[int, str]:
-    if not ids:
-        return {}
-    return dict(connection.execute(sa.text("SELECT id, external_id FROM documents WHERE id = ANY(:ids)"),
-                                   {"ids": list(ids)}).all())
 
 
 def pairs(connection: sa.Connection, condition: str, params: dict) -> Iterator[sa.Row]:
@@ -258,10 +310,14 @@ def _distance_sample(connection: sa.Connection, method: Method, batch: int | Non
     ids = [row.id for row in random_rows(connection, ["id"], population, size, "BERNOULLI",
                                          "batch_id = :batch" if batch is not None else "", {"batch": batch})]
     columns = ", ".join(["id", method.sketch_column[0], *method.key_columns])
-    # a derived table, not a temporary one: the report reads in a read-only transaction
-    sample = f"(SELECT {columns} FROM documents WHERE id = ANY('{{{','.join(str(int(i)) for i in ids)}}}'::bigint[]))"
+    rows = connection.execute(sa.text(f"SELECT {columns} FROM documents WHERE id = ANY(:ids) ORDER BY id"),
+                              {"ids": ids}).all()
+    # arrays, not a temporary table: the report reads in a read-only transaction
+    sample, params = _array_probe(method, [row[0] for row in rows], [row[1] for row in rows],
+                                  [list(row[2:]) for row in rows])
     found = distinct(method.candidate_pairs(connection, sample, "documents", method.max_possible_distance,
-                                            where="t.id <> p.id", index_probes=True))
+                                            where="t.id <> p.id", params=params,
+                                            index_probes=not is_distributed(connection)))
     counts = [0] * (method.max_possible_distance + 1)
     for distance in found[:, 2].tolist():
         counts[distance] += 1
@@ -289,8 +345,9 @@ def report_data(connection: sa.Connection, method: Method, batch: str | None, *,
         scope = "WHERE cluster_id IN (SELECT cluster_id FROM documents WHERE batch_id = :batch)"
         params = {"batch": chosen}
         population = next(row.stored for row in data["batches"] if row.batch_id == chosen)
-        singletons = ("SELECT count(*) FROM documents d WHERE batch_id = :batch AND NOT EXISTS "
-                      "(SELECT 1 FROM documents o WHERE o.cluster_id = d.cluster_id AND o.id <> d.id)")
+        # the batch's documents less those in a cluster of two or more (the clusters table's)
+        singletons = (f"SELECT {int(population)} - count(*) FROM documents d JOIN clusters c "
+                      "ON c.cluster_id = d.cluster_id WHERE d.batch_id = :batch")
     data["counts"], data["sampled"] = _distance_sample(connection, method, chosen, population, sample_size)
     data["sizes"] = connection.execute(sa.text(
         f"SELECT size, count(*) FROM clusters {scope} GROUP BY size ORDER BY size"), params).all()
@@ -309,12 +366,23 @@ def report_data(connection: sa.Connection, method: Method, batch: str | None, *,
         shown.setdefault(row.cluster_id, []).append(row)
     # the least similar pairs, where the threshold decides: chosen from near_duplicates alone (a top-N of its rows,
     # no join per pair), then joined for their texts
-    data["pairs"] = connection.execute(sa.text(
-        f"SELECT a.external_id AS a_external_id, b.external_id AS b_external_id, p.distance, "
-        f"left(a.text, {int(text_chars)}) AS a_text, left(b.text, {int(text_chars)}) AS b_text "
-        "FROM (SELECT a_id, b_id, distance FROM near_duplicates WHERE distance > 0 "
+    # (then their documents by id: a join of a pair with both its documents is not co-located when distributed)
+    chosen_pairs = connection.execute(sa.text(
+        "SELECT a_id, b_id, distance FROM near_duplicates WHERE distance > 0 "
         + ("AND batch_id = :batch " if chosen is not None else "")
-        + f"ORDER BY distance DESC, a_id, b_id LIMIT {int(pairs)}) p JOIN documents a ON a.id = p.a_id "
-        "JOIN documents b ON b.id = p.b_id ORDER BY p.distance DESC, p.a_id, p.b_id"),
-        params).all() if pairs else []
+        + f"ORDER BY distance DESC, a_id, b_id LIMIT {int(pairs)}"), params).all() if pairs else []
+    shown = {row.id: row for row in connection.execute(sa.text(
+        f"SELECT id, external_id, left(text, {int(text_chars)}) AS text FROM documents WHERE id = ANY(:ids)"),
+        {"ids": sorted({i for pair in chosen_pairs for i in pair[:2]})})} if chosen_pairs else {}
+    data["pairs"] = [ShownPair(shown[a].external_id, shown[b].external_id, distance, shown[a].text, shown[b].text)
+                     for a, b, distance in chosen_pairs]
     return data
+
+
+class ShownPair(NamedTuple):
+    """A pair as the report shows it."""
+    a_external_id: str
+    b_external_id: str
+    distance: int
+    a_text: str | None
+    b_text: str | None

@@ -60,8 +60,9 @@ def remove(connection: sa.Connection, schema: str, method: Method, *, external_i
                                            "JOIN removing_ids i USING (external_id)").rowcount
         if found != len(unique_ids):
             missing = connection.exec_driver_sql(
+                "WITH found AS (SELECT d.external_id FROM documents d JOIN removing_ids i USING (external_id)) "
                 "SELECT i.external_id FROM removing_ids i WHERE NOT EXISTS "
-                "(SELECT 1 FROM documents d WHERE d.external_id = i.external_id) ORDER BY 1 LIMIT 11").scalars().all()
+                "(SELECT 1 FROM found f WHERE f.external_id = i.external_id) ORDER BY 1 LIMIT 11").scalars().all()
             raise SimdbError(f"no stored document has the id(s) {', '.join(map(repr, missing[:10]))}"
                              f"{' ...' if len(missing) > 10 else ''}; nothing was removed")
     elif batch is not None:
@@ -78,16 +79,23 @@ def remove(connection: sa.Connection, schema: str, method: Method, *, external_i
     # from the stored pairs (every pair within k was stored when its later document was ingested)
     # (first the documents that point at a removed one, through the duplicate_of index: in one
     # statement the planner ran the LATERAL for every document of the archive before filtering)
+    # (each step joins the archive only with one temporary table, and nothing else: on a distributed index
+    # Citus ships that table to the workers, and refuses a temporary table anywhere else in the statement)
     connection.exec_driver_sql(
         "CREATE TEMPORARY TABLE repointing ON COMMIT DROP AS SELECT d.id FROM documents d "
-        "JOIN removing r ON d.duplicate_of = r.id WHERE NOT EXISTS (SELECT 1 FROM removing x WHERE x.id = d.id)")
+        "JOIN removing r ON d.duplicate_of = r.id")
+    connection.exec_driver_sql("DELETE FROM repointing a USING removing x WHERE x.id = a.id")
     connection.exec_driver_sql("ANALYZE repointing")
+    connection.exec_driver_sql(  # their remaining earlier near-duplicates, the earliest kept
+        "CREATE TEMPORARY TABLE repointing_pairs ON COMMIT DROP AS SELECT p.b_id AS id, p.a_id, p.distance "
+        "FROM near_duplicates p JOIN repointing a ON p.b_id = a.id")
+    connection.exec_driver_sql("DELETE FROM repointing_pairs p USING removing x WHERE x.id = p.a_id")
+    connection.exec_driver_sql(
+        "CREATE TEMPORARY TABLE repointed ON COMMIT DROP AS SELECT a.id, first.a_id, first.distance "
+        "FROM repointing a LEFT JOIN (SELECT DISTINCT ON (id) id, a_id, distance FROM repointing_pairs "
+        "ORDER BY id, a_id) first USING (id)")
     affected = connection.execute(sa.text(
-        "UPDATE documents d SET duplicate_of = r.a_id, duplicate_distance = r.distance FROM ("
-        "  SELECT a.id, first.a_id, first.distance FROM repointing a"
-        "  LEFT JOIN LATERAL (SELECT p.a_id, p.distance FROM near_duplicates p WHERE p.b_id = a.id"
-        "                     AND NOT EXISTS (SELECT 1 FROM removing x WHERE x.id = p.a_id)"
-        "                     ORDER BY p.a_id LIMIT 1) first ON true) r "
+        "UPDATE documents d SET duplicate_of = r.a_id, duplicate_distance = r.distance FROM repointed r "
         "WHERE d.id = r.id RETURNING d.duplicate_of")).scalars().all()
     repointed = sum(1 for duplicate_of in affected if duplicate_of is not None)
     connection.exec_driver_sql(  # the clusters that lose documents: only they can split

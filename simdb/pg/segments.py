@@ -42,6 +42,7 @@ from ..errors import SimdbError
 from ..methods import Method
 from ..settings import DEFAULT_BULK_CHUNK, DEFAULT_MERGE_FACTOR, DEFAULT_SEGMENT_SIZE
 from . import probes as probes_module
+from .citus import distribute_like_documents, is_distributed
 from .database import lock
 from .probes import Lookup, shared_lookups
 
@@ -149,6 +150,12 @@ def list_segments(connection: sa.Connection, *, counts: bool = False) -> list[Se
         first, end = 0 if low == "MINVALUE" else int(low), 2 ** 63 - 1 if high == "MAXVALUE" else int(high)
         bounds.append((name, first, end, int(estimate) if estimate >= 0 else None))
     bounds.sort(key=lambda row: row[1])
+    # a distributed segment's rows are on the workers: the coordinator's estimate is none, so the policy takes
+    # its width, and its size on disk is its shards'
+    distributed = is_distributed(connection)
+    if distributed:
+        bounds = [(name, first, end, None) for name, first, end, _ in bounds]
+    size_function = "citus_total_relation_size" if distributed else "pg_total_relation_size"
     segments = []
     for position, (name, first, end, estimate) in enumerate(bounds):
         documents = size = None
@@ -157,7 +164,7 @@ def list_segments(connection: sa.Connection, *, counts: bool = False) -> list[Se
             documents = connection.execute(sa.text(
                 "SELECT count(*) FROM documents WHERE id >= :first AND id < :end"), {"first": first, "end": end}
             ).scalar_one()
-            size = connection.execute(sa.text("SELECT pg_total_relation_size(CAST(:n AS regclass))"),
+            size = connection.execute(sa.text(f"SELECT {size_function}(CAST(:n AS regclass))"),
                                       {"n": name}).scalar_one()
         segments.append(Segment(name, first, end, position == len(bounds) - 1, estimate, documents, size))
     return segments
@@ -223,6 +230,11 @@ def ensure_segments(connection: sa.Connection, policy: SegmentPolicy, segments: 
     return created
 
 
+def add_segment(connection: sa.Connection, first_id: int, end_id: int) -> None:
+    """An empty segment for ids ``first_id..end_id - 1``, attached (as a copied index's segments are made)."""
+    _create_segment(connection, first_id, end_id)
+
+
 def _create_segment(connection: sa.Connection, first_id: int, end_id: int, name: str | None = None,
                     attach: bool = True) -> str:
     """A new empty segment table; attached (a SHARE UPDATE EXCLUSIVE lock on ``documents``: readers and
@@ -233,6 +245,8 @@ def _create_segment(connection: sa.Connection, first_id: int, end_id: int, name:
     if attach:
         connection.exec_driver_sql(f'ALTER TABLE documents ATTACH PARTITION "{name}" '
                                    f"FOR VALUES FROM ({int(first_id)}) TO ({int(end_id)})")
+    elif is_distributed(connection):  # sharded before it is filled: a local table would keep its rows on the
+        distribute_like_documents(connection, name)  # coordinator when Citus distributes it at ATTACH
     return name
 
 
@@ -246,7 +260,8 @@ def segment_pairs(connection: sa.Connection, method: Method, probe: str, probes:
     at most ``below - first_id`` documents). With ``probe_rows`` (the probes as rows: id, sketch, key
     columns) and at least :data:`~simdb.pg.probes.SHARED_PROBES` probes, a second connection takes half
     of the index lookups (:func:`~simdb.pg.probes.shared_lookups`)."""
-    lookups = [Lookup(segment.name, capacity > probes) for segment in list_segments(connection)
+    by_index = not is_distributed(connection)  # Citus plans no LATERAL probe; its join runs on every worker
+    lookups = [Lookup(segment.name, by_index and capacity > probes) for segment in list_segments(connection)
                if (capacity := min(segment.end_id, below) - segment.first_id) > 0]
     wide = any(lookup.index_probes for lookup in lookups)
     if probe_rows is not None and wide and probes >= probes_module.SHARED_PROBES:

@@ -225,8 +225,8 @@ class MinHash(Method):
     def key_sql(self, sketch: str) -> list[str]:
         return [band_key_sql(self.settings, i, sketch) for i in range(self.settings.bands)]
 
-    def sql_functions(self, schema: str) -> list[tuple[str, str, str]]:
-        return function_statements(schema, self.settings)
+    def sql_functions(self, schema: str, one_statement: bool = False) -> list[tuple[str, str, str]]:
+        return function_statements(schema, self.settings, one_statement)
 
     # -- calibration ---------------------------------------------------------------------------
 

@@ -62,7 +62,8 @@ def band_key_sql(settings: MinHashSettings, band: int | str, signature: str = "s
     return f"('x' || substr(md5(substr({signature}, {band} * {width} + 1, {width})), 1, 16))::bit(64)::bigint"
 
 
-def function_statements(schema: str, settings: MinHashSettings) -> list[tuple[str, str, str]]:
+def function_statements(schema: str, settings: MinHashSettings, one_statement: bool = False
+                        ) -> list[tuple[str, str, str]]:
     """``(signature, CREATE statement, comment)`` of the MinHash analysts' functions."""
     bands, threshold, k, n = settings.bands, settings.threshold, settings.max_distance, settings.num_perm
     positions = f"round((1 - s.similarity) * {n})::integer"  # the positions in which the signatures differ
@@ -70,10 +71,12 @@ def function_statements(schema: str, settings: MinHashSettings) -> list[tuple[st
     unit = "ten-thousandths of Jaccard distance (estimated)" if settings.exact else "signature positions"
     # the parameter qualified by the function's name: a bare ``signature`` here is the documents column, which
     # made every band "match" its own row and every lookup a scan of the table
-    lookups = "\n                UNION\n".join(
-        f"                SELECT id, signature AS s FROM {schema}.documents "
-        f"WHERE {column} = {band_key_sql(settings, i, 'simdb_similar.signature')}"
-        for i, column in enumerate(settings.key_columns))
+    conditions = [f"{column} = {band_key_sql(settings, i, 'simdb_similar.signature')}"
+                  for i, column in enumerate(settings.key_columns)]
+    lookups = (f"                SELECT id, signature AS s FROM {schema}.documents WHERE " + " OR ".join(conditions)
+               if one_statement else "\n                UNION\n".join(
+                   f"                SELECT id, signature AS s FROM {schema}.documents WHERE {condition}"
+                   for condition in conditions))
     return [
         ("simdb_similarity(bytea, bytea)",
          f"""CREATE OR REPLACE FUNCTION {schema}.simdb_similarity(a bytea, b bytea) RETURNS real

@@ -236,8 +236,8 @@ class SimHash(Method):
     def key_sql(self, sketch: str) -> list[str]:
         return [key_expression(self.layout, i, sketch) for i in range(len(self.layout.keys))]
 
-    def sql_functions(self, schema: str) -> list[tuple[str, str, str]]:
-        return function_statements(schema, self.layout)
+    def sql_functions(self, schema: str, one_statement: bool = False) -> list[tuple[str, str, str]]:
+        return function_statements(schema, self.layout, one_statement)
 
     # -- calibration and creation -------------------------------------------------------------
 

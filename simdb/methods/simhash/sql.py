@@ -71,13 +71,16 @@ def verified_pairs(connection: sa.Connection, sql: str, max_distance: int,
         yield np.stack([chunk[keep, 0], chunk[keep, 1], distances[keep].astype(np.int64)], axis=1)
 
 
-def function_statements(schema: str, layout: BlockLayout) -> list[tuple[str, str, str]]:
-    """``(signature, CREATE statement, comment)`` of the SimHash analysts' functions for ``layout``."""
+def function_statements(schema: str, layout: BlockLayout, one_statement: bool = False) -> list[tuple[str, str, str]]:
+    """``(signature, CREATE statement, comment)`` of the SimHash analysts' functions for ``layout``; with
+    ``one_statement``, a lookup is one scan of ``documents`` whose condition ORs the keys (see
+    :meth:`simdb.methods.base.Method.sql_functions`)."""
     k = layout.max_distance
-    lookups = "\n                UNION\n".join(
-        f"                SELECT id, simhash FROM {schema}.documents WHERE {column} = "
-        f"{key_expression(layout, i, 'fingerprint')}"
-        for i, column in enumerate(layout.key_columns))
+    conditions = [f"{column} = {key_expression(layout, i, 'fingerprint')}" for i, column in enumerate(layout.key_columns)]
+    lookups = (f"                SELECT id, simhash FROM {schema}.documents WHERE " + " OR ".join(conditions)
+               if one_statement else "\n                UNION\n".join(
+                   f"                SELECT id, simhash FROM {schema}.documents WHERE {condition}"
+                   for condition in conditions))
     return [
         ("simdb_hamming(bigint, bigint)",
          f"""CREATE OR REPLACE FUNCTION {schema}.simdb_hamming(a bigint, b bigint) RETURNS integer

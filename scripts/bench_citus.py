@@ -1,0 +1,200 @@
+"""simdb on a Citus cluster against simdb on one server: ingest and lookups, bytes between nodes, shards per lookup.
+
+    .venv/bin/python scripts/bench_citus.py [--archive 200000] [--batch 20000] [--workers 1,2,4] [--markdown]
+
+For each worker count, a local cluster is started with ``../shared/citus/cluster.sh`` (Citus installed by
+its ``install.sh``), an index on the coordinator is filled with ``--archive`` random SimHash
+fingerprints and moved onto the workers as a distributed index (``simdb init --distributed --copy-from``,
+timed, ``--shards`` per table), which is then measured, tokenization excluded (fingerprints are stored through
+``Index.add_fingerprinted``), as on the single server that is the peer (``SIMDB_DATABASE_URL``, else the
+local server, else an embedded one):
+
+- ingest of a ``--batch`` of new fingerprints (1 % near copies of stored ones) in chunks of 20,000;
+- bytes over loopback per ingested document: every byte between client, coordinator and workers, less
+  the same ingest's bytes between client and the single server (the client's traffic is the same
+  statements either way), so what is left is what the nodes ship between them;
+- the shard queries one lookup makes (the plans inside ``simdb_near``: one task per shard a statement reaches);
+- single lookups (``Index.query_fingerprint``, p50) and a batch of ``--queries`` (``query_fingerprints``).
+
+This machine has 2 cores: more workers share them, so the point is the shape of the work, not a speed-up.
+Nothing here asserts anything about timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import sqlalchemy as sa
+
+from bench_common import DATABASE_HELP, Server, command_line, log, machine, print_table, rate, ratio
+from bench_ingest import fingerprinted_batch, new_fingerprints
+
+from simdb import Index
+from simdb.pg.database import postgres_url
+
+CHUNK = 20_000
+TOOLS = Path(os.environ.get("SIMDB_CITUS", Path(__file__).resolve().parents[2] / "shared" / "citus"))
+
+
+def loopback_bytes() -> int:
+    """Bytes received on the loopback interface since boot (each byte between two local processes, once)."""
+    for line in Path("/proc/net/dev").read_text().splitlines():
+        name, _, counters = line.partition(":")
+        if name.strip() == "lo":
+            return int(counters.split()[0])
+    raise RuntimeError("no loopback interface in /proc/net/dev")
+
+
+class Cluster:
+    """A coordinator and ``workers`` workers on loopback, stopped and removed on exit."""
+
+    def __init__(self, workers: int, port: int) -> None:
+        self.directory = tempfile.mkdtemp(prefix="simdb-bench-citus-")
+        self.workers, self.port = workers, port
+        started = subprocess.run(["bash", str(TOOLS / "cluster.sh"), "start", self.directory, str(workers),
+                                  str(port)], capture_output=True, text=True)
+        if started.returncode:
+            raise SystemExit(f"could not start a Citus cluster: {started.stderr.strip()} (is Citus installed? "
+                             f"run {TOOLS}/install.sh as root)")
+        self.url = started.stdout.strip().splitlines()[-1]
+
+    def __enter__(self) -> "Cluster":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        subprocess.run(["bash", str(TOOLS / "cluster.sh"), "stop", self.directory], capture_output=True)
+        subprocess.run(["rm", "-rf", self.directory], capture_output=True)
+
+
+def measure(url: str, schema: str, args, options: dict) -> dict:
+    """Fill an index, then time a batch's ingest and the lookups."""
+    rng = np.random.default_rng(7)
+    admin = sa.create_engine(postgres_url(url), isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+    stored = new_fingerprints(rng, args.archive, None)
+    result: dict = {}
+    local = f"{schema}_local" if options.get("distributed") else schema
+    with admin.connect() as connection:
+        connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {local} CASCADE")
+    with Index.create(url, schema=local) as index:  # on Citus: an archive on the coordinator alone, then moved
+        started = time.perf_counter()
+        for start in range(0, len(stored), CHUNK):
+            index.add_fingerprinted(fingerprinted_batch(rng, stored[start:start + CHUNK], f"a{start}"),
+                                    batch=f"archive-{start}")
+        result["fill"] = time.perf_counter() - started
+        log(f"  archive of {args.archive:,} in {result['fill']:.1f} s")
+    if local != schema:
+        started = time.perf_counter()
+        Index.copy_to_distributed(url, schema=schema, source=local, shards=options["shards"]).close()
+        result["copy"] = time.perf_counter() - started
+        log(f"  copied onto the workers in {result['copy']:.1f} s")
+        with admin.connect() as connection:
+            connection.exec_driver_sql(f"DROP SCHEMA {local} CASCADE")
+    with Index.open(url, schema=schema) as index:
+        fresh = new_fingerprints(rng, args.batch, stored)
+        before = loopback_bytes()
+        started = time.perf_counter()
+        for start in range(0, len(fresh), CHUNK):
+            index.add_fingerprinted(fingerprinted_batch(rng, fresh[start:start + CHUNK], f"n{start}"),
+                                    batch=f"new-{start}")
+        result["ingest"] = time.perf_counter() - started
+        result["bytes"] = loopback_bytes() - before
+        log(f"  batch of {args.batch:,} in {result['ingest']:.2f} s, {result['bytes'] / args.batch:,.0f} loopback "
+            "bytes a document")
+        probes = [int(x) for x in rng.choice(stored, args.single)]
+        index.query_fingerprint(probes[0])
+        times = []
+        for probe in probes:
+            started = time.perf_counter()
+            index.query_fingerprint(probe)
+            times.append(time.perf_counter() - started)
+        result["p50"] = statistics.median(times)
+        queries = [int(x) for x in rng.choice(stored, args.queries)]
+        started = time.perf_counter()
+        index.query_fingerprints(queries)
+        result["batch"] = time.perf_counter() - started
+        result["tasks"] = lookup_tasks(index, probes[0])
+    with admin.connect() as connection:
+        connection.exec_driver_sql(f"DROP SCHEMA {schema} CASCADE")
+    admin.dispose()
+    return result
+
+
+def lookup_tasks(index: Index, probe: int) -> int:
+    """Shard queries of one ``simdb_near`` lookup, from the plans of the statements inside the function
+    (auto_explain, nested statements included): Citus runs one task per shard a statement reaches."""
+    plans: list[str] = []
+    with index.database.engine.connect() as connection:
+        raw = connection.connection.dbapi_connection
+        raw.add_notice_handler(lambda diagnostic: plans.append(diagnostic.message_primary or ""))
+        for statement in ("LOAD 'auto_explain'", "SET auto_explain.log_min_duration = 0",
+                          "SET auto_explain.log_nested_statements = on", "SET auto_explain.log_analyze = on",
+                          "SET auto_explain.log_verbose = on", "SET client_min_messages = log"):
+            connection.exec_driver_sql(statement)
+        connection.exec_driver_sql(f"SELECT * FROM simdb_near({int(np.int64(np.uint64(probe)))})").all()
+        connection.exec_driver_sql("RESET client_min_messages")
+        connection.rollback()
+    text = "\n".join(plans)
+    return sum(int(line.split(":")[1]) for line in text.splitlines() if "Task Count:" in line) or 1
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--archive", type=int, default=200_000, help="fingerprints stored first")
+    parser.add_argument("--batch", type=int, default=20_000, help="new fingerprints ingested and timed")
+    parser.add_argument("--queries", type=int, default=1000, help="fingerprints in the timed batch of lookups")
+    parser.add_argument("--single", type=int, default=200, help="single lookups timed (their median reported)")
+    parser.add_argument("--workers", default="1,2,4", help="worker counts, comma-separated")
+    parser.add_argument("--shards", type=int, default=32, help="shards per distributed table")
+    parser.add_argument("--port", type=int, default=9900, help="the clusters' first port")
+    parser.add_argument("--database-url", default=None, help=DATABASE_HELP)
+    parser.add_argument("--markdown", action="store_true", help="print the table as GitHub markdown")
+    args = parser.parse_args(argv)
+    if not (TOOLS / "cluster.sh").exists():
+        raise SystemExit(f"no {TOOLS}/cluster.sh: set SIMDB_CITUS to the folder with Citus's install.sh and "
+                         "cluster.sh")
+
+    with Server(args.database_url) as server:
+        log("single server")
+        single = measure(server.url, "simdb_bench_citus", args, {})
+        version = server.version()
+    rows = []
+    per_document = args.batch
+    rows.append(("one server: ingest (tokenization excluded)", rate(args.batch, single["ingest"], "docs"), "", ""))
+    rows.append(("one server: client bytes per document", f"{single['bytes'] / per_document:,.0f} B", "", ""))
+    rows.append(("one server: lookup p50", f"{single['p50'] * 1000:.2f} ms", "", ""))
+    rows.append(("one server: batch of lookups", rate(args.queries, single["batch"], "queries"), "", ""))
+    for workers in [int(w) for w in args.workers.split(",")]:
+        log(f"Citus, {workers} worker(s), {args.shards} shards per table")
+        with Cluster(workers, args.port) as cluster:
+            found = measure(cluster.url, "simdb_bench_citus", args, {"distributed": True, "shards": args.shards})
+        label = f"Citus {workers} worker{'s' if workers > 1 else ''}"
+        rows.append((f"{label}: move the archive onto the workers (init --copy-from)",
+                     rate(args.archive, found["copy"], "docs"), "", ""))
+        rows.append((f"{label}: ingest", rate(args.batch, found["ingest"], "docs"),
+                     rate(args.batch, single["ingest"], "docs") + " (one server)",
+                     ratio(single["ingest"] / found["ingest"])))
+        rows.append((f"{label}: bytes between nodes per document",
+                     f"{(found['bytes'] - single['bytes']) / per_document:,.0f} B", "", ""))
+        rows.append((f"{label}: shard queries per lookup", f"{found['tasks']} ({args.shards} shards)", "", ""))
+        rows.append((f"{label}: lookup p50", f"{found['p50'] * 1000:.2f} ms", f"{single['p50'] * 1000:.2f} ms",
+                     ratio(single["p50"] / found["p50"])))
+        rows.append((f"{label}: batch of lookups", rate(args.queries, found["batch"], "queries"),
+                     rate(args.queries, single["batch"], "queries"), ratio(single["batch"] / found["batch"])))
+    header = [command_line("bench_citus.py"), machine(version),
+              f"archive {args.archive:,} random fingerprints, then a batch of {args.batch:,} (1 % near copies), "
+              f"SimHash k = 4 (15 keys); {args.queries:,} queries in the batch lookup; ratio = simdb on Citus "
+              "against simdb on one server (above 1: Citus faster)"]
+    print_table(header, rows, args.markdown)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,193 @@
+"""A distributed index: the same tables on a Citus cluster (``simdb init --distributed``).
+
+Citus is distributed PostgreSQL: a coordinator holds the catalog and plans every statement, workers
+hold the rows in shards. simdb's tables keep their shape; :func:`distribute` makes them Citus tables
+right after the migrations create them, in the same transaction:
+
+- ``documents`` (partitioned into segments) is hash-distributed by ``id``: every segment, present or
+  future, is split into the same ``shards`` by the same hash, each shard with its own key indexes. A
+  chunk's candidate join ships the staged probes to every worker once (an intermediate result) and
+  each shard joins them against its own key indexes, all workers at once; the archive's rows never
+  leave their workers, only the candidate pairs come back.
+- ``near_duplicates`` is distributed by ``b_id`` and ``clusters`` by ``cluster_id``, co-located with
+  ``documents`` (a pair lives beside its later document, a cluster row beside its earliest one);
+  ``records`` by ``batch_id`` (a batch's verdicts are read and removed together).
+- ``settings``, ``batches`` and ``idf_terms`` are small and read by every statement: reference tables,
+  a copy on every node.
+
+The analysts' functions and views are dropped before and made again after, as Citus distributes only
+tables nothing depends on. Writes run in ``citus.multi_shard_modify_mode = sequential`` (one
+connection per worker): the tables keep their foreign keys to ``batches``, and Citus can keep those
+consistent only over one connection per node. Joins of a pair with its earlier document (not co-located:
+``a_id`` is not the pair's distribution column) are repartition joins, which Citus runs only when
+``citus.enable_repartition_joins`` is on; every connection of the index, and the role ``grant-reader``
+makes, has it on. The ``distributed`` settings row records the shard
+count; :func:`check` refuses to open a distributed index on a server without Citus, or one whose
+tables are no longer distributed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+import sqlalchemy as sa
+
+from ..errors import IncompatibleIndex, SimdbError
+
+#: Shards per distributed table: Citus's own default, room for 32 workers.
+DEFAULT_SHARDS = 32
+
+REFERENCE_TABLES = ("settings", "batches", "idf_terms")
+#: (table, distribution column), co-located with documents by the document id they hold.
+COLOCATED_TABLES = (("documents", "id"), ("near_duplicates", "b_id"), ("clusters", "cluster_id"))
+OTHER_TABLES = (("records", "batch_id"),)
+
+#: Set on every connection of a distributed index (see the module's docstring).
+SESSION_SETTINGS = {"citus.multi_shard_modify_mode": "sequential", "citus.enable_repartition_joins": "on"}
+
+
+def citus_version(connection: sa.Connection) -> str | None:
+    """The Citus extension's version in this database, or None when it has none."""
+    return connection.execute(sa.text("SELECT extversion FROM pg_extension WHERE extname = 'citus'")).scalar()
+
+
+def workers(connection: sa.Connection) -> int:
+    """Active worker nodes of the cluster (the coordinator not counted)."""
+    return connection.execute(sa.text(
+        "SELECT count(*) FROM pg_dist_node WHERE isactive AND noderole = 'primary' AND groupid <> 0")).scalar_one()
+
+
+def check_shards(shards: int) -> int:
+    if not isinstance(shards, int) or isinstance(shards, bool) or not 1 <= shards <= 4096:
+        raise SimdbError(f"the shard count must be a whole number from 1 to 4096, not {shards!r}")
+    return shards
+
+
+def require_citus(connection: sa.Connection, where: str) -> str:
+    """The Citus version of a coordinator with at least one worker; else a clear error."""
+    version = citus_version(connection)
+    if version is None:
+        raise SimdbError(f"{where} has no Citus extension: a distributed index needs a Citus coordinator "
+                         "(CREATE EXTENSION citus, with citus in shared_preload_libraries), or leave out "
+                         "«distributed» for an index on this one server")
+    if not workers(connection):
+        raise SimdbError(f"the Citus coordinator {where} has no active worker nodes; add them with "
+                         "citus_add_node() first")
+    return version
+
+
+def distribute(connection: sa.Connection, schema: str, shards: int) -> None:
+    """Make a new index's tables Citus tables (see the module's docstring), inside the transaction that
+    created them, which has dropped the functions and views and makes them again afterwards."""
+    set_session(connection)
+    tables = [*REFERENCE_TABLES, *(t for t, _ in COLOCATED_TABLES + OTHER_TABLES)]
+    comments = dict(connection.execute(sa.text(  # Citus drops some tables' comments as it distributes them
+        "SELECT t, obj_description(CAST(t AS regclass), 'pg_class') FROM unnest(CAST(:tables AS text[])) t"),
+        {"tables": tables}).all())
+    for table in REFERENCE_TABLES:
+        connection.execute(sa.text("SELECT create_reference_table(CAST(:t AS regclass))"),
+                           {"t": f"{schema}.{table}"})
+    for position, (table, column) in enumerate(COLOCATED_TABLES):
+        placement = "shard_count => :n, colocate_with => 'none'" if position == 0 else "colocate_with => :w"
+        connection.execute(sa.text(f"SELECT create_distributed_table(CAST(:t AS regclass), :c, {placement})"),
+                           {"t": f"{schema}.{table}", "c": column, "n": shards, "w": f"{schema}.documents"})
+    for table, column in OTHER_TABLES:
+        connection.execute(sa.text(
+            "SELECT create_distributed_table(CAST(:t AS regclass), :c, shard_count => :n, colocate_with => 'none')"),
+            {"t": f"{schema}.{table}", "c": column, "n": shards})
+    for table, comment in comments.items():
+        if comment is not None:
+            connection.exec_driver_sql(f"COMMENT ON TABLE {table} IS " + _literal(comment))
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+_SQL_BODY = re.compile(r"LANGUAGE sql STABLE PARALLEL SAFE AS \$\$(.*)\$\$\s*$", re.S)
+
+
+def as_plpgsql(statement: str) -> str:
+    """A ``LANGUAGE sql`` set-returning function that reads tables, rewritten in PL/pgSQL: Citus cannot plan a
+    SQL function's parameterised statements against distributed tables, and plans PL/pgSQL's with their
+    values. A column still wins over a parameter of the same name, as in SQL functions."""
+    return _SQL_BODY.sub(lambda m: "LANGUAGE plpgsql STABLE AS $$\n#variable_conflict use_column\nBEGIN\n"
+                                   f"RETURN QUERY {m.group(1).strip()};\nEND $$", statement)
+
+
+def distribute_like_documents(connection: sa.Connection, table: str) -> None:
+    """Shard a new, empty segment table as ``documents`` is (co-located with it), so that it can be filled on
+    the workers and attached."""
+    connection.execute(sa.text("SELECT create_distributed_table(CAST(:t AS regclass), 'id', colocate_with => :w)"),
+                       {"t": f'"{table}"', "w": _qualified(connection, "documents")})
+
+
+def _qualified(connection: sa.Connection, table: str) -> str:
+    return connection.execute(sa.text("SELECT CAST(CAST(:t AS regclass) AS text)"), {"t": table}).scalar_one()
+
+
+def set_session(connection: sa.Connection) -> None:
+    for name, value in SESSION_SETTINGS.items():
+        connection.execute(sa.text("SELECT set_config(:name, :value, false)"), {"name": name, "value": value})
+
+
+def check(connection: sa.Connection, schema: str, where: str) -> None:
+    """On opening a distributed index: Citus is here and its tables are still distributed."""
+    require_citus(connection, where)
+    distributed = set(connection.execute(sa.text(
+        "SELECT c.relname FROM pg_dist_partition p JOIN pg_class c ON c.oid = p.logicalrelid "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = :schema"), {"schema": schema}).scalars())
+    missing = [t for t in (*REFERENCE_TABLES, *(t for t, _ in COLOCATED_TABLES + OTHER_TABLES))
+               if t not in distributed]
+    if missing:
+        raise IncompatibleIndex(f"the index in schema {schema!r} is distributed, yet its tables {missing} are not "
+                                "Citus tables on this coordinator; open it on the coordinator that holds it")
+
+
+def is_distributed(connection: sa.Connection) -> bool:
+    """Whether the index on ``connection``'s search path is distributed (its ``distributed`` settings row)."""
+    return connection.execute(sa.text("SELECT value FROM settings WHERE name = 'distributed'")).scalar() is not None
+
+
+#: The tables whose rows make an index, in the order they are copied (foreign keys point backwards).
+COPIED_TABLES = ("batches", "documents", "near_duplicates", "clusters", "records")
+
+
+def copy_rows(connection: sa.Connection, source: str, target: str,
+              add_segment: Callable[[sa.Connection, int, int], None]) -> dict[str, int]:
+    """Copy every row of the index in schema ``source`` into the new distributed index in ``target`` (the
+    connection's search path), with the same ids, segments and sequences; rows per table. The caller holds
+    both indexes' ingest locks; ``add_segment(connection, first_id, end_id)`` makes a segment in ``target``."""
+    bounds = connection.execute(sa.text(
+        "SELECT pg_get_expr(c.relpartbound, c.oid) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+        "WHERE i.inhparent = CAST(:t AS regclass)"), {"t": f"{source}.documents"}).scalars().all()
+    for bound in sorted(bounds, key=lambda b: int(_BOUND.search(b).group(1))):
+        first, end = (int(x) for x in _BOUND.search(bound).groups())
+        add_segment(connection, first, end)
+    counts = {}
+    for table in COPIED_TABLES:
+        columns = ", ".join(f'"{c}"' for c in connection.execute(sa.text(
+            "SELECT column_name FROM information_schema.columns WHERE table_schema = :s AND table_name = :t "
+            "ORDER BY ordinal_position"), {"s": target, "t": table}).scalars())
+        counts[table] = connection.exec_driver_sql(
+            f"INSERT INTO {target}.{table} ({columns}) SELECT {columns} FROM {source}.{table}").rowcount
+    for table, column in (("batches", "id"), ("documents", "id")):
+        connection.exec_driver_sql(
+            f"SELECT setval(pg_get_serial_sequence('{target}.{table}', '{column}'), "
+            f"(SELECT last_value FROM {_sequence(connection, source, table, column)}), "
+            f"(SELECT is_called FROM {_sequence(connection, source, table, column)}))")
+    segmenters = connection.execute(sa.text(f"SELECT CAST(value AS text) FROM {source}.settings "
+                                            "WHERE name = 'segmenters'")).scalar()
+    if segmenters is not None:  # every segmenter that wrote the copied sketches
+        connection.execute(sa.text(f"UPDATE {target}.settings SET value = CAST(:v AS jsonb) WHERE name = 'segmenters'"),
+                           {"v": segmenters})
+    return counts
+
+
+_BOUND = re.compile(r"FROM \('?(\d+)'?\) TO \('?(\d+)'?\)")
+
+
+def _sequence(connection: sa.Connection, schema: str, table: str, column: str) -> str:
+    return connection.execute(sa.text("SELECT pg_get_serial_sequence(:t, :c)"),
+                              {"t": f"{schema}.{table}", "c": column}).scalar_one()
