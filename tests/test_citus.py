@@ -133,6 +133,7 @@ def test_every_command_works_on_a_distributed_index(database_url, schema, admin_
     assert found == expected
     text = CORPUS[0]["text"]
     assert CORPUS[0]["id"] in run("query", text)
+    assert run("fingerprint", "--index", text).strip() == format(fingerprints[CORPUS[0]["id"]], "016x")
     assert "new" in run("check", second) or "near" in run("check", second)
     assert CORPUS[0]["id"] in run("show", CORPUS[0]["id"])
     statuses = [json.loads(line)["status"] for line in run("verdicts", "--batch", "b").splitlines()]

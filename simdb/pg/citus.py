@@ -6,9 +6,10 @@ right after the migrations create them, in the same transaction:
 
 - ``documents`` (partitioned into segments) is hash-distributed by ``id``: every segment, present or
   future, is split into the same ``shards`` by the same hash, each shard with its own key indexes. A
-  chunk's candidate join ships the staged probes to every worker once (an intermediate result) and
-  each shard joins them against its own key indexes, all workers at once; the archive's rows never
-  leave their workers, only the candidate pairs come back.
+  chunk's candidate join ships the staged probes to every worker (an intermediate result per key
+  column: each probe's id, fingerprint and key, 24 bytes) and each shard joins them against its own key
+  indexes, all workers at once; the archive's rows never leave their workers, only the candidate pairs
+  come back.
 - ``near_duplicates`` is distributed by ``b_id`` and ``clusters`` by ``cluster_id``, co-located with
   ``documents`` (a pair lives beside its later document, a cluster row beside its earliest one);
   ``records`` by ``batch_id`` (a batch's verdicts are read and removed together).
