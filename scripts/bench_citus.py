@@ -13,6 +13,9 @@ local server, else an embedded one):
 - bytes over loopback per ingested document: every byte between client, coordinator and workers, less
   the same ingest's bytes between client and the single server (the client's traffic is the same
   statements either way), so what is left is what the nodes ship between them;
+- what a chunk's candidate join ships, from Citus's own ``EXPLAIN ANALYZE`` of it (a staged chunk of
+  ``--batch``'s first 20,000 against every segment): probe rows and bytes sent to the workers, candidate
+  rows and bytes received; and the rows an ingest stores per document (each sent once, to its worker);
 - the shard queries one lookup makes (the plans inside ``simdb_near``: one task per shard a statement reaches);
 - single lookups (``Index.query_fingerprint``, p50) and a batch of ``--queries`` (``query_fingerprints``).
 
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import subprocess
 import tempfile
@@ -100,6 +104,9 @@ def measure(url: str, schema: str, args, options: dict) -> dict:
             connection.exec_driver_sql(f"DROP SCHEMA {local} CASCADE")
     with Index.open(url, schema=schema) as index:
         fresh = new_fingerprints(rng, args.batch, stored)
+        if options.get("distributed"):
+            result["join"] = join_traffic(index, fresh[:CHUNK])
+        rows_before = stored_rows(index)
         before = loopback_bytes()
         started = time.perf_counter()
         for start in range(0, len(fresh), CHUNK):
@@ -107,6 +114,7 @@ def measure(url: str, schema: str, args, options: dict) -> dict:
                                     batch=f"new-{start}")
         result["ingest"] = time.perf_counter() - started
         result["bytes"] = loopback_bytes() - before
+        result["rows"] = stored_rows(index) - rows_before
         log(f"  batch of {args.batch:,} in {result['ingest']:.2f} s, {result['bytes'] / args.batch:,.0f} loopback "
             "bytes a document")
         probes = [int(x) for x in rng.choice(stored, args.single)]
@@ -126,6 +134,57 @@ def measure(url: str, schema: str, args, options: dict) -> dict:
         connection.exec_driver_sql(f"DROP SCHEMA {schema} CASCADE")
     admin.dispose()
     return result
+
+
+_SIZE = re.compile(r"(Intermediate Data Size|Tuple data received from nodes): ([\d.]+) (bytes|kB|MB|GB)")
+_UNITS = {"bytes": 1, "kB": 1024, "MB": 1024 ** 2, "GB": 1024 ** 3}
+
+
+def join_traffic(index: Index, fingerprints: np.ndarray) -> dict:
+    """What one chunk's candidate join ships between the nodes, from Citus's own EXPLAIN ANALYZE of it against
+    every segment: probe rows and bytes sent to the workers (each intermediate result times the nodes it is
+    sent to), and candidate rows and bytes received from them."""
+    from simdb.bits import to_signed
+    from simdb.methods.simhash.sql import candidate_sql
+    from simdb.pg.chunks import create_staging
+    from simdb.pg.copy import copy_in
+    from simdb.pg.segments import list_segments
+
+    method = index.sketcher
+    sketches = [int(x) for x in fingerprints]
+    keys = method.keys(sketches).tolist()
+    found = {"probes": len(sketches), "rows_sent": 0, "bytes_sent": 0, "rows_received": 0, "bytes_received": 0}
+    with index.database.engine.connect() as connection:  # apart: a transaction that read a reference table on
+        stored = list_segments(connection)  # the coordinator may not then send a distributed plan's tasks
+    with index.database.engine.begin() as connection:
+        columns = create_staging(connection, method)
+        copy_in(connection, f"staging ({', '.join(name for name, _ in columns)})", [kind for _, kind in columns],
+                ((i, f"p{i}", to_signed(f), *k, b"0" * 16, 1000, "{}") for i, (f, k) in enumerate(zip(sketches, keys))))
+        connection.exec_driver_sql("ANALYZE staging")
+        for segment in stored:
+            sql = candidate_sql(method.layout, "staging", f'"{segment.name}"', method.max_distance)
+            plan = connection.exec_driver_sql("EXPLAIN (ANALYZE, FORMAT TEXT) " + sql).scalars().all()
+            for position, line in enumerate(plan):
+                size = _SIZE.search(line)
+                if size and size.group(1) == "Intermediate Data Size":
+                    destination = plan[position + 1]
+                    nodes = int(re.search(r"Send to (\d+) node", destination).group(1)) \
+                        if "Send to" in destination else 0
+                    found["bytes_sent"] += float(size.group(2)) * _UNITS[size.group(3)] * nodes
+                    found["rows_sent"] += len(sketches) * nodes if nodes else 0
+                elif size:
+                    found["bytes_received"] += float(size.group(2)) * _UNITS[size.group(3)]
+                    rows = re.search(r"actual time=\S+ rows=(\d+)", plan[position - 2] + plan[position - 1])
+                    found["rows_received"] += int(rows.group(1)) if rows else 0
+        connection.rollback()
+    return found
+
+
+def stored_rows(index: Index) -> int:
+    """Rows in the tables an ingest writes (each sent once, to the worker that keeps it)."""
+    with index.database.engine.connect() as connection:
+        return sum(connection.exec_driver_sql(f"SELECT count(*) FROM {table}").scalar_one()
+                   for table in ("documents", "records", "near_duplicates", "clusters"))
 
 
 def lookup_tasks(index: Index, probe: int) -> int:
@@ -184,6 +243,15 @@ def main(argv: list[str] | None = None) -> None:
                      ratio(single["ingest"] / found["ingest"])))
         rows.append((f"{label}: bytes between nodes per document",
                      f"{(found['bytes'] - single['bytes']) / per_document:,.0f} B", "", ""))
+        join = found["join"]
+        rows.append((f"{label}: candidate join, per document: probe rows and bytes sent to workers",
+                     f"{join['rows_sent'] / join['probes']:.0f} rows, {join['bytes_sent'] / join['probes']:,.0f} B",
+                     "", ""))
+        rows.append((f"{label}: candidate join, per document: candidate rows and bytes received",
+                     f"{join['rows_received'] / join['probes']:.2f} rows, "
+                     f"{join['bytes_received'] / join['probes']:,.0f} B", "", ""))
+        rows.append((f"{label}: rows stored per document (each sent once, to its worker)",
+                     f"{found['rows'] / per_document:.2f}", f"{single['rows'] / per_document:.2f} (one server)", ""))
         rows.append((f"{label}: shard queries per lookup", f"{found['tasks']} ({args.shards} shards)", "", ""))
         rows.append((f"{label}: lookup p50", f"{found['p50'] * 1000:.2f} ms", f"{single['p50'] * 1000:.2f} ms",
                      ratio(single["p50"] / found["p50"])))
