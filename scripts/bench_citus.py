@@ -17,7 +17,9 @@ local server, else an embedded one):
   ``--batch``'s first 20,000 against every segment): probe rows and bytes sent to the workers, candidate
   rows and bytes received; and the rows an ingest stores per document (each sent once, to its worker);
 - the shard queries one lookup makes (the plans inside ``simdb_near``: one task per shard a statement reaches);
-- single lookups (``Index.query_fingerprint``, p50) and a batch of ``--queries`` (``query_fingerprints``).
+- single lookups (``Index.query_fingerprint``, p50) and a batch of ``--queries`` (``query_fingerprints``);
+- the alternative layout, in plain SQL on the largest cluster: ``--archive`` random rows distributed by id
+  and by their first key, each looked up by its 15 keys (shard tasks and p50).
 
 This machine has 2 cores: more workers share them, so the point is the shape of the work, not a speed-up.
 Nothing here asserts anything about timings.
@@ -35,6 +37,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psycopg
 import sqlalchemy as sa
 
 from bench_common import DATABASE_HELP, Server, command_line, log, machine, print_table, rate, ratio
@@ -187,6 +190,48 @@ def stored_rows(index: Index) -> int:
                    for table in ("documents", "records", "near_duplicates", "clusters"))
 
 
+def distribution_columns(url: str, rows: int, shards: int, lookups: int = 60) -> list[tuple[str, int, float]]:
+    """The alternative to distributing by id, measured in plain SQL: the same ``rows`` random rows (an id,
+    a fingerprint, 15 keys, each key indexed) distributed by ``id`` and by the first key, looked up by all 15
+    keys at once (ORed, as simdb's lookups on Citus are, and as a UNION): (layout, shard tasks, p50 s)."""
+    keys = [f"k{i}" for i in range(15)]
+    found = []
+    with psycopg.connect(url, autocommit=True) as connection:
+        connection.execute("DROP SCHEMA IF EXISTS simdb_bench_layouts CASCADE")
+        connection.execute("CREATE SCHEMA simdb_bench_layouts")
+        connection.execute("SET search_path = simdb_bench_layouts")
+        for table, column in (("by_id", "id"), ("by_key", "k0")):
+            connection.execute(f"CREATE TABLE {table} (id bigint, simhash bigint, "
+                               + ", ".join(f"{k} bigint" for k in keys) + ")")
+            connection.execute(f"SELECT create_distributed_table('{table}', '{column}', shard_count => {shards}, "
+                               "colocate_with => 'none')")
+            connection.execute(f"INSERT INTO {table} SELECT g, (random() * 1e18)::bigint, "
+                               + ", ".join(f"(random() * {rows * 10})::bigint" for _ in keys)
+                               + f" FROM generate_series(1, {rows}) g")
+            for k in keys:
+                connection.execute(f"CREATE INDEX ON {table} ({k}) INCLUDE (simhash, id)")
+            connection.execute(f"ANALYZE {table}")
+        sample = connection.execute(f"SELECT {', '.join(keys)} FROM by_id ORDER BY random() LIMIT {lookups}").fetchall()
+        for table in ("by_id", "by_key"):
+            for form in ("OR", "UNION"):
+                statements = [(f"SELECT id, simhash FROM {table} WHERE "
+                               + " OR ".join(f"{k} = {v}" for k, v in zip(keys, row))) if form == "OR" else
+                              " UNION ".join(f"SELECT id, simhash FROM {table} WHERE {k} = {v}" for k, v in zip(keys, row))
+                              for row in sample]
+                plan = "\n".join(r[0] for r in connection.execute("EXPLAIN " + statements[0]).fetchall())
+                tasks = sum(int(line.split(":")[1]) for line in plan.splitlines() if "Task Count:" in line)
+                times = []
+                for statement in statements:
+                    started = time.perf_counter()
+                    connection.execute(statement).fetchall()
+                    times.append(time.perf_counter() - started)
+                found.append((f"{'id' if table == 'by_id' else 'a key column'}, keys {form}ed" if form == "OR" else
+                              f"{'id' if table == 'by_id' else 'a key column'}, keys in a UNION", tasks,
+                              statistics.median(times)))
+        connection.execute("DROP SCHEMA simdb_bench_layouts CASCADE")
+    return found
+
+
 def lookup_tasks(index: Index, probe: int) -> int:
     """Shard queries of one ``simdb_near`` lookup, from the plans of the statements inside the function
     (auto_explain, nested statements included): Citus runs one task per shard a statement reaches."""
@@ -235,6 +280,9 @@ def main(argv: list[str] | None = None) -> None:
         log(f"Citus, {workers} worker(s), {args.shards} shards per table")
         with Cluster(workers, args.port) as cluster:
             found = measure(cluster.url, "simdb_bench_citus", args, {"distributed": True, "shards": args.shards})
+            if workers == max(int(w) for w in args.workers.split(",")):
+                log("  the alternative: distributed by a key column")
+                layouts = distribution_columns(cluster.url, args.archive, args.shards)
         label = f"Citus {workers} worker{'s' if workers > 1 else ''}"
         rows.append((f"{label}: move the archive onto the workers (init --copy-from)",
                      rate(args.archive, found["copy"], "docs"), "", ""))
@@ -257,6 +305,10 @@ def main(argv: list[str] | None = None) -> None:
                      ratio(single["p50"] / found["p50"])))
         rows.append((f"{label}: batch of lookups", rate(args.queries, found["batch"], "queries"),
                      rate(args.queries, single["batch"], "queries"), ratio(single["batch"] / found["batch"])))
+    largest = max(int(w) for w in args.workers.split(","))
+    for name, tasks, seconds in layouts:
+        rows.append((f"Citus {largest} worker{'s' if largest > 1 else ''}, plain SQL, distributed by {name}: lookup",
+                     f"{tasks} shard tasks, {seconds * 1000:.2f} ms p50", "", ""))
     header = [command_line("bench_citus.py"), machine(version),
               f"archive {args.archive:,} random fingerprints, then a batch of {args.batch:,} (1 % near copies), "
               f"SimHash k = 4 (15 keys); {args.queries:,} queries in the batch lookup; ratio = simdb on Citus "
