@@ -263,8 +263,8 @@ class Method(ABC):
         """The analysts' functions of this method: ``(signature, CREATE statement, comment)``. A lookup reads
         each key column's index in its own branch of a ``UNION`` (index-only scans), or, with
         ``one_statement``, in one scan of ``documents`` whose condition ORs the keys: on a distributed
-        index Citus runs each branch of a ``UNION`` on every shard apart (15 keys, 32 shards: 480 tasks, 49-70
-        ms a lookup), and the one scan as one task per shard (15 ms)."""
+        index Citus runs each branch of a ``UNION`` on every shard apart (15 keys, 32 shards: 481 tasks, 55 ms
+        a lookup in ``scripts/bench_citus.py``), and the one scan as one task per shard (7.4 ms)."""
 
     # -- calibration ---------------------------------------------------------------------------
 
