@@ -190,8 +190,7 @@ class Index:
             with database.engine.begin() as connection:
                 catalog.copy_to_distributed(
                     connection, check_schema_name(source), database.schema,
-                    citus.check_shards(citus.DEFAULT_SHARDS if shards is None else shards), database.display_url,
-                    segments.add_segment)
+                    citus.check_shards(citus.DEFAULT_SHARDS if shards is None else shards), database.display_url)
             index = cls._open(database, {})
             index.created = True
             return index

@@ -8,6 +8,7 @@ has (a relayout may have changed it since the process opened the index).
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import sqlalchemy as sa
 
@@ -17,6 +18,7 @@ from ..settings import IndexSettings
 from . import citus, migrate
 from .database import lock
 from .functions import create_functions, create_views, drop_functions_and_views
+from .segments import add_segment, list_segments
 
 #: The settings rows that decide which key columns an index has.
 _LAYOUT_ROWS = ("keys", "first_key")
@@ -106,19 +108,17 @@ def open_index(connection: sa.Connection, schema: str, where: str) -> IndexSetti
     return stored
 
 
-def copy_to_distributed(connection: sa.Connection, source: str, target: str, shards: int, where: str,
-                        add_segment) -> dict[str, int]:
-    """A new distributed index in ``target`` (the connection's search path) holding everything the index in
-    ``source`` holds (see :func:`simdb.pg.citus.copy_rows`), in one transaction, the source's ingests waiting;
-    rows copied per table. The source is left as it was."""
-    from dataclasses import replace
-
+def copy_to_distributed(connection: sa.Connection, source: str, target: str, shards: int, where: str) -> dict[str, int]:
+    """A new distributed index in ``target`` holding everything the index in ``source`` holds, segments of the
+    same id ranges included (see :func:`simdb.pg.citus.copy_rows`), in one transaction, the source's ingests
+    waiting; rows copied per table. The source is left as it was."""
     lock(connection, source, "ingest")
     connection.exec_driver_sql(f"SET LOCAL search_path TO {source}, public")
-    stored = open_index(connection, source, where)
+    stored, ranges = open_index(connection, source, where), [(s.first_id, s.end_id) for s in list_segments(connection)]
     connection.exec_driver_sql(f"SET LOCAL search_path TO {target}, public")
     if not create_index(connection, target, replace(stored, distributed={"shards": shards}), where):
         raise IncompatibleIndex(f"an index already exists in schema {target!r} of {where}; copy into a new schema")
     lock(connection, target, "ingest")
-    return citus.copy_rows(connection, source, target, add_segment)
-
+    for first_id, end_id in ranges:
+        add_segment(connection, first_id, end_id)
+    return citus.copy_rows(connection, source, target)

@@ -30,7 +30,6 @@ tables are no longer distributed.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 
 import sqlalchemy as sa
 
@@ -155,17 +154,10 @@ def is_distributed(connection: sa.Connection) -> bool:
 COPIED_TABLES = ("batches", "documents", "near_duplicates", "clusters", "records")
 
 
-def copy_rows(connection: sa.Connection, source: str, target: str,
-              add_segment: Callable[[sa.Connection, int, int], None]) -> dict[str, int]:
+def copy_rows(connection: sa.Connection, source: str, target: str) -> dict[str, int]:
     """Copy every row of the index in schema ``source`` into the new distributed index in ``target`` (the
-    connection's search path), with the same ids, segments and sequences; rows per table. The caller holds
-    both indexes' ingest locks; ``add_segment(connection, first_id, end_id)`` makes a segment in ``target``."""
-    bounds = connection.execute(sa.text(
-        "SELECT pg_get_expr(c.relpartbound, c.oid) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
-        "WHERE i.inhparent = CAST(:t AS regclass)"), {"t": f"{source}.documents"}).scalars().all()
-    for bound in sorted(bounds, key=lambda b: int(_BOUND.search(b).group(1))):
-        first, end = (int(x) for x in _BOUND.search(bound).groups())
-        add_segment(connection, first, end)
+    connection's search path, its segments already made like the source's), with the same ids and
+    sequences; rows per table. The caller holds both indexes' ingest locks."""
     counts = {}
     for table in COPIED_TABLES:
         columns = ", ".join(f'"{c}"' for c in connection.execute(sa.text(
@@ -184,9 +176,6 @@ def copy_rows(connection: sa.Connection, source: str, target: str,
         connection.execute(sa.text(f"UPDATE {target}.settings SET value = CAST(:v AS jsonb) WHERE name = 'segmenters'"),
                            {"v": segmenters})
     return counts
-
-
-_BOUND = re.compile(r"FROM \('?(\d+)'?\) TO \('?(\d+)'?\)")
 
 
 def _sequence(connection: sa.Connection, schema: str, table: str, column: str) -> str:

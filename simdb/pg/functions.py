@@ -37,18 +37,20 @@ def neighbours_function(schema: str) -> tuple[str, str, str]:
             "The near-duplicates of one document (by its external id), earlier and later, with both batches.")
 
 
-def _create_function(connection: sa.Connection, schema: str, function: tuple[str, str, str]) -> None:
-    """One ``(signature, CREATE statement, comment)`` function."""
+def _create_function(connection: sa.Connection, schema: str, function: tuple[str, str, str],
+                     distributed: bool) -> None:
+    """One ``(signature, CREATE statement, comment)`` function (in PL/pgSQL on a ``distributed`` index)."""
     signature, statement, comment = function
-    _run(connection, as_plpgsql(statement) if is_distributed(connection) else statement)
+    _run(connection, as_plpgsql(statement) if distributed else statement)
     if comment:
         _run(connection, f"COMMENT ON FUNCTION {schema}.{signature} IS " + sql.Literal(comment).as_string())
 
 
 def create_functions(connection: sa.Connection, schema: str, method: Method) -> None:
     """The method's analysts' functions, written for its current key layout."""
-    for function in method.sql_functions(schema, one_statement=is_distributed(connection)):
-        _create_function(connection, schema, function)
+    distributed = is_distributed(connection)
+    for function in method.sql_functions(schema, one_statement=distributed):
+        _create_function(connection, schema, function, distributed)
 
 
 def create_views(connection: sa.Connection, schema: str, method: Method) -> None:
@@ -97,7 +99,8 @@ def create_views(connection: sa.Connection, schema: str, method: Method) -> None
                b.near_duplicates, b.exact_duplicates + b.near_duplicates - b.within_batch AS against_archive,
                b.within_batch, b.already_stored, b.rejected
         FROM {schema}.batches b""")
-    _create_function(connection, schema, neighbours_function(schema))  # it returns a view's rows: after the views
+    _create_function(connection, schema, neighbours_function(schema),  # it returns a view's rows: after the views
+                     is_distributed(connection))
     for view, comment in {
         "near_duplicate_pairs": "Every near-duplicate pair found at ingest (a stored first), with both documents' "
                                 "metadata and, where the index keeps them, texts. distance: differing bits "

@@ -81,7 +81,7 @@ class Record(NamedTuple):
 
 
 def external_ids(connection: sa.Connection, ids: Iterable[int]) -> dict[int, str]:
-    """{document id: external id} of those of ``ids`` (at most a few thousand) that are stored."""
+    """{document id: external id} of those of ``ids`` that are stored."""
     ids = sorted(ids)
     if not ids:
         return {}
