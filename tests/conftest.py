@@ -88,12 +88,8 @@ CITUS_TOOLS = pathlib.Path(os.environ.get("SIMDB_CITUS", pathlib.Path(__file__).
 CITUS_SHARDS = 4
 
 
-@functools.cache
-def _citus() -> tuple[str | None, str]:
-    """(coordinator URL, None and why there is none), decided once per test session: SIMDB_TEST_CITUS_URL, else
-    a coordinator and 2 workers started by ``cluster.sh`` when Citus is installed."""
-    if os.environ.get("SIMDB_TEST_CITUS_URL"):
-        return os.environ["SIMDB_TEST_CITUS_URL"], "SIMDB_TEST_CITUS_URL"
+def citus_missing() -> str | None:
+    """Why no Citus cluster can be started here (Citus not installed, no cluster.sh), or None."""
     import subprocess
 
     library = subprocess.run(["pg_config", "--pkglibdir"], capture_output=True, text=True).stdout.strip() \
@@ -101,10 +97,24 @@ def _citus() -> tuple[str | None, str]:
     candidates = [pathlib.Path(library)] if library else []
     candidates += sorted(pathlib.Path("/usr/lib/postgresql").glob("*/lib"))
     if not any((folder / "citus.so").exists() for folder in candidates):
-        return None, (f"Citus is not installed on this machine (install it as root with {CITUS_TOOLS}/install.sh, "
-                      "as scripts/test does, or set SIMDB_TEST_CITUS_URL)")
+        return (f"Citus is not installed on this machine (install it as root with {CITUS_TOOLS}/install.sh, "
+                "as scripts/test does, or set SIMDB_TEST_CITUS_URL)")
     if not (CITUS_TOOLS / "cluster.sh").exists():
-        return None, f"no {CITUS_TOOLS}/cluster.sh to start a Citus cluster with (set SIMDB_CITUS to its folder)"
+        return f"no {CITUS_TOOLS}/cluster.sh to start a Citus cluster with (set SIMDB_CITUS to its folder)"
+    return None
+
+
+@functools.cache
+def _citus() -> tuple[str | None, str]:
+    """(coordinator URL, None and why there is none), decided once per test session: SIMDB_TEST_CITUS_URL, else
+    a coordinator and 2 workers started by ``cluster.sh`` when Citus is installed."""
+    if os.environ.get("SIMDB_TEST_CITUS_URL"):
+        return os.environ["SIMDB_TEST_CITUS_URL"], "SIMDB_TEST_CITUS_URL"
+    missing = citus_missing()
+    if missing:
+        return None, missing
+    import subprocess
+
     port = free_port(3, start=9800)
     directory = tempfile.mkdtemp(prefix="simdb-test-citus-")
     started = subprocess.run(["bash", str(CITUS_TOOLS / "cluster.sh"), "start", directory, "2", str(port)],
@@ -203,7 +213,7 @@ _ENGINES: dict[str, sa.Engine] = {}
 def admin_engine(database_url):
     if database_url not in _ENGINES:  # on Citus, with the settings a distributed index's own connections have
         options = {"options": " ".join(f"-c {name}={value}" for name, value in citus.SESSION_SETTINGS.items())} \
-            if database_url == _citus()[0] else {}
+            if database_url == os.environ.get("SIMDB_TEST_CITUS_URL") else {}
         _ENGINES[database_url] = sa.create_engine(postgres_url(database_url), connect_args=options)
     return _ENGINES[database_url]
 
