@@ -5,8 +5,8 @@ It measures, on this machine, in one run:
 * per stage, on one core, over the devset's texts (``long-zh``, ``long-en``, ``short-zh``): the
   microseconds per document of each step of a SimHash fingerprint as simdb takes them -- JSON parsing,
   ``fold`` (NFKC, case), OpenCC t2s, segmentation (the Han runs in one ``cut``), the rest of
-  tokenization (run extraction, stop words), the features (token and bigram hashes, weights) and the
-  SimHash's sums, and the whole fingerprint under the earlier default recipe --
+  tokenization (the runs of each kind), the features (token ids and hashes, stop words dropped, bigrams,
+  weights) and the SimHash's sums, and the whole fingerprint under the earlier default recipe --
   and of a MinHash signature, the content hash and the pickling a worker task costs (its texts out, its
   results back); beside bare ``rjieba.cut(text, False)`` and ``jieba.lcut(text, HMM=False)`` on the same
   raw texts. The target: the whole fingerprint at >= 0.6x the rate of bare ``rjieba.cut``;
@@ -43,12 +43,12 @@ from bench_common import DATABASE_HELP, Server, command_line, log, machine, prin
 from bench_ingest import SENTENCE, mb, quarters, run_cli, simdb_command, write_corpus
 
 from simdb.methods import Method
-from simdb.methods.simhash.fingerprint import FingerprintSettings, fingerprint, simhash_of_tokens
+from simdb.methods.simhash.fingerprint import FingerprintSettings, fingerprint, fingerprints, simhashes_of_tokens
 from simdb.parallel import TASK_SIZE, default_workers
 from simdb.text import content_hash
 from simdb.text.normalize import fold, simplify
 from simdb.text.segment import cut, segmenter_name
-from simdb.text.tokenize import _punctuated_runs, punctuated_tokens
+from simdb.text.tokenize import _punctuated_runs, punctuated_parts
 
 REPO = Path(__file__).resolve().parent.parent
 DEVSET = Path(os.environ.get("SIMDB_DEVSET", REPO.parent / "shared" / "devset")) / "docs"
@@ -84,15 +84,19 @@ def measure_stages(name: str, lines: list[str], min_seconds: float) -> dict:
     simplified, m["t2s"] = per_document(simplify, folded, min_seconds)
     not_han = _punctuated_runs()[0]
     _, m["segment"] = per_document(lambda text: cut(not_han.sub(" ", text)), simplified, min_seconds)
-    token_lists, tokens = per_document(punctuated_tokens, simplified, min_seconds)
+    token_lists, tokens = per_document(punctuated_parts, simplified, min_seconds)
     m["tokens"] = tokens - m["segment"]
     settings = FingerprintSettings()
-    _, m["simhash"] = per_document(lambda t: simhash_of_tokens(t, settings), token_lists, min_seconds)
-    _, m["fingerprint"] = per_document(lambda text: fingerprint(text, settings), texts, min_seconds)
+    tasks = [texts[i:i + TASK_SIZE] for i in range(0, len(texts), TASK_SIZE)]
+    token_tasks = [token_lists[i:i + TASK_SIZE] for i in range(0, len(token_lists), TASK_SIZE)]
+    _, per_task = per_document(lambda task: simhashes_of_tokens(task, settings), token_tasks, min_seconds)
+    m["simhash"] = per_task * len(tasks) / len(texts)
+    _, per_task = per_document(lambda task: fingerprints(task, settings), tasks, min_seconds)
+    m["fingerprint"] = per_task * len(tasks) / len(texts)
+    _, m["fingerprint_one"] = per_document(lambda text: fingerprint(text, settings), texts, min_seconds)
     earlier = FingerprintSettings(weighting="sublinear_tf", bigrams=0)
     _, m["fingerprint_earlier"] = per_document(lambda text: fingerprint(text, earlier), texts, min_seconds)
     minhash = Method.named("minhash").new()
-    tasks = [texts[i:i + TASK_SIZE] for i in range(0, len(texts), TASK_SIZE)]
     _, per_task = per_document(minhash.sketch_many, tasks, min_seconds)
     m["minhash"] = per_task * len(tasks) / len(texts)
     _, m["content_hash"] = per_document(content_hash, texts, min_seconds)
@@ -111,16 +115,19 @@ def measure_stages(name: str, lines: list[str], min_seconds: float) -> dict:
 STAGES = (("parse", "JSON parsing of the input line"), ("fold", "fold: NFKC and case folding"),
           ("t2s", "OpenCC t2s (traditional -> simplified)"),
           ("segment", "segmentation: the Han runs in one `cut`"),
-          ("tokens", "the rest of tokenization: runs in order, stop words"),
-          ("simhash", "features: xxh3 of each token, bigrams from their hashes, weights, signed sums, bits"))
+          ("tokens", "the rest of tokenization: the runs of each kind, in order"),
+          ("simhash", "features, 256 texts a call: token ids and hashes from the vocabulary, stop words dropped, "
+                      "counts, bigrams, weights, signed sums, bits"))
 
 
 def stage_rows(stages: dict) -> tuple[list[str], list[list[str]]]:
     names = list(stages)
     header = ["stage (us per document, 1 core)", *names]
     rows = [[label, *(f"{stages[n][key]:,.1f}" for n in names)] for key, label in STAGES]
-    rows.append(["**SimHash fingerprint, whole** (`fingerprint(text)`)",
+    rows.append(["**SimHash fingerprint, whole** (`fingerprints(texts)`, 256 a call, as the workers run it)",
                  *(f"**{stages[n]['fingerprint']:,.1f}**" for n in names)])
+    rows.append(["SimHash fingerprint, one text a call (`fingerprint(text)`)",
+                 *(f"{stages[n]['fingerprint_one']:,.1f}" for n in names)])
     rows.append(["the earlier default recipe (sublinear tf, no bigrams: indexes created before), whole",
                  *(f"{stages[n]['fingerprint_earlier']:,.1f}" for n in names)])
     rows.append(["MinHash (0.8, 128) signature, whole (`sketch_many`, 256 a call)",

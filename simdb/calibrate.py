@@ -140,7 +140,7 @@ def calibrate(pairs: list[LabelledPair], methods: list[Method] | None = None) ->
     b = [position[p.b] for p in pairs]
     curves = {}
     for method in methods or [Method.named(name).new() for name in Method.names()]:
-        sketches = [method.sketch(t) for t in texts]
+        sketches = method.sketch_all(texts)
         distances = np.array([int(method.distances(sketches[i], method.stored([sketches[j]]))[0])
                               for i, j in zip(a, b)])
         curves[method.name] = Curve(method, _curve(distances, labels, method))

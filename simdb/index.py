@@ -396,7 +396,7 @@ class Index:
     def query_many(self, texts: Iterable[str], max_distance: int | None = None) -> list[list["Match"]]:
         """One result list per text, found with a single set-based join."""
         texts = list(texts)
-        return self.query_fingerprints([self.fingerprint(text) for text in texts], max_distance, texts=texts)
+        return self.query_fingerprints(self.sketcher.sketch_all(texts), max_distance, texts=texts)
 
     def query_fingerprints(self, sketches: list[int | bytes], max_distance: int | None = None, *,
                            texts: list[str] | None = None) -> list[list["Match"]]:

@@ -13,7 +13,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from simdb import InputError, fingerprint, hamming
-from simdb.methods.simhash.fingerprint import FingerprintSettings, simhash, tokens_for, weighted_features
+import simdb.methods.simhash.fingerprint as fingerprint_module
+from simdb.methods.simhash.fingerprint import FingerprintSettings, fingerprints, simhash, tokens_for, weighted_features
 from simdb.text.normalize import normalize
 from simdb.samples import sections
 from simdb.settings import CANARY_TEXTS
@@ -99,17 +100,41 @@ def test_a_fingerprint_with_bigrams_is_the_sign_of_the_exact_sum_of_its_tokens_a
     found the case that tells this apart from weights taken as exact rationals: 21 tokens at scale 7, where
     three bigrams of weight 1/3 cancel a token of weight 1 exactly, and three doubles of 7/21 do not."""
     recipe = FingerprintSettings(weighting=weighting, bigrams=scale, seed=5)
+    assert fingerprint(text, recipe) == _fingerprint_by_the_definition(text, recipe)
+
+
+def _fingerprint_by_the_definition(text: str, recipe: FingerprintSettings) -> int:
     tokens = tokens_for(text, recipe)
-    weight = {"tf": float, "binary": lambda n: 1.0, "sublinear_tf": lambda n: 1 + math.log(n)}
-    token_hash = {t: xxhash.xxh3_64_intdigest(t.encode(), 5) for t in tokens}
-    features = [(token_hash[t], Fraction(weight[weighting](n))) for t, n in Counter(tokens).items()]
-    share = min(1.0, scale / len(tokens))
-    features += [(_bigram_hash_by_the_definition(token_hash[a], token_hash[b]), Fraction(weight[weighting](n) * share))
+    weight = {"tf": float, "binary": lambda n: 1.0, "sublinear_tf": lambda n: 1 + math.log(n)}[recipe.weighting]
+    token_hash = {t: xxhash.xxh3_64_intdigest(t.encode(), recipe.seed) for t in tokens}
+    features = [(token_hash[t], Fraction(weight(n))) for t, n in Counter(tokens).items()]
+    share = min(1.0, recipe.bigrams / len(tokens))
+    features += [(_bigram_hash_by_the_definition(token_hash[a], token_hash[b]), Fraction(weight(n) * share))
                  for (a, b), n in Counter(zip(tokens, tokens[1:])).items()]
     expected = 0
     for bit in range(64):
         expected |= (sum(w if h >> bit & 1 else -w for h, w in features) > 0) << bit
-    assert fingerprint(text, recipe) == expected
+    return expected
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.lists(st.sampled_from(["alpha", "beta", "the", "of", "数据索引", "的", "，", "。", "x1", "ไทย"]),
+                         min_size=1, max_size=40).map("".join), min_size=1, max_size=12),
+       st.sampled_from([1, 3, fingerprint_module.VOCABULARY_LIMIT]), st.sampled_from([1, 5, 256]),
+       st.sampled_from([2**62, 64]), st.booleans())
+def test_fingerprints_of_a_batch_are_each_texts_own(texts, vocabulary_limit, batch_texts, key_bound, stopwords):
+    """Many texts fingerprinted together (ids from a vocabulary kept between calls, which starts again when
+    full; features counted and summed for the whole batch; stop words and the spaces between Han runs
+    dropped by the vocabulary) give each text the fingerprint its definition gives it alone."""
+    recipe = FingerprintSettings(seed=5, tokenizer=TokenizerSettings(stopwords=stopwords))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fingerprint_module, "VOCABULARY_LIMIT", vocabulary_limit)
+        patch.setattr(fingerprint_module, "BATCH_TEXTS", batch_texts)
+        patch.setattr(fingerprint_module, "KEY_BOUND", key_bound)
+        texts = texts + ["   "]  # a text without a fingerprint keeps its place
+        results = fingerprints(texts, recipe)
+    assert isinstance(results.pop(), InputError)
+    assert results == [_fingerprint_by_the_definition(text, recipe) for text in texts[:-1]]
 
 
 def test_bigrams_tell_word_order_apart():

@@ -134,6 +134,14 @@ class Method(ABC):
             raise result
         return result
 
+    def sketch_all(self, texts: Sequence[str]) -> list[Sketch]:
+        """Sketches of many texts, computed together; the first text that has none raises its error."""
+        results = self.sketch_many(texts)
+        for result in results:
+            if isinstance(result, InputError):
+                raise result
+        return results
+
     def tokens(self, text: str) -> list[str] | None:
         """The tokens a text's sketch is made of, for people (``simdb fingerprint --tokens``), where the method
         has tokens to show."""

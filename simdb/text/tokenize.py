@@ -22,7 +22,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
-from .normalize import bmp_punctuation, strip_punctuation
+from .normalize import ascii_words, bmp_punctuation, strip_punctuation
 from .scripts import ASTRAL_CHARACTER, HAN, OTHER_WITHOUT_SPACES, character_class, expand
 from .segment import cut
 
@@ -120,6 +120,8 @@ def _punctuated_kinds(folded: str, settings: TokenizerSettings) -> tuple[list[st
     """The Han tokens (with a ``" "`` between runs), the words and the shingles of folded text whose
     punctuation is still in, each kind in text order."""
     not_han, nospace, word = _punctuated_runs()
+    if folded.isascii():  # no Han, no script without spaces: only words (isascii reads a flag of the string)
+        return [], ascii_words(folded), []
     # the Han runs, one space between two: jieba cuts at every space, so each run is segmented on its own
     han = not_han.sub(" ", folded)
     han_tokens = cut(han, settings.jieba_hmm) if han.strip() else []
@@ -130,16 +132,29 @@ def _punctuated_kinds(folded: str, settings: TokenizerSettings) -> tuple[list[st
     return han_tokens, word.findall(folded), shingled
 
 
-def punctuated_tokens(folded: str, settings: TokenizerSettings = TokenizerSettings()) -> list[str]:
-    """``tokenize(strip_punctuation(folded))`` without building the stripped text, as :func:`count_punctuated`
-    does, but in order: the Han tokens, then the words, then the shingles, each kind in text order. The
-    fast path of fingerprints with bigrams; the tests hold the two equal."""
+def punctuated_parts(folded: str, settings: TokenizerSettings = TokenizerSettings()) -> list[str]:
+    """The ``auto`` tokens of folded text whose punctuation is still in, in order (the Han tokens, then the words,
+    then the shingles, each kind in text order), before :func:`dropped` drops the spaces between Han runs and
+    the stop words; empty when the text has none. The fast path of fingerprints with bigrams, which drop
+    those tokens for a whole batch at once."""
     if settings.name != "auto":
-        raise ValueError("punctuated_tokens is the auto tokenizer's")
-    if ASTRAL_CHARACTER.search(folded):  # rare: the plain way
+        raise ValueError("punctuated_parts is the auto tokenizer's")
+    if not folded.isascii() and ASTRAL_CHARACTER.search(folded):  # rare: the plain way (nothing left to drop)
         return tokenize(strip_punctuation(folded), settings)
     han_tokens, words, shingled = _punctuated_kinds(folded, settings)
-    return _without_stopwords([t for t in han_tokens if t != " "] + words + shingled, settings)
+    return han_tokens + words + shingled
+
+
+def dropped(tokens: list[str], settings: TokenizerSettings = TokenizerSettings()) -> list[str]:
+    """``tokens`` without the spaces between Han runs and, unless every token is one, without stop words."""
+    return _without_stopwords([token for token in tokens if token != " "], settings)
+
+
+def punctuated_tokens(folded: str, settings: TokenizerSettings = TokenizerSettings()) -> list[str]:
+    """``tokenize(strip_punctuation(folded))`` without building the stripped text, as :func:`count_punctuated`
+    does, but in order: the Han tokens, then the words, then the shingles, each kind in text order. The tests
+    hold the two equal."""
+    return dropped(punctuated_parts(folded, settings), settings)
 
 
 def count_punctuated(folded: str, settings: TokenizerSettings = TokenizerSettings()) -> Counter:

@@ -22,8 +22,8 @@ from ...text.segment import segmenter_name
 from ...text.tokenize import TokenizerSettings
 from ..base import Method
 from .blocks import DEFAULT_MAX_DISTANCE, BlockLayout, layouts_for
-from .fingerprint import (ALGORITHM, ALGORITHMS, DEFAULT_BIGRAMS, DEFAULT_TOP_FEATURES, FingerprintSettings, IdfTable, fingerprint,
-                          tokens_for)
+from .fingerprint import (ALGORITHM, ALGORITHMS, DEFAULT_BIGRAMS, DEFAULT_TOP_FEATURES, FingerprintSettings, IdfTable,
+                          fingerprints, tokens_for)
 from .sql import candidate_sql, function_statements, key_expression, verified_pairs
 
 #: Mean candidates per lookup above which ``stats`` advises more blocks.
@@ -160,13 +160,7 @@ class SimHash(Method):
     # -- text -> fingerprint -> stored values and keys ----------------------------------------------
 
     def sketch_many(self, texts: Sequence[str]) -> list[int | InputError]:
-        results: list = []
-        for text in texts:
-            try:
-                results.append(fingerprint(text, self.fingerprints))
-            except InputError as exc:
-                results.append(exc)
-        return results
+        return fingerprints(texts, self.fingerprints)
 
     def digest(self, sketch: int) -> str:
         return format_fingerprint(sketch)

@@ -23,16 +23,20 @@ Python ints (see :mod:`simdb.bits` for how they are stored).
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import xxhash
 
+from ...errors import InputError
 from ...text.normalize import fold, fold_and_simplify, normalized_or_folded
-from ...text.tokenize import TokenizerSettings, count_punctuated, punctuated_tokens, tokenize
+from ...text.tokenize import (STOPWORDS, TokenizerSettings, count_punctuated, punctuated_parts, punctuated_tokens,
+                              tokenize)
 from ..base import DEFAULT_SEED
 
 #: Names the whole text -> fingerprint recipe. Any change to normalization,
@@ -223,6 +227,21 @@ def tokens_for(text: str, settings: FingerprintSettings) -> list[str]:
         tokens = punctuated_tokens(fold_and_simplify(text, settings.simplifies_script), settings.tokenizer)
         if tokens:
             return tokens
+    return _plain_tokens(text, settings)
+
+
+def _undropped_tokens(text: str, settings: FingerprintSettings) -> list[str]:
+    """:func:`tokens_for`, but with the ``auto`` tokenizer's spaces and stop words still in where it takes its
+    fast path (:func:`simhashes_of_tokens` drops them; dropping them again from the other paths' tokens
+    changes nothing)."""
+    if settings.tokenizer.name == "auto":
+        tokens = punctuated_parts(fold_and_simplify(text, settings.simplifies_script), settings.tokenizer)
+        if tokens:
+            return tokens
+    return _plain_tokens(text, settings)
+
+
+def _plain_tokens(text: str, settings: FingerprintSettings) -> list[str]:
     normalized, folded = normalized_or_folded(text, simplify_script=settings.simplifies_script)
     if folded:
         return [c for c in normalized if c != " "]
@@ -244,23 +263,151 @@ def fingerprint(text: str, settings: FingerprintSettings = FingerprintSettings()
         features, weights = weighted_features(token_counts(text, settings), settings.weighting, settings.idf,
                                               settings.top_features)
         return simhash(features, weights, settings.seed)
-    return simhash_of_tokens(tokens_for(text, settings), settings)
+    return simhashes_of_tokens([_undropped_tokens(text, settings)], settings)[0]
 
 
-def simhash_of_tokens(tokens: list[str], settings: FingerprintSettings) -> int:
-    """The SimHash of a text's tokens, in order, under ``settings`` with bigrams."""
-    position: dict[str, int] = {}
-    ids = np.array([position.setdefault(token, len(position)) for token in tokens], dtype=np.int64)
-    distinct = len(position)
-    hashes = feature_hashes(list(position), settings.seed)
-    weights = term_weights(np.bincount(ids, minlength=distinct), settings.weighting)
-    if len(tokens) > 1:
-        pairs, frequencies = np.unique(ids[:-1] * distinct + ids[1:], return_counts=True)
-        first, second = np.divmod(pairs, distinct)
-        hashes = np.concatenate((hashes, bigram_hashes(hashes[first], hashes[second])))
-        weights = np.concatenate((weights, term_weights(frequencies, settings.weighting)
-                                  * min(1.0, settings.bigrams / len(tokens))))
-    return simhash_of_hashes(hashes, weights)
+def fingerprints(texts: Sequence[str], settings: FingerprintSettings) -> list[int | InputError]:
+    """:func:`fingerprint` of each text, or the :class:`InputError` of a text that has none; with bigrams, the
+    features of all the texts are counted, hashed and summed together (:func:`simhashes_of_tokens`)."""
+    if not settings.bigrams:
+        return [_or_error(fingerprint, text, settings) for text in texts]
+    results = [_or_error(_undropped_tokens, text, settings) for text in texts]
+    token_lists = [tokens for tokens in results if not isinstance(tokens, InputError)]
+    sketches = iter(simhashes_of_tokens(token_lists, settings))
+    return [tokens if isinstance(tokens, InputError) else next(sketches) for tokens in results]
+
+
+def _or_error(function, text: str, settings: FingerprintSettings):
+    try:
+        return function(text, settings)
+    except InputError as exc:
+        return exc
+
+
+#: Distinct tokens whose ids and hashes a process keeps between batches (about 100 bytes each); past this the
+#: vocabulary starts again.
+VOCABULARY_LIMIT = 1 << 18
+#: Texts whose features :func:`simhashes_of_tokens` sums in one go.
+BATCH_TEXTS = 256
+#: The batch's ``(text, id, next id)`` keys stay below this (int64); a batch that could pass it is halved.
+KEY_BOUND = 2**62
+
+
+#: What a vocabulary knows of a token besides its hash: a feature, a stop word, or the space between Han runs.
+WORD, STOPWORD, SPACE = 0, 1, 2
+
+
+class _Vocabulary:
+    """Token -> a small integer id, and each id's xxh3-64 hash under one seed and its kind (:data:`WORD`,
+    :data:`STOPWORD`, :data:`SPACE`), kept between batches: most of a batch's tokens were seen before, and a
+    dictionary lookup costs a fraction of encoding and hashing."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self.ids: dict[str, int] = {}
+        self.hashes = np.empty(0, dtype="<u8")
+        self.kinds = np.empty(0, dtype=np.int8)
+
+    def lookup(self, tokens: list[str]) -> np.ndarray:
+        """The ids of ``tokens`` (new ones are hashed and added)."""
+        ids = np.fromiter(map(self.ids.get, tokens, itertools.repeat(-1)), dtype=np.int64, count=len(tokens))
+        missing = np.flatnonzero(ids < 0)
+        if not len(missing):
+            return ids
+        new = list(dict.fromkeys([tokens[i] for i in missing.tolist()]))
+        if self.ids and len(self.ids) + len(new) > VOCABULARY_LIMIT:
+            self.ids, self.hashes, self.kinds = {}, self.hashes[:0], self.kinds[:0]
+            return self.lookup(tokens)  # the ids already read are stale; the empty vocabulary takes them all
+        start = len(self.ids)
+        self.ids.update(zip(new, range(start, start + len(new))))
+        self.hashes = np.concatenate((self.hashes, feature_hashes(new, self.seed)))
+        kinds = [SPACE if token == " " else STOPWORD if token in STOPWORDS else WORD for token in new]
+        self.kinds = np.concatenate((self.kinds, np.array(kinds, dtype=np.int8)))
+        ids[missing] = [self.ids[tokens[i]] for i in missing.tolist()]
+        return ids
+
+
+@functools.cache
+def _vocabulary(seed: int) -> _Vocabulary:
+    return _Vocabulary(seed)
+
+
+#: Row ``v``, column ``b``: bit ``b`` of the byte ``v`` (1.0 or 0.0).
+_BYTE_BITS = ((np.arange(256)[:, None] >> np.arange(8)) & 1).astype(np.float64)
+
+
+def simhashes_of_tokens(token_lists: Sequence[list[str]], settings: FingerprintSettings) -> list[int]:
+    """The SimHash of each text's tokens, in order, under ``settings`` with bigrams, computed for many texts
+    with a few numpy passes: the same value as the text alone gives (:func:`simhash_of_hashes` of its
+    features), whatever else is in the batch. The tokens are those of :func:`tokens_for`, or the ``auto``
+    tokenizer's before :func:`simdb.text.tokenize.dropped` (this drops the same ones).
+
+    Every token of the batch gets an id from the process's :class:`_Vocabulary`, which also says which
+    tokens to drop; sorting ``(text, id)`` and
+    ``(text, id, next id)`` counts the features of every text at once; the weighted bit sums are one
+    ``bincount`` per byte of the hashes (each text's weights binned by the byte's value, then the 256 bins
+    summed by their bits). That is a different order of summation than one text's, and the signs do not
+    depend on it: a sum within its worst-case rounding error of zero is taken exactly, as in
+    :func:`simhash_of_hashes`.
+    """
+    if len(token_lists) > BATCH_TEXTS:
+        return [sketch for start in range(0, len(token_lists), BATCH_TEXTS)
+                for sketch in simhashes_of_tokens(token_lists[start:start + BATCH_TEXTS], settings)]
+    texts = len(token_lists)
+    if not texts:
+        return []
+    vocabulary = _vocabulary(settings.seed)
+    ids = vocabulary.lookup(list(itertools.chain.from_iterable(token_lists)))
+    owner = np.repeat(np.arange(texts), np.fromiter(map(len, token_lists), dtype=np.int64, count=texts))
+    kinds = vocabulary.kinds[ids]
+    kept = kinds == WORD if settings.tokenizer.stopwords else kinds != SPACE
+    only_stopwords = np.bincount(owner[kept], minlength=texts) == 0  # such a text keeps its stop words
+    if only_stopwords.any():
+        kept |= (kinds != SPACE) & only_stopwords[owner]
+    if not kept.all():
+        ids, owner = ids[kept], owner[kept]
+    lengths = np.bincount(owner, minlength=texts)
+    size = max(len(vocabulary.ids), 1)
+    if texts * size * size >= KEY_BOUND and texts > 1:  # the keys below could overflow: halve the batch
+        middle = texts // 2
+        return simhashes_of_tokens(token_lists[:middle], settings) + simhashes_of_tokens(token_lists[middle:], settings)
+    keys, frequencies = np.unique(owner * size + ids, return_counts=True)
+    text_of, token = np.divmod(keys, size)
+    hashes, weights, owners = [vocabulary.hashes[token]], [term_weights(frequencies, settings.weighting)], [text_of]
+    same = owner[1:] == owner[:-1]  # neighbours within one text
+    if same.any():
+        keys, frequencies = np.unique((owner[1:][same] * size + ids[:-1][same]) * size + ids[1:][same],
+                                      return_counts=True)
+        rest, second = np.divmod(keys, size)
+        text_of, first = np.divmod(rest, size)
+        scale = np.minimum(1.0, settings.bigrams / np.maximum(lengths, 1))
+        hashes.append(bigram_hashes(vocabulary.hashes[first], vocabulary.hashes[second]))
+        weights.append(term_weights(frequencies, settings.weighting) * scale[text_of])
+        owners.append(text_of)
+    return _simhashes(np.concatenate(owners), np.concatenate(hashes), np.concatenate(weights), texts)
+
+
+def _simhashes(owner: np.ndarray, hashes: np.ndarray, weights: np.ndarray, texts: int) -> list[int]:
+    """The SimHash of each of ``texts`` texts, from their features' hashes and weights (feature ``i`` belongs to
+    text ``owner[i]``)."""
+    if texts == 1:  # fewer numpy calls
+        return [simhash_of_hashes(hashes, weights)]
+    octets = hashes.astype("<u8", copy=False).view(np.uint8).reshape(-1, 8)
+    bins = owner * 256
+    sums = np.empty((texts, 64))
+    for byte in range(8):  # bits 8 * byte ... 8 * byte + 7
+        binned = np.bincount(bins + octets[:, byte], weights=weights, minlength=texts * 256)
+        sums[:, 8 * byte:8 * byte + 8] = binned.reshape(texts, 256) @ _BYTE_BITS
+    # as in simhash_of_hashes: 2 * (the weights whose bit is set) - (all the weights), and the same error bound
+    totals = 2.0 * sums - np.bincount(owner, weights=weights, minlength=texts)[:, None]
+    features = np.bincount(owner, minlength=texts)
+    bound = (2 * features + 2) * 2.0**-52 * np.bincount(owner, weights=np.abs(weights), minlength=texts)
+    for text, column in zip(*np.nonzero(np.abs(totals) <= bound[:, None])):
+        mine = owner == text
+        signs = ((hashes[mine] >> np.uint64(column)) & np.uint64(1)).astype(np.float64) * 2.0 - 1.0
+        totals[text, column] = math.fsum((weights[mine] * signs).tolist())
+    packed = np.packbits(totals > 0, axis=1, bitorder="little")
+    return packed.view("<u8")[:, 0].tolist()
 
 
 def learn_idf(texts: Iterable[str], tokenizer: TokenizerSettings = TokenizerSettings()) -> IdfTable:
