@@ -19,8 +19,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simdb.methods.minhash.signature import writes_without_spaces
-from simdb.text.normalize import fold, fold_and_simplify, normalize, punctuation_and_symbols, strip_punctuation
+import numpy as np
+
+import simdb.methods.minhash.signature as minhash_signature
+from simdb.errors import InputError
+from simdb.methods.minhash.signature import MinHashSettings, writes_without_spaces
+from simdb.text.normalize import (ascii_words, fold, fold_and_simplify, normalize, punctuation_and_symbols,
+                                  strip_punctuation)
 from simdb.text.scripts import WITHOUT_SPACES_CHARACTER
 from simdb.text.tokenize import TokenizerSettings, count_punctuated, punctuated_tokens, tokenize
 
@@ -92,3 +97,37 @@ def test_minhash_counts_letters_as_a_loop_over_the_characters_did(text):
     letters = sum(1 for c in text if c.isalpha())
     expected = letters > 0 and 4 * len(WITHOUT_SPACES_CHARACTER.findall(text)) >= letters
     assert writes_without_spaces(text) == expected
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.text(alphabet=st.characters(max_codepoint=127)))
+def test_ascii_words_are_the_words_of_the_stripped_text(text):
+    assert ascii_words(text) == strip_punctuation(text).split()
+
+
+def _shingles_or_error(shingles, text, settings):
+    try:
+        return shingles(text, settings).tolist()
+    except InputError as exc:
+        return exc.reason
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.lists(st.one_of(_TRICKY, st.text(max_size=3), st.sampled_from(["hello", "world", " "])), max_size=120)
+       .map("".join), st.sampled_from([0, 100]))
+def test_minhash_shingles_by_table_lookup_are_those_of_the_normalized_text(text, table_from):
+    """The fast paths (code points classified by a table; ASCII words by translate) against the definition:
+    normalize, then characters or words; with the table used from the first character and from its
+    default length."""
+    settings_ = MinHashSettings()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(minhash_signature, "TABLE_FROM", table_from)
+        fast = _shingles_or_error(minhash_signature.shingle_hashes, text, settings_)
+    assert fast == _shingles_or_error(minhash_signature.plain_shingle_hashes, text, settings_)
+
+
+@pytest.mark.slow
+def test_minhash_shingles_by_table_lookup_on_every_devset_text(devset_texts):
+    settings_ = MinHashSettings()
+    assert [t[:60] for t in devset_texts if not np.array_equal(minhash_signature.shingle_hashes(t, settings_),
+                                                                 minhash_signature.plain_shingle_hashes(t, settings_))] == []

@@ -41,8 +41,8 @@ from functools import cached_property
 import numpy as np
 import xxhash
 
-from ...text.normalize import normalized_or_folded
-from ...text.scripts import ASTRAL_CHARACTER, WITHOUT_SPACES_CHARACTER, character_class
+from ...text.normalize import ascii_words, bmp_punctuation, fold_and_simplify, normalized_or_folded, strip_punctuation
+from ...text.scripts import ASTRAL_CHARACTER, WITHOUT_SPACES, WITHOUT_SPACES_CHARACTER, character_class, expand
 from ..base import DEFAULT_SEED
 
 #: Names the text -> signature recipe; bump on any change that can change a signature.
@@ -251,14 +251,77 @@ def writes_without_spaces(text: str) -> bool:
     return letters > 0 and 4 * without_spaces >= letters
 
 
+#: Flags of a Basic Multilingual Plane character (:func:`_character_flags`).
+_SEPARATOR, _LETTER, _WITHOUT_SPACES = 1, 2, 4
+
+
+@functools.cache
+def _character_flags() -> np.ndarray:
+    """For each code point of the Basic Multilingual Plane, what the shingles need to know of it:
+    ``_SEPARATOR`` (whitespace, punctuation or a symbol: what normalization turns into spaces), ``_LETTER``
+    (``str.isalpha``), ``_WITHOUT_SPACES`` (a script written without spaces). Built once per process."""
+    flags = np.zeros(0x10000, dtype=np.uint8)
+    separators = [ord(c) for c in bmp_punctuation()]
+    separators += [cp for cp in range(0x10000) if chr(cp).isspace()]
+    flags[separators] |= _SEPARATOR
+    flags[[cp for cp in range(0x10000) if chr(cp).isalpha()]] |= _LETTER
+    flags[[ord(c) for c in expand(WITHOUT_SPACES) if c <= "\uffff"]] |= _WITHOUT_SPACES
+    return flags
+
+
+#: Shorter texts are classified by regular expressions: the table lookups' fixed cost outweighs their gain.
+TABLE_FROM = 100
+
+
 def shingle_hashes(text: str, settings: MinHashSettings) -> np.ndarray:
-    """The uint64 hashes of a text's shingles (with repeats)."""
+    """The uint64 hashes of a text's shingles (with repeats).
+
+    Text of some length without a character beyond the Basic Multilingual Plane has its code points
+    classified by one table lookup each: the characters normalization keeps, whether the text writes
+    without spaces (:func:`writes_without_spaces` of the normalized text), and, for character shingles,
+    the characters themselves, without building the normalized text. ASCII text is split into words by one
+    ``str.translate``. Other text goes the plain way (:func:`plain_shingle_hashes`); the tests hold the
+    ways equal.
+    """
+    folded = fold_and_simplify(text)
+    if folded.isascii():  # no script without spaces: words
+        words = ascii_words(folded)
+        if words:
+            return _word_shingle_hashes(words, settings)
+    elif len(folded) >= TABLE_FROM:
+        units = np.frombuffer(folded.encode("utf-32-le"), dtype="<u4")
+        if units.max() <= 0xFFFF:
+            flags = _character_flags()[units]
+            kept = (flags & _SEPARATOR) == 0
+            if kept.any():
+                flags = flags[kept]
+                letters = np.count_nonzero(flags & _LETTER)
+                if letters and 4 * np.count_nonzero(flags & _WITHOUT_SPACES) >= letters:
+                    return _ngram_hashes(units[kept].astype(np.uint64), settings.char_ngram)
+                return _word_shingle_hashes(strip_punctuation(folded).split(), settings)
+    else:
+        normalized = strip_punctuation(folded)
+        if normalized:
+            return _shingles_of_normalized(normalized, settings)
+    return plain_shingle_hashes(text, settings)
+
+
+def plain_shingle_hashes(text: str, settings: MinHashSettings) -> np.ndarray:
+    """:func:`shingle_hashes` by its definition: normalize, then shingle by characters (spaces removed) if the
+    text writes without spaces, else by words."""
     normalized, _ = normalized_or_folded(text)  # only punctuation or symbols: the folded characters themselves
+    return _shingles_of_normalized(normalized, settings)
+
+
+def _shingles_of_normalized(normalized: str, settings: MinHashSettings) -> np.ndarray:
     if writes_without_spaces(normalized):
         characters = normalized.replace(" ", "")
         units = np.frombuffer(characters.encode("utf-32-le"), dtype="<u4").astype(np.uint64)
         return _ngram_hashes(units, settings.char_ngram)
-    words = normalized.split()
+    return _word_shingle_hashes(normalized.split(), settings)
+
+
+def _word_shingle_hashes(words: list[str], settings: MinHashSettings) -> np.ndarray:
     units = np.fromiter((xxhash.xxh3_64_intdigest(w.encode("utf-8"), settings.seed) for w in words),
                         dtype=np.uint64, count=len(words))
     return _ngram_hashes(units, settings.word_ngram) ^ np.uint64(0x5157_4F52_4453)  # words never equal characters
