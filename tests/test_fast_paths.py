@@ -27,7 +27,8 @@ from simdb.methods.minhash.signature import MinHashSettings, writes_without_spac
 from simdb.text.normalize import (ascii_words, fold, fold_and_simplify, normalize, punctuation_and_symbols,
                                   strip_punctuation)
 from simdb.text.scripts import WITHOUT_SPACES_CHARACTER
-from simdb.text.tokenize import TokenizerSettings, count_punctuated, punctuated_tokens, tokenize
+from simdb.text import segment
+from simdb.text.tokenize import _RUNS, TokenizerSettings, count_punctuated, punctuated_tokens, shingles, tokenize
 
 _TRICKY = st.sampled_from(list("abcXYZ019 \t\n\u3000\u00a0,.!?;:'\"()[]{}+-*/=<>@#$%^&_~|\\，。！？：；（）《》、…—·「」"
                                "人民日报北京天安门中文與網路設定頭髮後來發現的了是和")
@@ -58,6 +59,26 @@ def test_the_ordered_fast_path_gives_the_tokens_of_the_normalized_text_in_their_
     tokenizer = TokenizerSettings(jieba_hmm=hmm, stopwords=stopwords)
     slow = tokenize(normalize(text), tokenizer)
     assert (punctuated_tokens(fold_and_simplify(text), tokenizer) if normalize(text) else []) == slow
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.lists(st.one_of(_TRICKY, st.text(max_size=3), st.sampled_from(["\U00020000", "\U0002c62d", "丵"])),
+                max_size=30).map("".join), st.booleans())
+def test_the_plain_tokenizer_segments_each_han_run_on_its_own(text, hmm):
+    """The plain path (all text with a character beyond the Basic Multilingual Plane) segments every Han run
+    of the normalized text in one call, the runs joined by spaces; the definition is one run at a time, by
+    jieba itself."""
+    tokenizer = TokenizerSettings(jieba_hmm=hmm, stopwords=False)
+    normalized = normalize(text)
+    han, words, shingled = [], [], []
+    for run, nospace, word in _RUNS.findall(normalized):
+        if run:
+            han.extend(t for t in segment._jieba().lcut(run, HMM=hmm) if not t.isspace())
+        elif nospace:
+            shingled.extend(shingles(nospace, tokenizer.shingle_size))
+        else:
+            words.append(word)
+    assert tokenize(normalized, tokenizer) == han + words + shingled
 
 
 def test_tokens_are_grouped_by_kind_each_kind_in_text_order():

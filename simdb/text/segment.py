@@ -68,9 +68,33 @@ _BLOCKS_DIFFER = re.compile("[\u3400-\u4dbf\u9fd6-\u9fff\uf900-\ufaff\U00020000-
 def _cutter(hmm: bool, choice: str) -> Callable[[str], list[str]]:
     if _uses_rjieba(hmm, choice):  # jieba's dictionary loads only if a text needs it (~1.4 s per process)
         cut, differ = _rjieba().cut, _BLOCKS_DIFFER.search
-        return lambda text: _jieba().lcut(text, HMM=False) if differ(text) else cut(text, False)
+        return lambda text: _cut_apart(text, cut) if differ(text) else cut(text, False)
     tokenizer = _jieba()
     return lambda text: tokenizer.lcut(text, HMM=hmm)
+
+
+def _cut_apart(text: str, fast: Callable[[str, bool], list[str]]) -> list[str]:
+    """jieba's tokens of a text holding characters where jieba-rs and jieba disagree: jieba cuts at every
+    space (each space a token, each piece between two segmented on its own), so only the pieces holding such
+    a character go to jieba, and the rest to jieba-rs in one call. A text of many Han runs (the tokenizers
+    join them with spaces) with one such character costs one slow piece, not the whole text."""
+    tokens: list[str] = []
+    group: list[str] = []
+    for piece in text.split(" "):
+        if _BLOCKS_DIFFER.search(piece):
+            if group:
+                tokens.extend(fast(" ".join(group), False))
+                tokens.append(" ")
+                group = []
+            tokens.extend(_jieba().lcut(piece, HMM=False))
+            tokens.append(" ")
+        else:
+            group.append(piece)
+    if group:
+        tokens.extend(fast(" ".join(group), False))
+    else:
+        tokens.pop()  # the space after the last piece
+    return tokens
 
 
 def cut(text: str, hmm: bool = False) -> list[str]:

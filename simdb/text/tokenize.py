@@ -86,17 +86,18 @@ def tokenize(normalized: str, settings: TokenizerSettings = TokenizerSettings())
     elif settings.name == "shingles":
         tokens = shingles(normalized.replace(" ", ""), settings.shingle_size)
     else:  # grouped by kind, each kind in text order (what the fast path gives)
-        han_tokens: list[str] = []
+        han_runs: list[str] = []
         words: list[str] = []
         shingled: list[str] = []
         for han, nospace, word in _RUNS.findall(normalized):
             if han:
-                han_tokens.extend(jieba_tokens(han, settings.jieba_hmm))
+                han_runs.append(han)
             elif nospace:
                 shingled.extend(shingles(nospace, settings.shingle_size))
             else:
                 words.append(word)
-        tokens = han_tokens + words + shingled
+        # the Han runs in one call, a space between two: jieba cuts at every space, so each is segmented alone
+        tokens = (jieba_tokens(" ".join(han_runs), settings.jieba_hmm) if han_runs else []) + words + shingled
     return _without_stopwords(tokens, settings)
 
 
