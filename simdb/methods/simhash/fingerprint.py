@@ -36,8 +36,7 @@ from threadpoolctl import ThreadpoolController
 
 from ...errors import InputError
 from ...text.normalize import fold, fold_and_simplify, normalized_or_folded
-from ...text.tokenize import (STOPWORDS, TokenizerSettings, count_punctuated, punctuated_parts, punctuated_tokens,
-                              tokenize)
+from ...text.tokenize import STOPWORDS, TokenizerSettings, count_punctuated, dropped, punctuated_parts, tokenize
 from ..base import DEFAULT_SEED
 
 #: Names the whole text -> fingerprint recipe. Any change to normalization,
@@ -238,18 +237,14 @@ def tokens_for(text: str, settings: FingerprintSettings) -> list[str]:
     back to its folded characters, so that it still gets a fingerprint; a text
     with nothing but whitespace has none and is an error.
     """
-    if settings.tokenizer.name == "auto":  # the default: without building the normalized text
-        tokens = punctuated_tokens(fold_and_simplify(text, settings.simplifies_script), settings.tokenizer)
-        if tokens:
-            return tokens
-    return _plain_tokens(text, settings)
+    return dropped(_undropped_tokens(text, settings), settings.tokenizer)
 
 
 def _undropped_tokens(text: str, settings: FingerprintSettings) -> list[str]:
     """:func:`tokens_for`, but with the ``auto`` tokenizer's spaces and stop words still in where it takes its
     fast path (:func:`simhashes_of_tokens` drops them; dropping them again from the other paths' tokens
     changes nothing)."""
-    if settings.tokenizer.name == "auto":
+    if settings.tokenizer.name == "auto":  # the default: without building the normalized text
         tokens = punctuated_parts(fold_and_simplify(text, settings.simplifies_script), settings.tokenizer)
         if tokens:
             return tokens
