@@ -13,9 +13,11 @@ with an IDF table (learned from a sample of the archive by
 ``top_features`` heaviest ones (ties broken by the token), so that function words and boilerplate no longer decide the bits and small edits
 elsewhere do not move them. Each feature is hashed with xxh3-64 under a fixed
 seed; bit ``i`` of the fingerprint is set when the weights of the features
-whose hash has bit ``i`` set outweigh those whose hash has it clear. The sum is
-vectorised with numpy: hash all features, unpack their bits into an
-``(n, 64)`` matrix, and take one weighted sum per column.
+whose hash has bit ``i`` set outweigh those whose hash has it clear. The sums
+are vectorised with numpy, for many texts at once where there are many
+(:func:`fingerprints`, :func:`simhashes_of_tokens`): token ids and hashes from
+a per-process vocabulary, one sort to count every text's features, one
+``bincount`` per byte of the hashes.
 
 Bit ``i`` of a fingerprint is ``(fp >> i) & 1``; fingerprints are unsigned
 Python ints (see :mod:`simdb.bits` for how they are stored).
