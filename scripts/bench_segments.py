@@ -50,14 +50,13 @@ from bench_common import (DATABASE_HELP, Server, bulk_load, command_line, log, m
 import simdb  # noqa: E402
 from simdb.bits import to_signed_array  # noqa: E402
 from simdb.ingest import FingerprintedBatch  # noqa: E402
-from simdb.methods.simhash.blocks import BlockLayout  # noqa: E402
+from simdb.methods.simhash.blocks import DEFAULT_MAX_DISTANCE, BlockLayout  # noqa: E402
 from simdb.pg import reads, segments  # noqa: E402
 from simdb.pg.copy import copy_in  # noqa: E402
 from simdb.pg.database import postgres_url  # noqa: E402
 from simdb.pg.server import current, recommended, wal_compressions  # noqa: E402
 from simdb.settings import DEFAULT_BULK_CHUNK  # noqa: E402
 
-K = 3
 NEAR_FRACTION = 0.01
 SCHEMA, EMPTY = "simdb_bench_segments", "simdb_bench_segments_empty"
 
@@ -290,6 +289,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=20261123)
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--plot", metavar="PNG", help="draw the lookup cost against the number of segments")
+    parser.add_argument("--max-distance", type=int, default=DEFAULT_MAX_DISTANCE,
+                        help=f"SimHash k, in the layout --expected-size would pick for the archive (default {DEFAULT_MAX_DISTANCE})")
     parser.add_argument("--method", choices=["simhash", "minhash"], default="simhash",
                         help="minhash: only the ingests (empty archive, active segment, bulk chunk) at MinHash 0.8/128")
     args = parser.parse_args(argv)
@@ -299,7 +300,8 @@ def main(argv: list[str] | None = None) -> None:
             server.drop_schemas(SCHEMA, EMPTY)
             minhash_run(server, args, rng)
         return
-    layout = BlockLayout.for_size(K, args.archive)
+    k = args.max_distance
+    layout = BlockLayout.for_size(k, args.archive)
     with Server(args.database_url) as server:
         server.drop_schemas(SCHEMA, EMPTY)
         with server.admin.connect() as c:
@@ -308,7 +310,7 @@ def main(argv: list[str] | None = None) -> None:
         log(f"server settings: {settings}")
         try:
             log(f"empty archive, {layout.describe()}: {args.added:,} documents")
-            simdb.Index.create(server.url, schema=EMPTY, blocks=layout.blocks, max_distance=K).close()
+            simdb.Index.create(server.url, schema=EMPTY, blocks=layout.blocks, max_distance=k).close()
             empty = timed_ingest(server, EMPTY, new_fingerprints(rng, args.added, np.empty(0, np.uint64)), "empty",
                                  rng)
             server.drop_schemas(EMPTY)
@@ -316,7 +318,7 @@ def main(argv: list[str] | None = None) -> None:
             log(f"  raw COPY of {args.added:,}: {args.added / copy_seconds:,.0f} rows/s")
 
             log(f"bulk-loading an archive of {args.archive:,}")
-            stored, build = bulk_load(server.url, server.admin, SCHEMA, layout, args.archive, rng)
+            stored, build = bulk_load(server.url, server.admin, SCHEMA, layout, args.archive, rng, k)
             active, segmented = ingest_pairs(
                 server, lambda prefix: batch_of(rng, new_fingerprints(rng, args.added, stored), prefix))
             found = lookups(server, stored, args.lookups, rng)
