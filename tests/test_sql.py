@@ -10,6 +10,7 @@ import sqlalchemy as sa
 from simdb import Index, format_fingerprint
 from simdb.bits import hamming, to_signed
 from simdb.pg.database import postgres_url
+from tests.conftest import explained
 from tests.test_index import flip, make_batch
 
 
@@ -53,16 +54,33 @@ def test_simdb_near_matches_the_index_and_uses_the_key_indexes(filled):
                 "JOIN documents d ON d.id = n.document_id"), {"hex": format_fingerprint(base)}).all()
         assert sorted((distance, name) for name, distance in rows) == \
             sorted((m.distance, m.external_id) for m in index.query_fingerprint(base))
-    with index.database.engine.connect() as connection:
-        plan = "\n".join(connection.execute(sa.text(
-            "EXPLAIN SELECT * FROM simdb_near(simdb_fingerprint_from_hex(:hex), 2)"),
-            {"hex": format_fingerprint(fingerprints[3])}).scalars())
+    with explained(index.database.engine) as plans, index.database.engine.connect() as connection:
+        connection.execute(sa.text("SELECT * FROM simdb_near(simdb_fingerprint_from_hex(:hex), 2)"),
+                           {"hex": format_fingerprint(fingerprints[3])}).all()
+    # the function's own query (a plain EXPLAIN of the call shows a Function Scan, and nothing of its body)
+    plan, = [plan for plan in plans if plan.startswith("Query Text: SELECT c.id")]
     assert "Seq Scan" not in plan
     # each key column through its index, in every segment
     assert all(f"Index Cond: ({column} = " in plan for column in index.layout.key_columns), plan
     k = index.layout.max_distance
     with pytest.raises(sa.exc.DataError, match=f"max_distance must be between 0 and {k}"):
         scalar(index, f"SELECT count(*) FROM simdb_near(0, {k + 1})")
+
+
+def test_simdb_near_is_planned_once_per_session(filled):
+    """From psql or a BI tool every call is a new statement: a SQL function inlined into it was planned with it
+    each time (1.9 of 2.2 ms a call at 10M documents in 6 segments). The PL/pgSQL function keeps its query's
+    plan for the session, the fingerprint a parameter ($1) from the sixth call on, and answers the same."""
+    index, fingerprints = filled
+    expected = [sorted(m.distance for m in index.query_fingerprint(base)) for base in fingerprints[:8]]
+    with explained(index.database.engine) as plans, index.database.engine.connect() as connection:
+        for base, distances in zip(fingerprints[:8], expected):  # a different statement each, as typed into psql
+            rows = connection.exec_driver_sql(f"SELECT document_id, distance FROM simdb_near({to_signed(base)})").all()
+            assert sorted(distance for _, distance in rows) == distances
+    lookups = [plan for plan in plans if plan.startswith("Query Text: SELECT c.id")]
+    assert len(lookups) == 8
+    assert "$1" in lookups[-1] and "Index Cond" in lookups[-1], lookups[-1]
+    assert "$1" not in lookups[0]  # the first calls are planned with the value, as PostgreSQL's plan cache does
 
 
 def test_simdb_near_follows_a_relayout(filled):

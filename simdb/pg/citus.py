@@ -108,11 +108,14 @@ def _literal(text: str) -> str:
 _SQL_BODY = re.compile(r"LANGUAGE sql STABLE PARALLEL SAFE AS \$\$(.*)\$\$\s*$", re.S)
 
 
-def as_plpgsql(statement: str) -> str:
+def as_plpgsql(statement: str, parallel_safe: bool = False) -> str:
     """A ``LANGUAGE sql`` set-returning function that reads tables, rewritten in PL/pgSQL: Citus cannot plan a
     SQL function's parameterised statements against distributed tables, and plans PL/pgSQL's with their
-    values. A column still wins over a parameter of the same name, as in SQL functions."""
-    return _SQL_BODY.sub(lambda m: "LANGUAGE plpgsql STABLE AS $$\n#variable_conflict use_column\nBEGIN\n"
+    values; on one server, PL/pgSQL keeps the plan for the session where a SQL function is planned on every
+    call (:func:`simdb.pg.functions.create_functions`). A column still wins over a parameter of the same name,
+    as in SQL functions."""
+    attributes = "STABLE PARALLEL SAFE" if parallel_safe else "STABLE"
+    return _SQL_BODY.sub(lambda m: f"LANGUAGE plpgsql {attributes} AS $$\n#variable_conflict use_column\nBEGIN\n"
                                    f"RETURN QUERY {m.group(1).strip()};\nEND $$", statement)
 
 
