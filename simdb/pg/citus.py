@@ -29,7 +29,6 @@ tables are no longer distributed.
 
 from __future__ import annotations
 
-import re
 
 import sqlalchemy as sa
 
@@ -103,20 +102,6 @@ def distribute(connection: sa.Connection, schema: str, shards: int) -> None:
 
 def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
-
-
-_SQL_BODY = re.compile(r"LANGUAGE sql STABLE PARALLEL SAFE AS \$\$(.*)\$\$\s*$", re.S)
-
-
-def as_plpgsql(statement: str, parallel_safe: bool = False) -> str:
-    """A ``LANGUAGE sql`` set-returning function that reads tables, rewritten in PL/pgSQL: Citus cannot plan a
-    SQL function's parameterised statements against distributed tables, and plans PL/pgSQL's with their
-    values; on one server, PL/pgSQL keeps the plan for the session where a SQL function is planned on every
-    call (:func:`simdb.pg.functions.create_functions`). A column still wins over a parameter of the same name,
-    as in SQL functions."""
-    attributes = "STABLE PARALLEL SAFE" if parallel_safe else "STABLE"
-    return _SQL_BODY.sub(lambda m: f"LANGUAGE plpgsql {attributes} AS $$\n#variable_conflict use_column\nBEGIN\n"
-                                   f"RETURN QUERY {m.group(1).strip()};\nEND $$", statement)
 
 
 def distribute_like_documents(connection: sa.Connection, table: str) -> None:

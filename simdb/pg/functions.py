@@ -18,7 +18,7 @@ from psycopg import sql
 
 from ..errors import SimdbError
 from ..methods import Method
-from .citus import SESSION_SETTINGS, as_plpgsql, is_distributed
+from .citus import SESSION_SETTINGS, is_distributed
 
 VIEWS = ("near_duplicate_pairs", "duplicate_clusters", "batch_summary", "document_neighbours", "cluster_members")
 
@@ -37,6 +37,19 @@ def neighbours_function(schema: str) -> tuple[str, str, str]:
             SELECT * FROM {schema}.document_neighbours n WHERE n.external_id = simdb_neighbours.external_id
             $$""",
             "The near-duplicates of one document (by its external id), earlier and later, with both batches.")
+
+
+_SQL_BODY = re.compile(r"LANGUAGE sql STABLE PARALLEL SAFE AS \$\$(.*)\$\$\s*$", re.S)
+
+
+def as_plpgsql(statement: str, parallel_safe: bool = False) -> str:
+    """A ``LANGUAGE sql`` set-returning function that reads tables, rewritten in PL/pgSQL: Citus cannot plan a
+    SQL function's parameterised statements against distributed tables, and plans PL/pgSQL's with their
+    values; on one server, PL/pgSQL keeps the plan for the session where a SQL function is planned on every
+    call. A column still wins over a parameter of the same name, as in SQL functions."""
+    attributes = "STABLE PARALLEL SAFE" if parallel_safe else "STABLE"
+    return _SQL_BODY.sub(lambda m: f"LANGUAGE plpgsql {attributes} AS $$\n#variable_conflict use_column\nBEGIN\n"
+                                   f"RETURN QUERY {m.group(1).strip()};\nEND $$", statement)
 
 
 def _create_function(connection: sa.Connection, schema: str, function: tuple[str, str, str],
