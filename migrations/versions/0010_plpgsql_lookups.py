@@ -54,9 +54,17 @@ def _run(statement: str) -> None:
     op.get_bind().connection.dbapi_connection.execute(statement)  # DDL as written: '%' is no placeholder
 
 
+def _parts(definition: str) -> re.Match:
+    match = _DEFINITION.search(definition)
+    if match is None:  # another server's layout of pg_get_functiondef: stop before changing anything more
+        raise RuntimeError(f"migration 0010 cannot read this function's definition, so the upgrade is rolled "
+                           f"back and the index left as it was; report it with the definition:\n{definition}")
+    return match
+
+
 def upgrade() -> None:
     for definition in _definitions("sql"):
-        match = _DEFINITION.search(definition)
+        match = _parts(definition)
         query = match["body"].strip().rstrip(";")
         _run(definition[:match.start()] + f"\n LANGUAGE plpgsql\n{match['attributes']}\nAS $function$\n"
              f"#variable_conflict use_column\nBEGIN\nRETURN QUERY {query};\nEND $function$")
@@ -66,7 +74,7 @@ def downgrade() -> None:
     if _distributed():  # its functions were PL/pgSQL before this revision too
         return
     for definition in _definitions("plpgsql"):
-        match = _DEFINITION.search(definition)
+        match = _parts(definition)
         body = _PLPGSQL_BODY.match(match["body"])
         if body is None:  # not one this migration wrote
             continue
