@@ -3,7 +3,9 @@
 A pair that shared several keys comes back once per key; :func:`distinct` keeps it once, and
 :func:`earliest` keeps each probe's earliest match (the one ``duplicate_of`` points at).
 :func:`shared_key_pairs` finds the candidates among sketches held in memory (a chunk's own),
-where a self-join in SQL would ship every candidate's two sketches out of the server.
+where a self-join in SQL would ship every candidate's two sketches out of the server, and
+:func:`key_matches` those between a chunk's probes and a small segment's rows read into memory
+(:mod:`simdb.pg.in_memory`).
 """
 
 from __future__ import annotations
@@ -76,6 +78,32 @@ def shared_key_candidates(keys: np.ndarray, batch: int = CANDIDATE_BATCH) -> Ite
                 width = np.repeat(sizes[b_part], counts_part)
                 yield _later_first(members[np.repeat(starts[a_part], counts_part) + t // width],
                                    members[np.repeat(starts[b_part], counts_part) + t % width])
+
+
+class SortedKeys:
+    """One side of a join on key columns, sorted once per column: the probes of a chunk, met with the rows
+    of several segments in turn by :func:`key_matches`."""
+
+    def __init__(self, keys: np.ndarray) -> None:
+        self.orders = [np.argsort(column, kind="stable") for column in keys.T]
+        self.sorted = [column[order] for column, order in zip(keys.T, self.orders)]
+
+
+def key_matches(probes: SortedKeys, keys: np.ndarray, batch: int = CANDIDATE_BATCH) -> Iterator[np.ndarray]:
+    """``(probe row, row of keys)`` of every probe and row of ``keys`` (one column per key, the probes'
+    columns) that agree on a key column, a pair once per column it agrees on, in batches of about
+    ``batch`` pairs: each row's key looked up among the sorted probes' (``searchsorted``), so the cost
+    is linear in the rows and logarithmic in the probes."""
+    for column, (order, ordered) in enumerate(zip(probes.orders, probes.sorted)):
+        values = keys[:, column]
+        first = np.searchsorted(ordered, values, "left")
+        counts = np.searchsorted(ordered, values, "right") - first
+        rows = np.flatnonzero(counts)
+        for part in _slices(counts[rows], batch):
+            part_rows, part_counts = rows[part], counts[rows[part]]
+            offsets = np.arange(int(part_counts.sum())) - np.repeat(np.cumsum(part_counts) - part_counts, part_counts)
+            yield np.stack([order[np.repeat(first[part_rows], part_counts) + offsets],
+                            np.repeat(part_rows, part_counts)], axis=1).astype(np.int64)
 
 
 def _later_first(a: np.ndarray, b: np.ndarray) -> np.ndarray:
