@@ -423,10 +423,12 @@ def test_a_chunk_looks_its_keys_up_in_a_large_segment_whatever_the_planner_think
     import numpy as np
 
     from simdb.ingest import FingerprintedBatch
+    from simdb.pg import in_memory
     from simdb.pg import probes as shared_probes
     from tests.conftest import explained
 
     monkeypatch.setattr(shared_probes, "SHARED_PROBES", 1 if shared else 10**9)
+    monkeypatch.setattr(in_memory, "ROWS_PER_PROBE", 1)  # 20,000 for 4,000 probes: read into memory otherwise
 
     rng = np.random.default_rng(3)
 
@@ -454,6 +456,96 @@ def test_a_chunk_looks_its_keys_up_in_a_large_segment_whatever_the_planner_think
         assert "Index Cond: (key_" in plan or "Index Cond: (band_" in plan, plan
 
 
+# -- a small segment read into memory --------------------------------------------------------------------
+
+def sketches_with_near_copies(method, rng, count: int) -> list:
+    """``count`` random sketches of ``method``, half of them near copies of the other half."""
+    import numpy as np
+
+    if method.name == "simhash":
+        base = [int(x) for x in rng.integers(0, 2**63, count // 2)]
+        return base + [b ^ int(sum(1 << int(bit) for bit in rng.choice(64, int(rng.integers(0, 7)), replace=False)))
+                       for b in base]
+    base = rng.integers(0, 2**32, (count // 2, method.settings.num_perm), dtype=np.uint32)
+    near = base.copy()
+    for row in near:
+        row[rng.choice(len(row), int(rng.integers(0, len(row) // 2)), replace=False)] = 7
+    return [row.astype("<u4").tobytes() for row in np.concatenate([base, near])]
+
+
+@pytest.mark.parametrize("options", [{}, {"method": "minhash", "num_perm": 16, "threshold": 0.7}],
+                         ids=["simhash", "minhash"])
+def test_a_segment_read_into_memory_gives_the_pairs_its_index_lookups_give(database_url, schema, options,
+                                                                            monkeypatch):
+    """The in-memory join of probes with a segment's rows, read in several slices of ids, against the
+    same probes' candidate join through the segment's key indexes: pair for pair, distance for distance."""
+    import numpy as np
+
+    from simdb.ingest import FingerprintedBatch
+    from simdb.matches import distinct
+    from simdb.pg import in_memory
+    from simdb.pg.copy import copy_in
+
+    monkeypatch.setattr(in_memory, "SLICE_IDS", 37)
+    rng = np.random.default_rng(8)
+    with Index.create(database_url, schema=schema, **options) as index:
+        method = index.settings.method
+        stored_sketches = sketches_with_near_copies(method, rng, 400)
+        batch = FingerprintedBatch()
+        for i, sketch in enumerate(stored_sketches):
+            batch.append(f"s-{i}", sketch, content_hash(f"s-{i}"), 10, {}, f"s:{i}")
+        index.add_fingerprinted(batch, batch="stored")
+        # probes: near copies of stored sketches and of each other, exact copies, and strangers
+        probe_sketches = sketches_with_near_copies(method, rng, 60) + stored_sketches[::7]
+        if method.name == "simhash":
+            probe_sketches += [s ^ 1 for s in stored_sketches[1::9]]
+        ids = np.arange(10_000, 10_000 + len(probe_sketches), dtype=np.int64)
+        stored, keys = method.stored(probe_sketches), method.keys(probe_sketches)
+        k = method.candidate_distance(method.max_distance)
+        with index.database.engine.begin() as connection:
+            columns = [("id", "int8"), method.sketch_column, *((c, "int8") for c in method.key_columns)]
+            copy_in(connection, f"probes_t ({', '.join(n for n, _ in columns)})", [t for _, t in columns],
+                    ((int(i), s, *row) for i, s, row in zip(ids, stored, keys.tolist())), create=True)
+            [segment] = segments.list_segments(connection)
+            by_index = distinct(method.candidate_pairs(connection, "probes_t", f'"{segment.name}"', k,
+                                                       index_probes=True))
+            read = distinct(in_memory.segment_pairs_in_memory(
+                connection, method, segment.name, segment.first_id, segment.first_id + 400,
+                in_memory.MemoryProbes.of(method, ids, stored, keys), k))
+    assert read.tolist() == by_index.tolist()
+    assert len(read) >= 60 and (read[:, 2] == 0).sum() >= len(stored_sketches[::7])
+
+
+def test_an_archive_of_small_segments_read_into_memory_keeps_every_pair(database_url, schema, admin_engine,
+                                                                       monkeypatch):
+    """Chunks met with small segments in memory (a spy shows they were), beside index lookups into the
+    ones too large to read: every pair within k is stored, as brute force finds them."""
+    from simdb.pg import in_memory
+
+    read, real = [], segments.segment_pairs_in_memory
+    monkeypatch.setattr(segments, "segment_pairs_in_memory", lambda *a: read.append(a[2]) or real(*a))
+    monkeypatch.setattr(in_memory, "SLICE_IDS", 50)
+    monkeypatch.setattr(in_memory, "ROWS_PER_PROBE", 2)
+    rng = random.Random(4)
+    with Index.create(database_url, schema=schema, segment_size=120) as index:
+        k = index.settings.method.max_distance
+        fingerprints = []
+        for number, size in enumerate([300, 40, 90, 40, 200, 30]):
+            batch = []
+            for _ in range(size):
+                if fingerprints and rng.random() < 0.4:
+                    batch.append(rng.choice(fingerprints) ^ sum(1 << b for b in rng.sample(range(64), rng.randint(0, k + 1))))
+                else:
+                    batch.append(rng.getrandbits(64))
+            index.add_fingerprinted(make_batch(batch, f"b{number}"), batch=f"b{number}")
+            fingerprints += batch
+            if number % 2:  # else the segments have no estimate: their largest ids bound them
+                with index.database.engine.connect() as connection:
+                    connection.exec_driver_sql("ANALYZE documents")
+    assert read, "no segment was read into memory"
+    assert_consistent(admin_engine, schema)
+
+
 # -- a second connection shares a chunk's lookups -------------------------------------------------------
 
 def stored_answers(engine, schema):
@@ -467,8 +559,9 @@ def stored_answers(engine, schema):
 @pytest.mark.parametrize("method", ["simhash", "minhash"])
 def test_lookups_shared_with_a_second_connection_give_the_same_pairs(database_url, admin_engine, method,
                                                                     monkeypatch):
-    from simdb.pg import probes
+    from simdb.pg import in_memory, probes
 
+    monkeypatch.setattr(in_memory, "ROWS_PER_PROBE", 0)  # every segment looked up by index, none read
     rng = random.Random(21)
     words = [f"w{i}" for i in range(300)]
     texts = [" ".join(rng.choices(words, k=40)) for _ in range(150)]

@@ -42,6 +42,9 @@ class Method(ABC):
     #: What ``simdb calibrate`` sweeps, for the plot's axis, and its symbol in the table.
     calibration_axis: ClassVar[str]
     calibration_symbol: ClassVar[str]
+    #: Whether a stored sketch is one ``bigint`` whose keys :meth:`stored_keys` computes: a segment read into
+    #: memory (:mod:`simdb.pg.in_memory`) is then read as ids and sketches, not as its key columns.
+    keys_from_stored: ClassVar[bool] = False
     _registry: ClassVar[dict[str, type["Method"]]] = {}
 
     def __init_subclass__(cls, **kwargs) -> None:
@@ -179,6 +182,10 @@ class Method(ABC):
     @abstractmethod
     def keys(self, sketches: Sequence[Sketch]) -> np.ndarray:
         """Key values: ``(len(sketches), len(key_columns))`` int64."""
+
+    def stored_keys(self, stored: np.ndarray) -> np.ndarray:
+        """The key values of stored sketches given as one int64 array: only where :attr:`keys_from_stored`."""
+        raise NotImplementedError(f"{self.title} computes no keys from stored sketches")
 
     @abstractmethod
     def similarity(self, distance: int) -> float:

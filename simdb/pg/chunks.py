@@ -4,7 +4,8 @@ Under the ingest lock (so concurrent ingests into one index match one after anot
 gets document ids in input order, is binary-COPY'd into a temporary staging table, and ids already
 stored are set aside (the same text in another batch: a re-run; otherwise an error). The method's
 candidate joins match the staging table against each segment of the archive (by index lookups in key
-order where the segment is the larger side: :mod:`simdb.pg.probes`) and against the chunk's earlier
+order, :mod:`simdb.pg.probes`, or, for a segment of few documents per probe, in memory,
+:mod:`simdb.pg.in_memory`) and against the chunk's earlier
 documents; the verified pairs give each document its earliest near-duplicate, its cluster and whether
 its exact text is stored (:func:`exact_duplicates`), and one ``INSERT ... SELECT`` stores the chunk:
 into the active segment, or, for a chunk of at least the policy's ``bulk_chunk`` documents, into a bare
@@ -31,6 +32,7 @@ from .catalog import check_layout, record_segmenter
 from .clusters import merge_cluster_rows, merge_clusters
 from .copy import copy_in, id_table
 from .database import lock
+from .in_memory import MemoryProbes
 from .segments import attach_indexed, index_bare, place_chunk, seal, segment_pairs
 
 def create_staging(connection: sa.Connection, method: Method, texts: bool = False) -> list[tuple[str, str]]:
@@ -114,9 +116,10 @@ def store_chunk(connection: sa.Connection, schema: str, method: Method, chunk, *
     staged = ~np.isin(ids, unstored)
     pairs = method.decide(distinct(itertools.chain(  # (new id, earlier id, distance), every pair
         segment_pairs(connection, method, "staging", count - len(unstored), wide, below=int(ids[0]) if count else 1,
-                      probe_rows=lambda: _probe_rows(ids, stored_sketches, keys, set(unstored))),
-        [method.pairs_within(ids[staged], [s for s, kept in zip(stored_sketches, staged.tolist()) if kept],
-                             keys[staged], wide)])),  # the chunk's own pairs, from memory
+                      probe_rows=lambda: _probe_rows(ids, stored_sketches, keys, set(unstored)),
+                      memory_probes=lambda: MemoryProbes.of(method, ids[staged], _kept(stored_sketches, staged),
+                                                            keys[staged])),
+        [method.pairs_within(ids[staged], _kept(stored_sketches, staged), keys[staged], wide)])),  # the chunk's own pairs, from memory
         lambda wanted: chunk_and_stored_texts(connection, ids, texts, wanted), k)
     duplicates = earliest(pairs)
     clusters = merge_clusters(connection, pairs, ids)
@@ -180,6 +183,11 @@ def _probe_rows(ids: np.ndarray, sketches, keys: np.ndarray, left_out: set[int])
     for identifier, sketch, key_row in zip(ids.tolist(), sketches, keys.tolist()):
         if identifier not in left_out:
             yield (identifier, sketch, *key_row)
+
+
+def _kept(stored: list, staged: np.ndarray) -> list:
+    """The stored sketches of the staged documents."""
+    return [sketch for sketch, kept in zip(stored, staged.tolist()) if kept]
 
 
 def _from_staging(column: str) -> str:

@@ -11,7 +11,8 @@ subquery that ``OFFSET 0`` keeps from being flattened into a join the planner ma
 
 :func:`simdb.pg.segments.segment_pairs` runs a method's candidate join against each segment on its
 own, under the ingest lock (which every writer of segments holds): index lookups into segments wider
-than the probe set, the planner's join (a hash join, usually) for smaller ones. PostgreSQL runs a
+than the probe set, the planner's join (a hash join, usually) for smaller ones, unless they are read into
+memory (:mod:`simdb.pg.in_memory`). PostgreSQL runs a
 statement on one core, so for a large chunk :func:`shared_lookups` gives half of the key columns'
 lookups to a second connection, which runs them at the same time.
 """

@@ -44,6 +44,7 @@ from ..settings import DEFAULT_BULK_CHUNK, DEFAULT_MERGE_FACTOR, DEFAULT_SEGMENT
 from . import probes as probes_module
 from .citus import distribute_like_documents, is_distributed
 from .database import lock
+from .in_memory import MemoryProbes, segment_pairs_in_memory, worth_reading
 from .probes import Lookup, shared_lookups
 
 _BOUNDS = re.compile(r"FROM \('?(-?\d+|MINVALUE)'?\) TO \('?(-?\d+|MAXVALUE)'?\)")
@@ -251,18 +252,33 @@ def _create_segment(connection: sa.Connection, first_id: int, end_id: int, name:
 
 
 def segment_pairs(connection: sa.Connection, method: Method, probe: str, probes: int, max_distance: int,
-                  below: int, probe_rows: Callable[[], Iterable[tuple]] | None = None) -> Iterator[np.ndarray]:
+                  below: int, probe_rows: Callable[[], Iterable[tuple]] | None = None,
+                  memory_probes: Callable[[], MemoryProbes] | None = None) -> Iterator[np.ndarray]:
     """Verified ``(probe id, document id, distance)`` rows of the ``probes`` rows of ``probe`` against every
     stored document, one segment at a time: index lookups into a segment that may hold more documents than
-    there are probes, the planner's join otherwise. Only under the ingest lock, with ``below`` the first id
+    there are probes, the planner's join otherwise (on Citus, where a join runs on every worker). Only under the ingest lock, with ``below`` the first id
     the chunk was given: the segments do not change between the statements, and every stored id is below
     ``below`` (so a segment at or above it, created for the chunk, is skipped, and one that it cuts holds
     at most ``below - first_id`` documents). With ``probe_rows`` (the probes as rows: id, sketch, key
     columns) and at least :data:`~simdb.pg.probes.SHARED_PROBES` probes, a second connection takes half
-    of the index lookups (:func:`~simdb.pg.probes.shared_lookups`)."""
+    of the index lookups (:func:`~simdb.pg.probes.shared_lookups`). With ``memory_probes`` (the probes in
+    memory), a segment of few documents for the probes is read and joined in memory instead
+    (:mod:`simdb.pg.in_memory`)."""
     by_index = not is_distributed(connection)  # Citus plans no LATERAL probe; its join runs on every worker
-    lookups = [Lookup(segment.name, by_index and capacity > probes) for segment in list_segments(connection)
-               if (capacity := min(segment.end_id, below) - segment.first_id) > 0]
+    lookups, read = [], []
+    for segment in list_segments(connection):
+        capacity = min(segment.end_id, below) - segment.first_id
+        if capacity <= 0:
+            continue
+        if memory_probes is not None and by_index and worth_reading(_documents_at_most(
+                connection, segment, capacity, probes), probes):
+            read.append((segment.name, segment.first_id, segment.first_id + capacity))
+        else:
+            lookups.append(Lookup(segment.name, by_index and capacity > probes))
+    if read:
+        in_memory = memory_probes()
+        for name, first, end in read:
+            yield from segment_pairs_in_memory(connection, method, name, first, end, in_memory, max_distance)
     wide = any(lookup.index_probes for lookup in lookups)
     if probe_rows is not None and wide and probes >= probes_module.SHARED_PROBES:
         yield from shared_lookups(connection, method, probe, lookups, max_distance, probe_rows)
@@ -270,6 +286,19 @@ def segment_pairs(connection: sa.Connection, method: Method, probe: str, probes:
     for lookup in lookups:
         yield from method.candidate_pairs(connection, probe, f'"{lookup.target}"', max_distance,
                                           index_probes=lookup.index_probes)
+
+
+def _documents_at_most(connection: sa.Connection, segment: Segment, capacity: int, probes: int) -> int:
+    """About how many documents the first ``capacity`` ids of ``segment`` hold, for :func:`worth_reading`: the
+    planner's estimate, where it has one; else, when the width alone is too large, what its largest id
+    leaves room for (ids grow within a segment: one descent of its primary key). A segment filled by small
+    chunks and not analyzed yet has the width of a whole segment and a fraction of its documents."""
+    documents = capacity if segment.estimated is None else min(capacity, segment.estimated)
+    if segment.estimated is None and not worth_reading(documents, probes):
+        last = connection.execute(sa.text(f'SELECT max(id) FROM "{segment.name}" WHERE id < :end'),
+                                  {"end": segment.first_id + capacity}).scalar()
+        documents = 0 if last is None else min(documents, last - segment.first_id + 1)
+    return documents
 
 
 # -- merging ---------------------------------------------------------------------------------------

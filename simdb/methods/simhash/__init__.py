@@ -37,6 +37,7 @@ class SimHash(Method):
     name = "simhash"
     title = "SimHash"
     sketch_column = ("simhash", "int8")
+    keys_from_stored = True
     distance_unit = "bits"
     calibration_symbol = "k"
     calibration_axis = "max distance k (bits)"
@@ -188,6 +189,9 @@ class SimHash(Method):
 
     def keys(self, sketches: Sequence[int]) -> np.ndarray:
         return self.layout.block_keys_array(np.array(sketches, dtype=np.uint64))
+
+    def stored_keys(self, stored: np.ndarray) -> np.ndarray:
+        return self.layout.block_keys_array(to_unsigned_array(stored))
 
     def distances(self, sketch: int, stored: Sequence[int]) -> np.ndarray:
         return hamming_array(to_unsigned_array(np.array(stored, dtype=np.int64)), sketch)
