@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from simdb import BatchError, IncompatibleIndex, Index, IndexNotFound, InputError, fingerprint
 from simdb.bits import hamming_array, to_signed
-from simdb.matches import SortedKeys, key_matches, shared_key_candidates, shared_key_pairs
+from simdb.matches import ProbeKeys, key_matches, shared_key_candidates, shared_key_pairs
 from simdb.text import content_hash
 from simdb.ingest import FingerprintedBatch, IngestOptions
 from simdb.inputs import Document
@@ -124,15 +124,18 @@ def test_shared_key_pairs_are_every_two_rows_agreeing_on_a_key(shape_rows, batch
 
 
 @settings(max_examples=300, deadline=None)
-@given(width=st.integers(1, 4), data=st.data(), batch=st.sampled_from([1, 2, 5, 1 << 20]))
-def test_key_matches_are_every_probe_and_row_agreeing_on_a_key_once_per_key(width, data, batch):
-    """Small key ranges make runs of equal keys on both sides; small batches split a row's probes."""
-    side = st.lists(st.lists(st.integers(0, 3), min_size=width, max_size=width), max_size=30)
+@given(width=st.integers(1, 4), data=st.data(), batch=st.sampled_from([1, 2, 5, 1 << 20]),
+       table_bits=st.sampled_from([1, 2, None]))
+def test_key_matches_are_every_probe_and_row_agreeing_on_a_key_once_per_key(width, data, batch, table_bits):
+    """Small key ranges make runs of equal keys on both sides, tiny hash tables buckets of unequal keys
+    (negative ones too, as MinHash band keys are); small batches split a row's probes."""
+    side = st.lists(st.lists(st.sampled_from([0, 1, 2, 3, 5, -1, -4, 2**62]), min_size=width, max_size=width),
+                    max_size=30)
     probes = np.array(data.draw(side), dtype=np.int64).reshape(-1, width)
     rows = np.array(data.draw(side), dtype=np.int64).reshape(-1, width)
     expected = sorted((p, r) for p in range(len(probes)) for r in range(len(rows))
                       for c in range(width) if probes[p, c] == rows[r, c])
-    parts = list(key_matches(SortedKeys(probes), rows, batch))
+    parts = list(key_matches(ProbeKeys(probes, table_bits), rows, batch))
     assert sorted(tuple(pair) for part in parts for pair in part.tolist()) == expected
     assert all(len(part) for part in parts)
 

@@ -4,14 +4,16 @@ An index lookup costs the same in every segment, whatever its size: a B-tree des
 key column, 1.5M of them for a chunk of 100k documents at 15 keys. At 10M documents under the
 recommended settings, a chunk of 100k spent 3.2 s probing the 10M segment and 4.5 s probing three
 segments of 100k-1M documents that the ingests before it had left (1.1-1.9 s each, a hash join no
-cheaper). A segment of at most :data:`ROWS_PER_PROBE` documents per probe costs less read whole:
+cheaper): 13-32 µs of wall time per probe, with two connections sharing the lookups. Read into memory
+(below), a row costs about 1.3 µs at 15 SimHash keys (read 0.34, keys 0.5, join 0.4), so a segment of at
+most :data:`ROWS_PER_PROBE` documents per probe costs less read whole:
 
 * its rows leave the server as one ``bytea`` per slice of ids, ``string_agg`` of ``int8send``
   (0.34 µs a row for an id and a fingerprint; a binary COPY spends about 1.4 µs a row on psycopg's
   per-row messages): ids and sketches where the method computes the keys from a stored sketch
   (:attr:`~simdb.methods.base.Method.keys_from_stored`, SimHash), ids and key columns otherwise;
-* each row's keys are looked up among the probes' keys, sorted once per chunk
-  (:func:`simdb.matches.key_matches`, numpy's ``searchsorted``);
+* each row's keys are looked up in hash tables of the probes' keys, built once per chunk
+  (:class:`simdb.matches.ProbeKeys`, :func:`simdb.matches.key_matches`: numpy gathers);
 * the candidates are verified by the method (:meth:`~simdb.methods.base.Method.pair_distances`), as
   every join's are; a method whose sketches were not read gets those of its candidates by id.
 
@@ -27,11 +29,12 @@ from dataclasses import dataclass
 import numpy as np
 import sqlalchemy as sa
 
-from ..matches import SortedKeys, key_matches
+from ..matches import ProbeKeys, key_matches
 from ..methods import Method
 
-#: A segment holding at most this many documents per probe is read into memory rather than probed.
-ROWS_PER_PROBE = 8
+#: A segment holding at most this many documents per probe is read into memory rather than probed: about
+#: where the two cost the same for the cheapest probes measured (13 µs of wall time, 10 rows at 1.3 µs).
+ROWS_PER_PROBE = 10
 #: Ids read per statement: a slice of a segment in memory takes at most this many rows (about 140 bytes
 #: each at 15 SimHash keys, 180 at 21 MinHash bands).
 SLICE_IDS = 1 << 18
@@ -43,12 +46,12 @@ class MemoryProbes:
     where the method computes keys from them, else a list), keys sorted per column."""
     ids: np.ndarray
     stored: np.ndarray | list
-    keys: SortedKeys
+    keys: ProbeKeys
 
     @classmethod
     def of(cls, method: Method, ids: np.ndarray, stored: Sequence, keys: np.ndarray) -> "MemoryProbes":
         return cls(np.asarray(ids, dtype=np.int64),
-                   np.asarray(stored, dtype=np.int64) if method.keys_from_stored else list(stored), SortedKeys(keys))
+                   np.asarray(stored, dtype=np.int64) if method.keys_from_stored else list(stored), ProbeKeys(keys))
 
 
 def worth_reading(documents: int, probes: int) -> bool:
