@@ -26,7 +26,7 @@ from simdb.pg.segments import SegmentPolicy
 from simdb.text import content_hash
 from tests.conftest import assert_consistent
 from tests.test_clusters import histories, replay
-from tests.test_index import make_batch
+from tests.test_index import flip, make_batch
 
 
 def segment_rows(engine, schema):
@@ -288,6 +288,61 @@ def test_an_id_is_stored_once_across_segments_under_concurrent_ingests(database_
     assert sorted(ids) == sorted(set(ids)) and len(ids) == 12
     assert sorted(stored) == [0, 0, 12] and len(errors) == 3  # the first stores; its twins skip; the others fail
     assert all("different text" in str(error) for error in errors), errors
+
+
+def test_ingests_that_start_during_a_full_merge_wait_for_it_and_keep_every_pair(database_url, schema, admin_engine,
+                                                                                 monkeypatch):
+    """Three ingests start while a full merge holds the ingest lock (it is held inside the merge until they
+    have all begun); each brings near copies of stored documents and of the others' documents. They wait
+    for the merge, and the full compaction's later rounds interleave with them (each round takes the lock
+    anew): the pairs, earliest matches and clusters are brute force's."""
+    rng = random.Random(12)
+    stored = [rng.getrandbits(64) for _ in range(600)]
+    with Index.create(database_url, schema=schema, segment_size=100, merge_factor=64, bulk_chunk=50) as index:
+        for number in range(6):
+            index.add_fingerprinted(make_batch(stored[100 * number:100 * (number + 1)], f"s{number}"),
+                                    batch=f"s{number}")
+    assert len(segment_rows(admin_engine, schema)) >= 6
+    shared = [rng.getrandbits(64) for _ in range(30)]  # near copies of these come in every concurrent batch
+    batches = [make_batch([flip(fp, rng.sample(range(64), 2)) for fp in rng.sample(stored, 40)]
+                          + [flip(fp, [rng.randrange(64)]) for fp in shared], f"c{number}") for number in range(3)]
+
+    merging, started = threading.Event(), threading.Event()
+    real_merge = segments.merge
+
+    def held_merge(*args, **kwargs):  # the merge holds the ingest lock until every ingest has begun
+        merging.set()
+        started.wait(30)
+        time.sleep(0.5)  # the ingests reach the lock
+        return real_merge(*args, **kwargs)
+
+    monkeypatch.setattr(segments, "merge", held_merge)
+    errors, summaries = [], []
+
+    def run(work):
+        try:
+            with Index.open(database_url, schema=schema) as index:
+                summaries.append(work(index))
+        except Exception as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    merge = threading.Thread(target=run, args=(lambda index: index.compact(full=True),))
+    merge.start()
+    assert merging.wait(30)
+    ingests = [threading.Thread(target=run, args=(lambda index, b=batch, n=number: index.add_fingerprinted(
+        b, batch=f"c{n}"),)) for number, batch in enumerate(batches)]
+    for thread in ingests:
+        thread.start()
+    started.set()
+    for thread in [merge, *ingests]:
+        thread.join(120)
+    assert not errors, errors
+    assert len(summaries) == 4
+    # the six merged into one, and the merge's next rounds may have taken the ingests' segments in too
+    after = segment_rows(admin_engine, schema)
+    assert after[0].documents >= 600 and sum(s.documents for s in after) == 600 + 3 * 70
+    rows = assert_consistent(admin_engine, schema)
+    assert len(rows) == 600 + 3 * 70 and sum(dup is not None for _, dup in rows) >= 3 * 40 + 2 * 30
 
 
 # -- merges are atomic -------------------------------------------------------------------------------
