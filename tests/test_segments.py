@@ -556,6 +556,7 @@ def test_a_segment_read_into_memory_gives_the_pairs_its_index_lookups_give(datab
             probe_sketches += [s ^ 1 for s in stored_sketches[1::9]]
         ids = np.arange(10_000, 10_000 + len(probe_sketches), dtype=np.int64)
         stored, keys = method.stored(probe_sketches), method.keys(probe_sketches)
+        assert method.stored_keys(stored).tolist() == keys.tolist()  # keys from the column's form too
         k = method.candidate_distance(method.max_distance)
         with index.database.engine.begin() as connection:
             columns = [("id", "int8"), method.sketch_column, *((c, "int8") for c in method.key_columns)]

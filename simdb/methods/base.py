@@ -42,8 +42,9 @@ class Method(ABC):
     #: What ``simdb calibrate`` sweeps, for the plot's axis, and its symbol in the table.
     calibration_axis: ClassVar[str]
     calibration_symbol: ClassVar[str]
-    #: Whether a stored sketch is one ``bigint`` whose keys :meth:`stored_keys` computes: a segment read into
-    #: memory (:mod:`simdb.pg.in_memory`) is then read as ids and sketches, not as its key columns.
+    #: Whether a stored sketch is one ``bigint`` whose keys :meth:`stored_keys` computes faster than they are
+    #: read: a segment read into memory (:mod:`simdb.pg.in_memory`) is then read as ids and sketches, not as
+    #: its key columns.
     keys_from_stored: ClassVar[bool] = False
     _registry: ClassVar[dict[str, type["Method"]]] = {}
 
@@ -183,9 +184,10 @@ class Method(ABC):
     def keys(self, sketches: Sequence[Sketch]) -> np.ndarray:
         """Key values: ``(len(sketches), len(key_columns))`` int64."""
 
-    def stored_keys(self, stored: np.ndarray) -> np.ndarray:
-        """The key values of stored sketches given as one int64 array: only where :attr:`keys_from_stored`."""
-        raise NotImplementedError(f"{self.title} computes no keys from stored sketches")
+    def stored_keys(self, stored: Sequence) -> np.ndarray:
+        """Key values of sketches as the sketch column stores them (as :meth:`keys`; this default is for a
+        method that stores its sketches as they are)."""
+        return self.keys(stored)
 
     @abstractmethod
     def similarity(self, distance: int) -> float:
