@@ -4,8 +4,8 @@ A pair that shared several keys comes back once per key; :func:`distinct` keeps 
 :func:`earliest` keeps each probe's earliest match (the one ``duplicate_of`` points at).
 :func:`shared_key_pairs` finds the candidates among sketches held in memory (a chunk's own),
 where a self-join in SQL would ship every candidate's two sketches out of the server, and
-:func:`key_matches` those between a chunk's probes (:class:`ProbeKeys`) and a small segment's rows read into memory
-(:mod:`simdb.pg.in_memory`).
+:func:`key_matches` those between a chunk's probes (:class:`ProbeKeys`) and a small segment's rows
+read into memory (:mod:`simdb.pg.in_memory`).
 """
 
 from __future__ import annotations

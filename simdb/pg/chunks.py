@@ -114,12 +114,12 @@ def store_chunk(connection: sa.Connection, schema: str, method: Method, chunk, *
     k = method.max_distance
     wide = method.candidate_distance(k)  # k itself unless the method decides by the texts
     staged = ~np.isin(ids, unstored)
+    staged_ids, staged_sketches, staged_keys = ids[staged], _kept(stored_sketches, staged), keys[staged]
     pairs = method.decide(distinct(itertools.chain(  # (new id, earlier id, distance), every pair
         segment_pairs(connection, method, "staging", count - len(unstored), wide, below=int(ids[0]) if count else 1,
                       probe_rows=lambda: _probe_rows(ids, stored_sketches, keys, set(unstored)),
-                      memory_probes=lambda: MemoryProbes.of(method, ids[staged], _kept(stored_sketches, staged),
-                                                            keys[staged])),
-        [method.pairs_within(ids[staged], _kept(stored_sketches, staged), keys[staged], wide)])),  # the chunk's own pairs, from memory
+                      memory_probes=lambda: MemoryProbes.of(method, staged_ids, staged_sketches, staged_keys)),
+        [method.pairs_within(staged_ids, staged_sketches, staged_keys, wide)])),  # the chunk's own pairs, from memory
         lambda wanted: chunk_and_stored_texts(connection, ids, texts, wanted), k)
     duplicates = earliest(pairs)
     clusters = merge_clusters(connection, pairs, ids)

@@ -43,7 +43,7 @@ SLICE_IDS = 1 << 18
 @dataclass(frozen=True)
 class MemoryProbes:
     """A chunk's probes as :func:`segment_pairs_in_memory` meets them: ids, stored sketches (an int64 array
-    where the method computes keys from them, else a list), keys sorted per column."""
+    where the method computes keys from them, else a list), keys in a hash table per column."""
     ids: np.ndarray
     stored: np.ndarray | list
     keys: ProbeKeys

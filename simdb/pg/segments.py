@@ -256,13 +256,13 @@ def segment_pairs(connection: sa.Connection, method: Method, probe: str, probes:
                   memory_probes: Callable[[], MemoryProbes] | None = None) -> Iterator[np.ndarray]:
     """Verified ``(probe id, document id, distance)`` rows of the ``probes`` rows of ``probe`` against every
     stored document, one segment at a time: index lookups into a segment that may hold more documents than
-    there are probes, the planner's join otherwise (on Citus, where a join runs on every worker). Only under the ingest lock, with ``below`` the first id
-    the chunk was given: the segments do not change between the statements, and every stored id is below
+    there are probes, the planner's join otherwise (always on Citus, where a join runs on every worker).
+    Only under the ingest lock, with ``below`` the first id the chunk was given: the segments do not change between the statements, and every stored id is below
     ``below`` (so a segment at or above it, created for the chunk, is skipped, and one that it cuts holds
     at most ``below - first_id`` documents). With ``probe_rows`` (the probes as rows: id, sketch, key
     columns) and at least :data:`~simdb.pg.probes.SHARED_PROBES` probes, a second connection takes half
     of the index lookups (:func:`~simdb.pg.probes.shared_lookups`). With ``memory_probes`` (the probes in
-    memory), a segment of few documents for the probes is read and joined in memory instead
+    memory), a segment of few documents per probe is read and joined in memory instead, on one server
     (:mod:`simdb.pg.in_memory`)."""
     by_index = not is_distributed(connection)  # Citus plans no LATERAL probe; its join runs on every worker
     lookups, read = [], []
