@@ -14,6 +14,7 @@ import numpy as np
 import sqlalchemy as sa
 
 import simdb
+import simdb.native
 from simdb.pg.database import postgres_url, scratch_server
 
 STARTED = time.perf_counter()
@@ -161,7 +162,7 @@ def machine(version: str, embedded: bool = False) -> str:
     memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
     return (f"machine: {os.cpu_count()} cores, {memory:.0f} GiB; PostgreSQL {version}"
             f"{' (embedded)' if embedded else ''}; simdb {simdb.__version__} ({os.path.dirname(simdb.__file__)}); "
-            f"Python {sys.version.split()[0]}")
+            f"Python {sys.version.split()[0]}; compiled fast paths {simdb.native.description()}")
 
 
 def command_line(script: str) -> str:

@@ -42,13 +42,14 @@ from pathlib import Path
 from bench_common import DATABASE_HELP, Server, command_line, log, machine, print_table, ratio
 from bench_ingest import SENTENCE, mb, quarters, run_cli, simdb_command, write_corpus
 
+from simdb import native
 from simdb.methods import Method
 from simdb.methods.simhash.fingerprint import FingerprintSettings, fingerprint, fingerprints, simhashes_of_tokens
 from simdb.parallel import TASK_SIZE, default_workers
 from simdb.text import content_hash
 from simdb.text.normalize import fold, simplify
 from simdb.text.segment import cut, segmenter_name
-from simdb.text.tokenize import _punctuated_runs, punctuated_parts
+from simdb.text.tokenize import punctuated_runs, punctuated_parts
 
 REPO = Path(__file__).resolve().parent.parent
 DEVSET = Path(os.environ.get("SIMDB_DEVSET", REPO.parent / "shared" / "devset")) / "docs"
@@ -82,8 +83,12 @@ def measure_stages(name: str, lines: list[str], min_seconds: float) -> dict:
     texts = [record["text"] for record in records]
     folded, m["fold"] = per_document(fold, texts, min_seconds)
     simplified, m["t2s"] = per_document(simplify, folded, min_seconds)
-    not_han = _punctuated_runs()[0]
-    _, m["segment"] = per_document(lambda text: cut(not_han.sub(" ", text)), simplified, min_seconds)
+    # what the tokenizer hands the segmenter: the Han text, and whether it holds a character jieba-rs and jieba
+    # segment differently (the compiled runs tell; else a search of the text, as the Python path makes)
+    not_han, compiled = punctuated_runs()[0], native.module()
+    han_texts = [(not_han.sub(" ", text), None if compiled is None or compiled.runs(text) is None
+                  else compiled.runs(text)[3]) for text in simplified]
+    _, m["segment"] = per_document(lambda han: cut(han[0], False, han[1]), han_texts, min_seconds)
     token_lists, tokens = per_document(punctuated_parts, simplified, min_seconds)
     m["tokens"] = tokens - m["segment"]
     settings = FingerprintSettings()

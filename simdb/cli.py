@@ -20,7 +20,7 @@ import click
 import psycopg
 import sqlalchemy as sa
 
-from . import __version__, exports, jsonlines
+from . import __version__, exports, jsonlines, native
 from .bits import format_fingerprint, parse_fingerprint
 from .diff import changed_characters, diff, elided
 from .errors import SimdbError
@@ -146,7 +146,8 @@ def read_text_argument(text: str | None, file) -> str:
 
 
 @click.group(context_settings=CONTEXT_SETTINGS)
-@click.version_option(__version__, "--version", prog_name="simdb")
+@click.version_option(__version__, "--version", prog_name="simdb",
+                      message=f"%(prog)s, version %(version)s (compiled fast paths: {native.description()})")
 def cli():
     """simdb: a persistent near-duplicate index for text archives, in PostgreSQL.
 

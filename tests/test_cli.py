@@ -6,7 +6,7 @@ import re
 import pytest
 from click.testing import CliRunner
 
-from simdb import __version__, fingerprint
+from simdb import native, __version__, fingerprint
 from simdb.cli import cli
 from simdb.pg.database import redact
 from simdb.samples import corpus
@@ -40,7 +40,8 @@ def timeless(text):
 
 def test_version_and_help():
     runner = CliRunner()
-    assert runner.invoke(cli, ["--version"]).output == f"simdb, version {__version__}\n"
+    assert runner.invoke(cli, ["--version"]).output == (f"simdb, version {__version__} "
+                                                         f"(compiled fast paths: {native.description()})\n")
     for command in cli.commands:
         result = runner.invoke(cli, [command, "-h"])
         assert result.exit_code == 0

@@ -113,17 +113,21 @@ def test_an_installed_wheel_finds_and_runs_its_migrations(tmp_path, database_url
     names = zipfile.ZipFile(wheel).namelist()
     assert "simdb/migrations/env.py" in names
     assert "simdb/migrations/versions/0001_create_index.py" in names
+    compiled = [name for name in names if name.startswith("simdb/_native.")]
+    assert len(compiled) == 1 and compiled[0].endswith((".so", ".pyd")), names  # built for the wheel, once
+    assert wheel.name.endswith(".whl") and "-py3-none-any" not in wheel.name  # a platform wheel: it holds C
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
                    check=True)
-    code = ("import simdb, simdb.pg.migrate as m; from simdb import Index; print(m.migrations_path()); "
-            f"Index.create({database_url!r}, schema={schema!r}).close(); print(simdb.__file__)")
+    code = ("import simdb, simdb.pg.migrate as m; from simdb import Index, native; print(m.migrations_path()); "
+            f"Index.create({database_url!r}, schema={schema!r}).close(); print(simdb.__file__); "
+            "print(native.module().__file__)")
     env = {**os.environ, "PYTHONPATH": str(site)}
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    migrations, package = out.stdout.split()
+    migrations, package, extension = out.stdout.split()
     assert migrations == str(site / "simdb" / "migrations")
-    assert package.startswith(str(site))
+    assert package.startswith(str(site)) and extension.startswith(str(site))
 
 
 def test_a_minhash_index_matches_the_models_and_cannot_be_downgraded_below_it(database_url, schema):

@@ -14,6 +14,7 @@ import re
 import sys
 import unicodedata
 
+from .. import native
 from ..errors import InputError
 from .scripts import ASTRAL_CHARACTER, HAN_CHARACTER, character_class
 
@@ -45,7 +46,7 @@ def _punctuation_table() -> dict[int, str]:
 
 
 @functools.cache
-def _compatibility_forms() -> tuple[dict[str, str], re.Pattern]:
+def compatibility_forms() -> tuple[dict[str, str], re.Pattern]:
     """Every character of the Basic Multilingual Plane that NFKC changes -> its NFKC form, and a pattern
     that splits a text around them (built once per process, about 0.1 s)."""
     forms = {}
@@ -58,7 +59,21 @@ def _compatibility_forms() -> tuple[dict[str, str], re.Pattern]:
 
 
 def fold(text: str) -> str:
-    """NFKC and case folding only: width, compatibility forms and case vanish.
+    """NFKC and case folding only: width, compatibility forms and case vanish (:func:`fold_in_python` defines
+    it; the compiled twin, where built, takes a text of the Basic Multilingual Plane that needs no composing
+    in one pass of table lookups)."""
+    if text.isascii():
+        return text.casefold()
+    compiled = native.module()
+    if compiled is not None:
+        folded = compiled.fold(text)
+        if folded is not None:
+            return folded
+    return fold_in_python(text)
+
+
+def fold_in_python(text: str) -> str:
+    """:func:`fold`, in Python.
 
     ``unicodedata.normalize`` rebuilds a whole text that fails its quick check, and Chinese text always
     does (its punctuation is full-width): about 0.1 us per character. Replacing each character by its own
@@ -69,7 +84,7 @@ def fold(text: str) -> str:
     if text.isascii():
         return text.casefold()
     if ASTRAL_CHARACTER.search(text) is None:
-        forms, pattern = _compatibility_forms()
+        forms, pattern = compatibility_forms()
         parts = pattern.split(text)
         if len(parts) > 1:
             parts[1::2] = map(forms.__getitem__, parts[1::2])

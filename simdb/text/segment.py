@@ -61,16 +61,21 @@ def _uses_rjieba(hmm: bool, choice: str) -> bool:
 #: block for jieba-rs and end it for jieba, so the two DAG searches sum their log-probabilities over
 #: different spans; where two segmentations score equally (``一一一``: 一一+一 or 一+一一) the rounding of
 #: those sums decides, and the two picked differently ('一一一丵丁㐀1号店'). jieba segments such texts.
-_BLOCKS_DIFFER = re.compile("[\u3400-\u4dbf\u9fd6-\u9fff\uf900-\ufaff\U00020000-\U0003ffff]")
+BLOCKS_DIFFER = re.compile("[\u3400-\u4dbf\u9fd6-\u9fff\uf900-\ufaff\U00020000-\U0003ffff]")
 
 
 @functools.cache
-def _cutter(hmm: bool, choice: str) -> Callable[[str], list[str]]:
+def _cutter(hmm: bool, choice: str) -> Callable[[str, bool | None], list[str]]:
     if _uses_rjieba(hmm, choice):  # jieba's dictionary loads only if a text needs it (~1.4 s per process)
-        cut, differ = _rjieba().cut, _BLOCKS_DIFFER.search
-        return lambda text: _cut_apart(text, cut) if differ(text) else cut(text, False)
+        fast, differ = _rjieba().cut, BLOCKS_DIFFER.search
+
+        def cut_fast(text: str, differs: bool | None) -> list[str]:
+            if differs is None:
+                differs = differ(text) is not None
+            return _cut_apart(text, fast) if differs else fast(text, False)
+        return cut_fast
     tokenizer = _jieba()
-    return lambda text: tokenizer.lcut(text, HMM=hmm)
+    return lambda text, differs: tokenizer.lcut(text, HMM=hmm)
 
 
 def _cut_apart(text: str, fast: Callable[[str, bool], list[str]]) -> list[str]:
@@ -81,7 +86,7 @@ def _cut_apart(text: str, fast: Callable[[str, bool], list[str]]) -> list[str]:
     tokens: list[str] = []
     group: list[str] = []
     for piece in text.split(" "):
-        if _BLOCKS_DIFFER.search(piece):
+        if BLOCKS_DIFFER.search(piece):
             if group:
                 tokens.extend(fast(" ".join(group), False))
                 tokens.append(" ")
@@ -97,9 +102,11 @@ def _cut_apart(text: str, fast: Callable[[str, bool], list[str]]) -> list[str]:
     return tokens
 
 
-def cut(text: str, hmm: bool = False) -> list[str]:
-    """jieba's segmentation of ``text`` (HMM for unknown words on or off), by the segmenter chosen above."""
-    return _cutter(hmm, _choice())(text)
+def cut(text: str, hmm: bool = False, differs: bool | None = None) -> list[str]:
+    """jieba's segmentation of ``text`` (HMM for unknown words on or off), by the segmenter chosen above.
+    ``differs``, where the caller knows it, says whether ``text`` holds a character of
+    :data:`BLOCKS_DIFFER` (a search of the text otherwise)."""
+    return _cutter(hmm, _choice())(text, differs)
 
 
 def _version(package: str) -> str:

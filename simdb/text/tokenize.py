@@ -22,6 +22,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
+from .. import native
 from .normalize import ascii_words, bmp_punctuation, strip_punctuation
 from .scripts import ASTRAL_CHARACTER, HAN, OTHER_WITHOUT_SPACES, character_class, expand
 from .segment import cut
@@ -102,7 +103,7 @@ def tokenize(normalized: str, settings: TokenizerSettings = TokenizerSettings())
 
 
 @functools.cache
-def _punctuated_runs() -> tuple[re.Pattern, re.Pattern, re.Pattern]:
+def punctuated_runs() -> tuple[re.Pattern, re.Pattern, re.Pattern]:
     """The runs of :data:`_RUNS`, read out of text whose punctuation and symbols are still in (they separate
     runs as the spaces normalization makes of them would), one kind at a time: what is not Han (to be
     replaced by a space), runs of the other scripts without spaces, words. The classes hold characters of
@@ -117,12 +118,33 @@ def _punctuated_runs() -> tuple[re.Pattern, re.Pattern, re.Pattern]:
             re.compile(rf"[^\s{han}{character_class(expand(OTHER_WITHOUT_SPACES))}{character_class(separators)}]+"))
 
 
+def _has_astral(text: str) -> bool:
+    """Whether ``text`` holds a character beyond the Basic Multilingual Plane (compiled: without reading it)."""
+    compiled = native.module()
+    return compiled.has_astral(text) if compiled is not None else ASTRAL_CHARACTER.search(text) is not None
+
+
 def _punctuated_kinds(folded: str, settings: TokenizerSettings) -> tuple[list[str], list[str], list[str]]:
     """The Han tokens (with a ``" "`` between runs), the words and the shingles of folded text whose
-    punctuation is still in, each kind in text order."""
-    not_han, nospace, word = _punctuated_runs()
+    punctuation is still in, each kind in text order (by the compiled runs where built: see
+    :func:`_punctuated_kinds_in_python`)."""
     if folded.isascii():  # no Han, no script without spaces: only words (isascii reads a flag of the string)
         return [], ascii_words(folded), []
+    compiled = native.module()
+    runs = compiled.runs(folded) if compiled is not None else None
+    if runs is None:
+        return _punctuated_kinds_in_python(folded, settings)
+    han, words, nospace_runs, differs = runs
+    han_tokens = cut(han, settings.jieba_hmm, differs) if len(han) > han.count(" ") else []
+    shingled: list[str] = []
+    for run in nospace_runs:
+        shingled.extend(shingles(run, settings.shingle_size))
+    return han_tokens, words, shingled
+
+
+def _punctuated_kinds_in_python(folded: str, settings: TokenizerSettings) -> tuple[list[str], list[str], list[str]]:
+    """:func:`_punctuated_kinds` by its regexes (the compiled twin reads the same runs in one pass)."""
+    not_han, nospace, word = punctuated_runs()
     # the Han runs, one space between two: jieba cuts at every space, so each run is segmented on its own
     han = not_han.sub(" ", folded)
     han_tokens = cut(han, settings.jieba_hmm) if han.strip() else []
@@ -140,7 +162,7 @@ def punctuated_parts(folded: str, settings: TokenizerSettings = TokenizerSetting
     those tokens for a whole batch at once."""
     if settings.name != "auto":
         raise ValueError("punctuated_parts is the auto tokenizer's")
-    if not folded.isascii() and ASTRAL_CHARACTER.search(folded):  # rare: the plain way (nothing left to drop)
+    if not folded.isascii() and _has_astral(folded):  # rare: the plain way (nothing left to drop)
         return tokenize(strip_punctuation(folded), settings)
     han_tokens, words, shingled = _punctuated_kinds(folded, settings)
     return han_tokens + words + shingled
@@ -166,7 +188,7 @@ def count_punctuated(folded: str, settings: TokenizerSettings = TokenizerSetting
     """
     if settings.name != "auto":
         raise ValueError("count_punctuated is the auto tokenizer's")
-    if ASTRAL_CHARACTER.search(folded):  # rare: the plain way
+    if _has_astral(folded):  # rare: the plain way
         return Counter(tokenize(strip_punctuation(folded), settings))
     han_tokens, words, shingled = _punctuated_kinds(folded, settings)
     counts = Counter(han_tokens)

@@ -36,6 +36,7 @@ import numpy as np
 import xxhash
 from threadpoolctl import ThreadpoolController
 
+from ... import native
 from ...errors import InputError
 from ...text.normalize import fold, fold_and_simplify, normalized_or_folded
 from ...text.tokenize import STOPWORDS, TokenizerSettings, count_punctuated, dropped, punctuated_parts, tokenize
@@ -369,6 +370,9 @@ def simhashes_of_tokens(token_lists: Sequence[list[str]], settings: FingerprintS
     if not texts:
         return []
     vocabulary = _vocabulary(settings.seed)
+    compiled = native.module()
+    if compiled is not None and settings.weighting in _COMPILED_WEIGHTINGS:
+        return _compiled_simhashes(compiled, vocabulary, token_lists, settings)
     ids = vocabulary.lookup(list(itertools.chain.from_iterable(token_lists)))
     owner = np.repeat(np.arange(texts), np.fromiter(map(len, token_lists), dtype=np.int64, count=texts))
     kinds = vocabulary.kinds[ids]
@@ -397,6 +401,26 @@ def simhashes_of_tokens(token_lists: Sequence[list[str]], settings: FingerprintS
         weights.append(term_weights(frequencies, settings.weighting) * scale[text_of])
         owners.append(text_of)
     return _simhashes(np.concatenate(owners), np.concatenate(hashes), np.concatenate(weights), texts)
+
+
+#: The weightings ``simdb/_native.c`` computes, by its codes (``tfidf`` has no bigrams, so no batch path).
+_COMPILED_WEIGHTINGS = {"tf": 0, "sublinear_tf": 1, "binary": 2}
+
+
+def _compiled_simhashes(compiled, vocabulary: _Vocabulary, token_lists: Sequence[list[str]],
+                        settings: FingerprintSettings) -> list[int]:
+    """:func:`simhashes_of_tokens` by the compiled twin: the ids looked up in the vocabulary's dictionary
+    without the interpreter (new tokens are added in Python), each text's features counted in hash tables and
+    summed in byte bins, with the same exact signs near zero, hence the same fingerprints."""
+    token_lists = token_lists if isinstance(token_lists, list) else list(token_lists)
+    lengths = np.fromiter(map(len, token_lists), dtype=np.int64, count=len(token_lists))
+    ids = np.empty(int(lengths.sum()), dtype=np.int64)
+    if compiled.token_ids(token_lists, vocabulary.ids, ids):
+        ids = vocabulary.lookup(list(itertools.chain.from_iterable(token_lists)))
+    out = np.empty(len(token_lists), dtype=np.uint64)
+    compiled.simhashes(ids, lengths, vocabulary.hashes, vocabulary.kinds, _SUBLINEAR, out,
+                       _COMPILED_WEIGHTINGS[settings.weighting], settings.bigrams, settings.tokenizer.stopwords)
+    return out.tolist()
 
 
 def _simhashes(owner: np.ndarray, hashes: np.ndarray, weights: np.ndarray, texts: int) -> list[int]:

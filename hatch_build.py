@@ -1,0 +1,68 @@
+"""Builds simdb's compiled fast paths (``simdb/_native.c``) into the wheel, or beside the sources for an
+editable install.
+
+The extension is optional: simdb computes the same fingerprints without it, more slowly (simdb/native.py).
+Where it cannot be compiled (no C compiler, no Python headers), the build says so and goes on without it;
+``SIMDB_NATIVE=0`` at build time skips it. ``simdb version`` tells whether an installation has it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from hatchling.builders.hooks.plugin.interface import BuildHookInterface
+
+SOURCE = "simdb/_native.c"
+
+
+def compile_native(root: Path, build_dir: Path) -> Path:
+    """Compiles the extension with setuptools' ``build_ext`` (the platform's compiler and flags); returns the
+    built file."""
+    from setuptools import Distribution, Extension
+    from setuptools.command.build_ext import build_ext
+
+    extension = Extension("simdb._native", [str(root / SOURCE)],
+                          extra_compile_args=[] if sys.platform == "win32" else ["-O3", "-std=c99"])
+    command = build_ext(Distribution({"name": "simdb", "ext_modules": [extension]}))
+    command.build_lib = str(build_dir / "lib")
+    command.build_temp = str(build_dir / "temp")
+    command.ensure_finalized()
+    command.run()
+    return Path(command.get_ext_fullpath("simdb._native"))
+
+
+class NativeBuildHook(BuildHookInterface):
+    PLUGIN_NAME = "custom"
+
+    def initialize(self, version: str, build_data: dict) -> None:
+        if self.target_name != "wheel":
+            return
+        if os.environ.get("SIMDB_NATIVE", "").strip() == "0":
+            self.app.display_info("SIMDB_NATIVE=0: building simdb without its compiled fast paths")
+            return
+        root = Path(self.root)
+        build_dir = Path(tempfile.mkdtemp(prefix="simdb-native-"))
+        try:
+            built = compile_native(root, build_dir)
+        except Exception as exc:  # noqa: BLE001 -- any failure to compile leaves the pure-Python paths
+            self.app.display_warning(f"simdb: could not compile {SOURCE} ({exc}); simdb will work without its "
+                                     "compiled fast paths, several times slower at fingerprinting")
+            shutil.rmtree(build_dir, ignore_errors=True)
+            return
+        build_data["pure_python"] = False
+        build_data["infer_tag"] = True
+        if version == "editable":  # the checkout is what gets imported: the module goes beside its source
+            shutil.copy2(built, root / "simdb" / built.name)
+            shutil.rmtree(build_dir, ignore_errors=True)
+        else:
+            build_data["force_include"][str(built)] = f"simdb/{built.name}"
+            self._build_dir = build_dir
+
+    def finalize(self, version: str, build_data: dict, artifact_path: str) -> None:
+        build_dir = getattr(self, "_build_dir", None)
+        if build_dir is not None:
+            shutil.rmtree(build_dir, ignore_errors=True)

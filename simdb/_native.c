@@ -1,0 +1,666 @@
+/* simdb's compiled fast paths: the per-character and per-token loops of a SimHash fingerprint.
+ *
+ * Each function does exactly what a pure-Python function of simdb does, only without the interpreter in
+ * the loop, and each gives up (returns None) where a text needs what it does not handle; the caller then
+ * takes the Python path. The tests hold every function to its Python twin (simdb/native.py names them).
+ *
+ *   fold(text)                   simdb.text.normalize.fold, for text of the Basic Multilingual Plane whose
+ *                                characters need no composing: one table lookup per character
+ *   has_astral(text)             whether a text holds a character beyond the BMP, without reading it
+ *   runs(folded)                 the Han text, the words and the runs of the other scripts without spaces
+ *                                that the auto tokenizer reads out of folded text with three regexes
+ *   token_ids(lists, ids, out)   the vocabulary's id of every token (-1 for a new one)
+ *   simhashes(...)               the SimHash of each text from its token ids: stop words dropped, tokens and
+ *                                bigrams counted and weighted, signed sums by byte bins, exact signs near 0
+ *
+ * The tables (which character folds to what, which class each character is in) are built in Python from
+ * the definitions simdb's regexes and unicodedata give, and handed over once by set_tables().
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- tables (set once per process by set_tables) ---- */
+
+#define BMP 65536
+
+/* fold: per BMP character, the string it folds to (casefold of its NFKC form), or NULL when it stays itself;
+ * and whether it may need composing with its neighbours (then the whole text takes the Python path). */
+static PyObject *fold_to[BMP];
+static unsigned char fold_unsafe[BMP];
+
+/* runs: per BMP character, a set of class bits. */
+#define C_HAN 1      /* a Han character: kept in the Han text */
+#define C_NOSPACE 2  /* one of the other scripts without spaces, not punctuation: shingled */
+#define C_WORD 4     /* part of a word */
+#define C_DIFFERS 8  /* a Han character jieba-rs and jieba segment differently (simdb.text.segment) */
+static unsigned char char_class[BMP];
+
+static int tables_set = 0;
+
+static PyObject *
+set_tables(PyObject *self, PyObject *args)
+{
+    PyObject *folds, *unsafe, *classes;
+    if (!PyArg_ParseTuple(args, "O!SS:set_tables", &PyDict_Type, &folds, &unsafe, &classes))
+        return NULL;
+    if (PyBytes_GET_SIZE(unsafe) != BMP || PyBytes_GET_SIZE(classes) != BMP) {
+        PyErr_SetString(PyExc_ValueError, "the character tables must have 65536 entries");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < BMP; i++)
+        Py_CLEAR(fold_to[i]);
+    PyObject *key, *value;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(folds, &pos, &key, &value)) {
+        long cp = PyLong_AsLong(key);
+        if (cp == -1 && PyErr_Occurred())
+            return NULL;
+        if (cp < 0 || cp >= BMP || !PyUnicode_Check(value)) {
+            PyErr_SetString(PyExc_ValueError, "fold table: a code point of the BMP -> a string");
+            return NULL;
+        }
+        Py_INCREF(value);
+        fold_to[cp] = value;
+    }
+    memcpy(fold_unsafe, PyBytes_AS_STRING(unsafe), BMP);
+    memcpy(char_class, PyBytes_AS_STRING(classes), BMP);
+    tables_set = 1;
+    Py_RETURN_NONE;
+}
+
+static int
+check_tables(void)
+{
+    if (!tables_set) {
+        PyErr_SetString(PyExc_RuntimeError, "simdb._native: set_tables() was not called");
+        return 0;
+    }
+    return 1;
+}
+
+/* ---- fold ---- */
+
+static PyObject *
+fold(PyObject *self, PyObject *text)
+{
+    if (!PyUnicode_Check(text)) {
+        PyErr_SetString(PyExc_TypeError, "fold() takes a str");
+        return NULL;
+    }
+    if (!check_tables())
+        return NULL;
+    int kind = PyUnicode_KIND(text);
+    if (kind == PyUnicode_4BYTE_KIND)  /* a character beyond the BMP: the Python path */
+        Py_RETURN_NONE;
+    const void *data = PyUnicode_DATA(text);
+    Py_ssize_t n = PyUnicode_GET_LENGTH(text), length = 0;
+    Py_UCS4 maxchar = 0;
+    int changed = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_UCS4 c = PyUnicode_READ(kind, data, i);
+        if (fold_unsafe[c])
+            Py_RETURN_NONE;
+        PyObject *to = fold_to[c];
+        if (to == NULL) {
+            length += 1;
+            if (c > maxchar)
+                maxchar = c;
+        } else {
+            changed = 1;
+            length += PyUnicode_GET_LENGTH(to);
+            Py_UCS4 m = PyUnicode_MAX_CHAR_VALUE(to);
+            if (m > maxchar)
+                maxchar = m;
+        }
+    }
+    if (!changed)
+        return Py_NewRef(text);
+    PyObject *out = PyUnicode_New(length, maxchar);
+    if (out == NULL)
+        return NULL;
+    int out_kind = PyUnicode_KIND(out);
+    void *out_data = PyUnicode_DATA(out);
+    Py_ssize_t j = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_UCS4 c = PyUnicode_READ(kind, data, i);
+        PyObject *to = fold_to[c];
+        if (to == NULL) {
+            PyUnicode_WRITE(out_kind, out_data, j++, c);
+        } else {
+            int to_kind = PyUnicode_KIND(to);
+            const void *to_data = PyUnicode_DATA(to);
+            for (Py_ssize_t k = 0; k < PyUnicode_GET_LENGTH(to); k++)
+                PyUnicode_WRITE(out_kind, out_data, j++, PyUnicode_READ(to_kind, to_data, k));
+        }
+    }
+    return out;
+}
+
+/* ---- astral ---- */
+
+/* Whether a str holds a character beyond the BMP: CPython stores a str in the narrowest of its three
+ * widths, so exactly the strs of the widest one do (no scan). */
+static PyObject *
+has_astral(PyObject *self, PyObject *text)
+{
+    if (!PyUnicode_Check(text)) {
+        PyErr_SetString(PyExc_TypeError, "has_astral() takes a str");
+        return NULL;
+    }
+    return PyBool_FromLong(PyUnicode_KIND(text) == PyUnicode_4BYTE_KIND);
+}
+
+/* ---- runs ---- */
+
+static int
+append_substring(PyObject *list, PyObject *text, Py_ssize_t start, Py_ssize_t end)
+{
+    PyObject *part = PyUnicode_Substring(text, start, end);
+    if (part == NULL)
+        return -1;
+    int failed = PyList_Append(list, part);
+    Py_DECREF(part);
+    return failed;
+}
+
+/* (Han text, words, runs of the other scripts without spaces, whether a Han character is one jieba-rs and
+ * jieba segment differently), or None for text with a character beyond the BMP.
+ *
+ * The Han text is folded text with every maximal run of other characters replaced by one space (what
+ * re.sub("[^Han]+", " ", folded) gives); the words and the runs are the maximal runs of their classes, in
+ * text order (what re.findall gives). */
+static PyObject *
+runs(PyObject *self, PyObject *text)
+{
+    if (!PyUnicode_Check(text)) {
+        PyErr_SetString(PyExc_TypeError, "runs() takes a str");
+        return NULL;
+    }
+    if (!check_tables())
+        return NULL;
+    int kind = PyUnicode_KIND(text);
+    if (kind == PyUnicode_4BYTE_KIND)
+        Py_RETURN_NONE;
+    const void *data = PyUnicode_DATA(text);
+    Py_ssize_t n = PyUnicode_GET_LENGTH(text);
+
+    /* the Han text's length and widest character */
+    Py_ssize_t han_length = 0;
+    Py_UCS4 maxchar = ' ';
+    int in_other = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_UCS4 c = PyUnicode_READ(kind, data, i);
+        if (char_class[c] & C_HAN) {
+            han_length++;
+            if (c > maxchar)
+                maxchar = c;
+            in_other = 0;
+        } else if (!in_other) {
+            han_length++;
+            in_other = 1;
+        }
+    }
+    PyObject *han = PyUnicode_New(han_length, maxchar);
+    PyObject *words = PyList_New(0);
+    PyObject *nospace = PyList_New(0);
+    if (han == NULL || words == NULL || nospace == NULL)
+        goto error;
+    int han_kind = PyUnicode_KIND(han);
+    void *han_data = PyUnicode_DATA(han);
+    Py_ssize_t j = 0, word_start = -1, nospace_start = -1;
+    int differs = 0;
+    in_other = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_UCS4 c = PyUnicode_READ(kind, data, i);
+        unsigned char cls = char_class[c];
+        if (cls & C_HAN) {
+            PyUnicode_WRITE(han_kind, han_data, j++, c);
+            differs |= cls & C_DIFFERS;
+            in_other = 0;
+        } else if (!in_other) {
+            PyUnicode_WRITE(han_kind, han_data, j++, ' ');
+            in_other = 1;
+        }
+        if (cls & C_WORD) {
+            if (word_start < 0)
+                word_start = i;
+        } else if (word_start >= 0) {
+            if (append_substring(words, text, word_start, i) < 0)
+                goto error;
+            word_start = -1;
+        }
+        if (cls & C_NOSPACE) {
+            if (nospace_start < 0)
+                nospace_start = i;
+        } else if (nospace_start >= 0) {
+            if (append_substring(nospace, text, nospace_start, i) < 0)
+                goto error;
+            nospace_start = -1;
+        }
+    }
+    if (word_start >= 0 && append_substring(words, text, word_start, n) < 0)
+        goto error;
+    if (nospace_start >= 0 && append_substring(nospace, text, nospace_start, n) < 0)
+        goto error;
+    return Py_BuildValue("(NNNO)", han, words, nospace, differs ? Py_True : Py_False);
+error:
+    Py_XDECREF(han);
+    Py_XDECREF(words);
+    Py_XDECREF(nospace);
+    return NULL;
+}
+
+/* ---- token ids ---- */
+
+static int
+get_buffer(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, int writable, const char *what)
+{
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0)) < 0)
+        return -1;
+    if (view->itemsize != itemsize) {
+        PyErr_Format(PyExc_ValueError, "%s: items of %zd bytes expected", what, itemsize);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+/* Writes each token's id (a value of ``ids``, or -1 where it has none) into ``out`` (int64, one per token,
+ * text after text); returns how many had none. */
+static PyObject *
+token_ids(PyObject *self, PyObject *args)
+{
+    PyObject *lists, *ids, *out;
+    if (!PyArg_ParseTuple(args, "O!O!O:token_ids", &PyList_Type, &lists, &PyDict_Type, &ids, &out))
+        return NULL;
+    Py_buffer view;
+    if (get_buffer(out, &view, 8, 1, "token_ids' output") < 0)
+        return NULL;
+    int64_t *target = view.buf;
+    Py_ssize_t capacity = view.len / 8, written = 0, missing = 0;
+    for (Py_ssize_t t = 0; t < PyList_GET_SIZE(lists); t++) {
+        PyObject *tokens = PyList_GET_ITEM(lists, t);
+        if (!PyList_Check(tokens)) {
+            PyErr_SetString(PyExc_TypeError, "token_ids() takes a list of lists of tokens");
+            goto error;
+        }
+        Py_ssize_t count = PyList_GET_SIZE(tokens);
+        if (written + count > capacity) {
+            PyErr_SetString(PyExc_ValueError, "token_ids' output is shorter than the tokens");
+            goto error;
+        }
+        for (Py_ssize_t i = 0; i < count; i++) {
+            PyObject *id = PyDict_GetItemWithError(ids, PyList_GET_ITEM(tokens, i));
+            if (id == NULL) {
+                if (PyErr_Occurred())
+                    goto error;
+                target[written++] = -1;
+                missing++;
+            } else {
+                long long value = PyLong_AsLongLong(id);
+                if (value == -1 && PyErr_Occurred())
+                    goto error;
+                target[written++] = value;
+            }
+        }
+    }
+    if (written != capacity) {
+        PyErr_SetString(PyExc_ValueError, "token_ids' output is longer than the tokens");
+        goto error;
+    }
+    PyBuffer_Release(&view);
+    return PyLong_FromSsize_t(missing);
+error:
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
+/* ---- simhashes ---- */
+
+/* kinds of vocabulary entries, as in simdb.methods.simhash.fingerprint */
+#define WORD 0
+#define SPACE 2
+
+/* weightings */
+#define W_TF 0
+#define W_SUBLINEAR 1
+#define W_BINARY 2
+
+typedef struct {
+    uint64_t key;
+    int64_t count;
+} Slot;
+
+#define EMPTY_KEY UINT64_MAX
+
+/* an open-addressing count table; capacity a power of two, at least twice the keys it will hold */
+typedef struct {
+    Slot *slots;
+    size_t capacity;
+    size_t *used; /* indexes of the occupied slots, in the order they were filled */
+    size_t n_used;
+} Counts;
+
+/* Makes room for ``keys`` keys (allocating: with the GIL held). */
+static int
+counts_reserve(Counts *c, size_t keys)
+{
+    size_t capacity = 16;
+    while (capacity < 2 * keys)
+        capacity <<= 1;
+    c->slots = malloc(capacity * sizeof(Slot));
+    c->used = malloc(capacity * sizeof(size_t));
+    if (c->slots == NULL || c->used == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    c->capacity = capacity;
+    c->n_used = 0;
+    for (size_t i = 0; i < capacity; i++)
+        c->slots[i].key = EMPTY_KEY;
+    return 0;
+}
+
+/* Empties the table, slot by slot of those filled. */
+static void
+counts_clear(Counts *c)
+{
+    for (size_t i = 0; i < c->n_used; i++)
+        c->slots[c->used[i]].key = EMPTY_KEY;
+    c->n_used = 0;
+}
+
+static inline uint64_t
+mix(uint64_t x)
+{
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+    return x ^ (x >> 31);
+}
+
+static inline void
+counts_add(Counts *c, uint64_t key)
+{
+    size_t mask = c->capacity - 1, i = mix(key) & mask;
+    while (c->slots[i].key != EMPTY_KEY) {
+        if (c->slots[i].key == key) {
+            c->slots[i].count++;
+            return;
+        }
+        i = (i + 1) & mask;
+    }
+    c->slots[i].key = key;
+    c->slots[i].count = 1;
+    c->used[c->n_used++] = i;
+}
+
+/* Below this many features a text's sums are taken feature by feature (64 multiply-adds each), above it
+ * through byte bins (8 additions each, then 2,048 multiply-adds a text). */
+#define FEW_FEATURES 256
+
+/* Row v, column b: +1.0 where bit b of the byte v is set, else -1.0 (filled when the module loads). */
+static double byte_signs[256][8];
+
+/* simdb.methods.simhash.fingerprint.bigram_hashes, for one pair */
+static inline uint64_t
+bigram_hash(uint64_t first, uint64_t second)
+{
+    return mix(((first << 32) | (first >> 32)) ^ second);
+}
+
+/* Whether the exact sum of ``terms`` is positive (Shewchuk's partials, as math.fsum keeps them: nonoverlapping,
+ * in increasing magnitude, so the sign of the sum is that of the largest nonzero one). */
+static int
+exact_sum_positive(const double *terms, size_t n, double *partials)
+{
+    size_t used = 0;
+    for (size_t t = 0; t < n; t++) {
+        double x = terms[t];
+        size_t i = 0;
+        for (size_t k = 0; k < used; k++) {
+            double y = partials[k];
+            if (fabs(x) < fabs(y)) {
+                double swap = x;
+                x = y;
+                y = swap;
+            }
+            double hi = x + y;
+            double lo = y - (hi - x);
+            if (lo != 0.0)
+                partials[i++] = lo;
+            x = hi;
+        }
+        partials[i] = x;
+        used = i + 1;
+    }
+    for (size_t k = used; k-- > 0;)
+        if (partials[k] != 0.0)
+            return partials[k] > 0.0;
+    return 0;
+}
+
+static inline double
+term_weight(int64_t frequency, int weighting, const double *sublinear, Py_ssize_t sublinear_size)
+{
+    switch (weighting) {
+    case W_BINARY:
+        return 1.0;
+    case W_SUBLINEAR:
+        return frequency < sublinear_size ? sublinear[frequency] : 1.0 + log((double)frequency);
+    default:
+        return (double)frequency;
+    }
+}
+
+/* simhashes(ids, lengths, hashes, kinds, sublinear, out, weighting, bigrams, stopwords)
+ *
+ * ids: int64, each text's tokens' vocabulary ids, text after text; lengths: int64, tokens per text;
+ * hashes: uint64 and kinds: int8 per vocabulary id; sublinear: float64, 1 + ln(tf) for small tf;
+ * out: uint64, one fingerprint per text. What simdb.methods.simhash.fingerprint.simhashes_of_tokens computes
+ * with numpy, and the same value: the signs of the sums do not depend on the order of summation (a sum
+ * within its worst-case rounding error of zero is decided exactly). */
+static PyObject *
+simhashes(PyObject *self, PyObject *args)
+{
+    PyObject *ids_obj, *lengths_obj, *hashes_obj, *kinds_obj, *sublinear_obj, *out_obj;
+    int weighting, stopwords;
+    long long bigrams;
+    if (!PyArg_ParseTuple(args, "OOOOOOiLp:simhashes", &ids_obj, &lengths_obj, &hashes_obj, &kinds_obj,
+                          &sublinear_obj, &out_obj, &weighting, &bigrams, &stopwords))
+        return NULL;
+    if (weighting != W_TF && weighting != W_SUBLINEAR && weighting != W_BINARY) {
+        PyErr_SetString(PyExc_ValueError, "simhashes: unknown weighting");
+        return NULL;
+    }
+    Py_buffer ids_view = {0}, lengths_view = {0}, hashes_view = {0}, kinds_view = {0}, sublinear_view = {0},
+              out_view = {0};
+    PyObject *result = NULL;
+    int64_t *kept = NULL;
+    uint64_t *feature_hashes = NULL;
+    double *feature_weights = NULL, *terms = NULL, *partials = NULL;
+    Counts tokens = {0}, pairs = {0};
+    if (get_buffer(ids_obj, &ids_view, 8, 0, "ids") < 0 || get_buffer(lengths_obj, &lengths_view, 8, 0, "lengths") < 0
+        || get_buffer(hashes_obj, &hashes_view, 8, 0, "hashes") < 0 || get_buffer(kinds_obj, &kinds_view, 1, 0, "kinds") < 0
+        || get_buffer(sublinear_obj, &sublinear_view, 8, 0, "sublinear") < 0
+        || get_buffer(out_obj, &out_view, 8, 1, "out") < 0)
+        goto done;
+    const int64_t *ids = ids_view.buf, *lengths = lengths_view.buf;
+    const uint64_t *hashes = hashes_view.buf;
+    const signed char *kinds = kinds_view.buf;
+    const double *sublinear = sublinear_view.buf;
+    uint64_t *out = out_view.buf;
+    Py_ssize_t texts = lengths_view.len / 8, vocabulary = hashes_view.len / 8, total = ids_view.len / 8;
+    Py_ssize_t sublinear_size = sublinear_view.len / 8;
+    if (out_view.len / 8 != texts || kinds_view.len != vocabulary) {
+        PyErr_SetString(PyExc_ValueError, "simhashes: one fingerprint per text, one kind per hash");
+        goto done;
+    }
+    Py_ssize_t longest = 0, sum = 0;
+    for (Py_ssize_t t = 0; t < texts; t++) {
+        if (lengths[t] < 0) {
+            PyErr_SetString(PyExc_ValueError, "simhashes: a negative length");
+            goto done;
+        }
+        if (lengths[t] > longest)
+            longest = lengths[t];
+        sum += lengths[t];
+    }
+    if (sum != total) {
+        PyErr_SetString(PyExc_ValueError, "simhashes: the lengths do not add up to the ids");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < total; i++)
+        if (ids[i] < 0 || ids[i] >= vocabulary || ids[i] > UINT32_MAX) {
+            PyErr_SetString(PyExc_ValueError, "simhashes: a token id outside the vocabulary");
+            goto done;
+        }
+    size_t room = (size_t)longest * 2 + 1;
+    kept = malloc((longest + 1) * sizeof(int64_t));
+    feature_hashes = malloc(room * sizeof(uint64_t));
+    feature_weights = malloc(room * sizeof(double));
+    terms = malloc(room * sizeof(double));
+    partials = malloc((room + 1) * sizeof(double));
+    if (kept == NULL || feature_hashes == NULL || feature_weights == NULL || terms == NULL || partials == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (counts_reserve(&tokens, longest) < 0 || counts_reserve(&pairs, longest) < 0)
+        goto done;
+
+    Py_BEGIN_ALLOW_THREADS
+    const int64_t *text_ids = ids;
+    for (Py_ssize_t t = 0; t < texts; t++) {
+        Py_ssize_t count = lengths[t], n = 0;
+        /* stop words and the spaces between Han runs dropped; a text of nothing but stop words keeps them */
+        for (Py_ssize_t i = 0; i < count; i++) {
+            signed char kind = kinds[text_ids[i]];
+            if (stopwords ? kind == WORD : kind != SPACE)
+                kept[n++] = text_ids[i];
+        }
+        if (n == 0)
+            for (Py_ssize_t i = 0; i < count; i++)
+                if (kinds[text_ids[i]] != SPACE)
+                    kept[n++] = text_ids[i];
+        text_ids += count;
+
+        size_t features = 0;
+        counts_clear(&tokens);
+        counts_clear(&pairs);
+        for (Py_ssize_t i = 0; i < n; i++)
+            counts_add(&tokens, (uint64_t)kept[i]);
+        for (size_t u = 0; u < tokens.n_used; u++) {
+            Slot *s = &tokens.slots[tokens.used[u]];
+            feature_hashes[features] = hashes[s->key];
+            feature_weights[features++] = term_weight(s->count, weighting, sublinear, sublinear_size);
+        }
+        if (n > 1) {
+            double scale = (double)bigrams / (double)n;
+            if (scale > 1.0)
+                scale = 1.0;
+            for (Py_ssize_t i = 0; i + 1 < n; i++)
+                counts_add(&pairs, ((uint64_t)kept[i] << 32) | (uint64_t)kept[i + 1]);
+            for (size_t u = 0; u < pairs.n_used; u++) {
+                Slot *s = &pairs.slots[pairs.used[u]];
+                feature_hashes[features] = bigram_hash(hashes[s->key >> 32], hashes[s->key & 0xFFFFFFFFULL]);
+                feature_weights[features++] = term_weight(s->count, weighting, sublinear, sublinear_size) * scale;
+            }
+        }
+
+        /* each bit's signed sum: for a few features, feature by feature; for more, the weights binned by each
+         * byte of their hashes first (8 additions a feature), then each bit's sum from its byte's 256 bins */
+        double totals[64] = {0}, magnitude = 0.0;
+        if (features <= FEW_FEATURES) {
+            for (size_t f = 0; f < features; f++) {
+                uint64_t h = feature_hashes[f];
+                double w = feature_weights[f];
+                magnitude += fabs(w);
+                for (int byte = 0; byte < 8; byte++) {
+                    const double *signs = byte_signs[(h >> (8 * byte)) & 0xFF];
+                    for (int bit = 0; bit < 8; bit++)  /* w * +-1 is exact: the sums are of the weights alone */
+                        totals[8 * byte + bit] += w * signs[bit];
+                }
+            }
+        } else {
+            double bins[8][256];
+            memset(bins, 0, sizeof bins);
+            for (size_t f = 0; f < features; f++) {
+                uint64_t h = feature_hashes[f];
+                double w = feature_weights[f];
+                magnitude += fabs(w);
+                for (int byte = 0; byte < 8; byte++)
+                    bins[byte][(h >> (8 * byte)) & 0xFF] += w;
+            }
+            for (int byte = 0; byte < 8; byte++) {
+                double *sums = totals + 8 * byte;
+                for (int v = 0; v < 256; v++) {
+                    double w = bins[byte][v];
+                    for (int bit = 0; bit < 8; bit++)
+                        sums[bit] += w * byte_signs[v][bit];
+                }
+            }
+        }
+        /* the bound of simdb.methods.simhash.fingerprint._simhashes: far above this order's error */
+        double bound = (2.0 * (double)features + 2.0) * ldexp(1.0, -52) * magnitude;
+        uint64_t fingerprint = 0;
+        for (int bit = 0; bit < 64; bit++) {
+            int positive;
+            if (fabs(totals[bit]) <= bound) {
+                for (size_t f = 0; f < features; f++)
+                    terms[f] = (feature_hashes[f] >> bit) & 1 ? feature_weights[f] : -feature_weights[f];
+                positive = exact_sum_positive(terms, features, partials);
+            } else {
+                positive = totals[bit] > 0.0;
+            }
+            if (positive)
+                fingerprint |= (uint64_t)1 << bit;
+        }
+        out[t] = fingerprint;
+    }
+    Py_END_ALLOW_THREADS
+    result = Py_NewRef(Py_None);
+
+done:
+    free(kept);
+    free(feature_hashes);
+    free(feature_weights);
+    free(terms);
+    free(partials);
+    free(tokens.slots);
+    free(tokens.used);
+    free(pairs.slots);
+    free(pairs.used);
+    if (ids_view.obj) PyBuffer_Release(&ids_view);
+    if (lengths_view.obj) PyBuffer_Release(&lengths_view);
+    if (hashes_view.obj) PyBuffer_Release(&hashes_view);
+    if (kinds_view.obj) PyBuffer_Release(&kinds_view);
+    if (sublinear_view.obj) PyBuffer_Release(&sublinear_view);
+    if (out_view.obj) PyBuffer_Release(&out_view);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"set_tables", set_tables, METH_VARARGS, "set_tables(folds, fold_unsafe, classes): the character tables."},
+    {"fold", fold, METH_O, "fold(text) -> folded text, or None where the Python path must fold it."},
+    {"has_astral", has_astral, METH_O, "has_astral(text) -> whether text holds a character beyond the BMP."},
+    {"runs", runs, METH_O, "runs(folded) -> (han text, words, nospace runs, differs), or None."},
+    {"token_ids", token_ids, METH_VARARGS, "token_ids(lists, ids, out) -> tokens without an id."},
+    {"simhashes", simhashes, METH_VARARGS,
+     "simhashes(ids, lengths, hashes, kinds, sublinear, out, weighting, bigrams, stopwords)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "simdb._native",
+                                     "simdb's compiled fast paths (see simdb/native.py).", -1, methods};
+
+PyMODINIT_FUNC
+PyInit__native(void)
+{
+    for (int v = 0; v < 256; v++)
+        for (int bit = 0; bit < 8; bit++)
+            byte_signs[v][bit] = (v >> bit) & 1 ? 1.0 : -1.0;
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,195 @@
+"""The compiled fast paths (simdb/_native.c) give exactly what their Python twins give.
+
+Each compiled function is held to the Python function that defines it (simdb/native.py lists the pairs), on
+every devset text, on generated text rich in the characters that make paths differ (full-width and
+compatibility forms, combining marks, Hangul jamo, scripts without spaces, astral characters, the Han
+characters jieba-rs segments differently), on every character of the Basic Multilingual Plane alone and on
+every canonical composition pair; and whole fingerprints are held to the pure-Python pipeline.
+"""
+
+from __future__ import annotations
+
+import os
+import unicodedata
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simdb import native
+from simdb.methods.simhash import fingerprint as fp
+from simdb.methods.simhash.fingerprint import FingerprintSettings, fingerprints, simhashes_of_tokens
+from simdb.text.normalize import fold_and_simplify, fold_in_python
+from simdb.text.scripts import ASTRAL_CHARACTER
+from simdb.text.segment import BLOCKS_DIFFER
+from simdb.text.tokenize import TokenizerSettings, punctuated_parts, punctuated_runs
+
+compiled = native.module()
+needs_native = pytest.mark.skipif(compiled is None, reason="simdb._native is not built here, or SIMDB_NATIVE=0")
+
+_CHARACTERS = st.sampled_from(
+    list("abcXYZ019 \t\n\u3000\u00a0,.!?;'\"()+-_~|，。！？：；（）《》、…—·「」人民日报北京中文與網路設定頭髮後來的了是和")
+    + ["\u0e3f", "สวัส", "ดี", "カタカナ", "ひらがな", "\u30fb", "\U0001f600", "\U00020000", "\uf900", "\u3400",
+       "\u9fd6", "\u9fff", "é", "e\u0301", "\u2f00", "\u3192", "ﬁ", "Ⅻ", "①", "²", "\u0338", "=\u0338", "Ａ",
+       "ＴＥＸＴ", "\u1100\u1161", "\u0301", "\u212b", "\u1161", "\u11a8", "가", "ｶ", "\uff9e", "ß", "İ", "\u0345",
+       "ǅ", "\ud800", "\u0cd5", "\u0f71"])
+_TEXT = st.lists(_CHARACTERS, max_size=40).map("".join)
+
+
+def test_the_compiled_module_is_built_here():
+    """The build compiles it wherever a C compiler is at hand, as on the machines the tests run on: without
+    it, the comparisons below would be skipped and the speed would be the pure-Python one."""
+    if os.environ.get(native.NATIVE_ENV, "").strip() == "0":
+        pytest.skip("SIMDB_NATIVE=0 turns the compiled paths off")
+    assert native.available(), "simdb._native was not compiled: see the warnings of `pip install -e .`"
+    assert compiled is not None and native.description() == "on"
+
+
+@needs_native
+def test_fold_agrees_with_python_on_every_character_alone():
+    for cp in range(0x10000):
+        character = chr(cp)
+        folded = compiled.fold(character)
+        assert folded is None or folded == fold_in_python(character), hex(cp)
+
+
+@needs_native
+def test_fold_sends_every_canonical_composition_pair_to_python_or_agrees():
+    """A character that composes with the one before it must never be folded by table lookup alone."""
+    checked = 0
+    for cp in range(0x110000):
+        decomposition = unicodedata.decomposition(chr(cp))
+        if decomposition and not decomposition.startswith("<") and len(decomposition.split()) == 2:
+            pair = "".join(chr(int(part, 16)) for part in decomposition.split())
+            for text in (pair, "x" + pair + "中"):
+                folded = compiled.fold(text)
+                assert folded is None or folded == fold_in_python(text), ascii(text)
+            checked += 1
+    assert checked > 900
+
+
+@needs_native
+@settings(max_examples=400, deadline=None)
+@given(_TEXT)
+def test_fold_agrees_with_python(text):
+    folded = compiled.fold(text)
+    assert folded is None or folded == fold_in_python(text)
+
+
+def _runs_in_python(folded: str):
+    not_han, nospace, word = punctuated_runs()
+    han = not_han.sub(" ", folded)
+    return han, word.findall(folded), nospace.findall(folded), BLOCKS_DIFFER.search(han) is not None
+
+
+@needs_native
+@settings(max_examples=400, deadline=None)
+@given(_TEXT)
+def test_runs_agree_with_the_regexes(text):
+    folded = fold_in_python(text)
+    runs = compiled.runs(folded)
+    if ASTRAL_CHARACTER.search(folded):
+        assert runs is None and compiled.has_astral(folded)
+    else:
+        assert runs == _runs_in_python(folded) and not compiled.has_astral(folded)
+
+
+@needs_native
+def test_the_compiled_paths_agree_on_every_devset_text(devset_texts):
+    taken = 0
+    for text in devset_texts:
+        folded = compiled.fold(text)
+        assert folded is None or folded == fold_in_python(text)
+        runs = compiled.runs(fold_in_python(text))
+        assert runs is None or runs == _runs_in_python(fold_in_python(text))
+        taken += folded is not None and runs is not None
+    assert taken > 0.95 * len(devset_texts)  # real text takes the compiled paths, not the Python ones
+
+
+@pytest.fixture
+def python_only(monkeypatch):
+    """Every compiled path off: the Python twins alone."""
+    monkeypatch.setattr(native, "module", lambda: None)
+
+
+def _tokens_of(texts):
+    return [punctuated_parts(fold_and_simplify(text)) for text in texts]
+
+
+def _both_ways(token_lists, settings_, monkeypatch):
+    fast = simhashes_of_tokens(token_lists, settings_)
+    with monkeypatch.context() as m:
+        m.setattr(native, "module", lambda: None)
+        plain = simhashes_of_tokens(token_lists, settings_)
+    return fast, plain
+
+
+_TOKENS = st.lists(st.lists(st.sampled_from(["a", "b", "c", "的", "了", "the", "of", " ", "数据", "库", "x" * 20,
+                                             "中文"]), min_size=1, max_size=30), min_size=1, max_size=12)
+
+
+@needs_native
+@settings(max_examples=300, deadline=None)
+@given(_TOKENS, st.sampled_from(["tf", "sublinear_tf", "binary"]), st.sampled_from([0, 1, 3, 50, 1000]),
+       st.booleans(), st.integers(0, 2**64 - 1))
+def test_simhashes_agree_with_numpy(token_lists, weighting, bigrams, stopwords, seed):
+    """Few distinct tokens, so equal weights cancel and sums land exactly on zero: both decide those exactly."""
+    if not bigrams:
+        token_lists = token_lists[:1]  # simhashes_of_tokens serves the bigram recipes; the plain one too
+    settings_ = FingerprintSettings(tokenizer=TokenizerSettings(stopwords=stopwords), weighting=weighting,
+                                    bigrams=bigrams, seed=seed)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        fast, plain = _both_ways(token_lists, settings_, monkeypatch)
+    assert fast == plain
+
+
+@needs_native
+def test_simhashes_of_long_texts_agree_with_numpy(monkeypatch):
+    """Past FEW_FEATURES features the compiled sums go through byte bins."""
+    words = [f"w{i % 701}" for i in range(5000)]
+    token_lists = [words[:n] for n in (10, 255, 256, 257, 600, 5000)] + [["的"] * 400, [" "] * 3 + ["a"]]
+    for weighting in ("tf", "sublinear_tf", "binary"):
+        fast, plain = _both_ways(token_lists, FingerprintSettings(weighting=weighting), monkeypatch)
+        assert fast == plain
+
+
+@needs_native
+def test_a_vocabulary_that_starts_again_mid_batch_gives_the_same_fingerprints(monkeypatch):
+    monkeypatch.setattr(fp, "VOCABULARY_LIMIT", 64)
+    fp._vocabulary.cache_clear()
+    try:
+        token_lists = [[f"t{i}-{j}" for j in range(40)] for i in range(6)]
+        fast, plain = _both_ways(token_lists, FingerprintSettings(), monkeypatch)
+        assert fast == plain
+    finally:
+        fp._vocabulary.cache_clear()
+
+
+@needs_native
+def test_devset_fingerprints_are_those_of_the_pure_python_pipeline(devset_texts, monkeypatch):
+    for settings_ in (FingerprintSettings(), FingerprintSettings(weighting="sublinear_tf", bigrams=0),
+                      FingerprintSettings(tokenizer=TokenizerSettings(stopwords=False))):
+        fast = fingerprints(devset_texts, settings_)
+        with monkeypatch.context() as m:
+            m.setattr(native, "module", lambda: None)
+            plain = fingerprints(devset_texts, settings_)
+        assert fast == plain
+
+
+@needs_native
+def test_bad_arguments_are_errors_not_crashes():
+    ids = np.zeros(3, dtype=np.int64)
+    with pytest.raises(ValueError, match="shorter"):
+        compiled.token_ids([["a", "b"], ["c", "d"]], {"a": 0}, ids)
+    with pytest.raises(ValueError, match="longer"):
+        compiled.token_ids([["a"]], {"a": 0}, ids)
+    hashes, kinds, out = np.zeros(2, dtype=np.uint64), np.zeros(2, dtype=np.int8), np.zeros(1, dtype=np.uint64)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        compiled.simhashes(np.array([5], dtype=np.int64), np.array([1], dtype=np.int64), hashes, kinds,
+                           fp._SUBLINEAR, out, 0, 50, True)
+    with pytest.raises(ValueError, match="add up"):
+        compiled.simhashes(np.array([0], dtype=np.int64), np.array([2], dtype=np.int64), hashes, kinds,
+                           fp._SUBLINEAR, out, 0, 50, True)
+    with pytest.raises(TypeError):
+        compiled.fold(b"bytes")
