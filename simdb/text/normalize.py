@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import functools
 import re
-import sys
 import unicodedata
 
 from .. import native
 from ..errors import InputError
+from .characters import bmp_punctuation, compatibility_forms, punctuation_and_symbols  # noqa: F401 -- and re-exported
 from .scripts import ASTRAL_CHARACTER, HAN_CHARACTER, character_class
 
 
@@ -33,29 +33,10 @@ def simplify(text: str) -> str:
 
 
 @functools.cache
-def punctuation_and_symbols() -> frozenset[int]:
-    """Every punctuation (P*) and symbol (S*) code point (built once per process, about 0.2 s)."""
-    return frozenset(cp for cp in range(sys.maxunicode + 1) if unicodedata.category(chr(cp))[0] in "PS")
-
-
-@functools.cache
 def _punctuation_table() -> dict[int, str]:
     """Every punctuation and symbol code point -> a space: ``str.translate`` with it is far faster than a
     per-character category lookup."""
     return dict.fromkeys(punctuation_and_symbols(), " ")
-
-
-@functools.cache
-def compatibility_forms() -> tuple[dict[str, str], re.Pattern]:
-    """Every character of the Basic Multilingual Plane that NFKC changes -> its NFKC form, and a pattern
-    that splits a text around them (built once per process, about 0.1 s)."""
-    forms = {}
-    for cp in range(0x10000):
-        if not 0xD800 <= cp < 0xE000:
-            form = unicodedata.normalize("NFKC", chr(cp))
-            if form != chr(cp):
-                forms[chr(cp)] = form
-    return forms, re.compile(f"([{character_class(forms)}])")
 
 
 def fold(text: str) -> str:
@@ -98,12 +79,6 @@ def fold_and_simplify(text: str, simplify_script: bool = True) -> str:
     """Fold, then simplify unless ``simplify_script`` is off (as for ``simhash64-v1`` indexes)."""
     text = fold(text)
     return simplify(text) if simplify_script else text
-
-
-@functools.cache
-def bmp_punctuation() -> frozenset[str]:
-    """The punctuation and symbols of the Basic Multilingual Plane (the fast paths' classes)."""
-    return frozenset(chr(cp) for cp in punctuation_and_symbols() if cp <= 0xFFFF)
 
 
 @functools.cache

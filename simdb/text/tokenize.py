@@ -17,14 +17,14 @@ tokenizers force one treatment for the whole text: ``words``, ``jieba``, or
 
 from __future__ import annotations
 
-import functools
 import re
 from collections import Counter
 from dataclasses import dataclass
 
 from .. import native
-from .normalize import ascii_words, bmp_punctuation, strip_punctuation
-from .scripts import ASTRAL_CHARACTER, HAN, OTHER_WITHOUT_SPACES, character_class, expand
+from .characters import punctuated_runs
+from .normalize import ascii_words, strip_punctuation
+from .scripts import ASTRAL_CHARACTER, HAN, OTHER_WITHOUT_SPACES
 from .segment import cut
 
 TOKENIZERS = ("auto", "words", "jieba", "shingles")
@@ -100,22 +100,6 @@ def tokenize(normalized: str, settings: TokenizerSettings = TokenizerSettings())
         # the Han runs in one call, a space between two: jieba cuts at every space, so each is segmented alone
         tokens = (jieba_tokens(" ".join(han_runs), settings.jieba_hmm) if han_runs else []) + words + shingled
     return _without_stopwords(tokens, settings)
-
-
-@functools.cache
-def punctuated_runs() -> tuple[re.Pattern, re.Pattern, re.Pattern]:
-    """The runs of :data:`_RUNS`, read out of text whose punctuation and symbols are still in (they separate
-    runs as the spaces normalization makes of them would), one kind at a time: what is not Han (to be
-    replaced by a space), runs of the other scripts without spaces, words. The classes hold characters of
-    the Basic Multilingual Plane only, which ``re`` matches by table lookup (with a single astral range in a
-    class it tests every range in turn): :func:`count_punctuated` sends other text the plain way."""
-    separators = bmp_punctuation()
-    han_characters = [c for c in expand(HAN) if c <= "\uffff"]
-    assert not separators.intersection(han_characters), "a Han character is punctuation"
-    han = character_class(han_characters)
-    nospace = character_class(c for c in expand(OTHER_WITHOUT_SPACES) if c not in separators)
-    return (re.compile(f"[^{han}]+"), re.compile(f"[{nospace}]+"),
-            re.compile(rf"[^\s{han}{character_class(expand(OTHER_WITHOUT_SPACES))}{character_class(separators)}]+"))
 
 
 def _has_astral(text: str) -> bool:
