@@ -86,8 +86,8 @@ def measure_stages(name: str, lines: list[str], min_seconds: float) -> dict:
     # what the tokenizer hands the segmenter: the Han text, and whether it holds a character jieba-rs and jieba
     # segment differently (the compiled runs tell; else a search of the text, as the Python path makes)
     not_han, compiled = punctuated_runs()[0], native.module()
-    han_texts = [(not_han.sub(" ", text), None if compiled is None or compiled.runs(text) is None
-                  else compiled.runs(text)[3]) for text in simplified]
+    runs = [compiled.runs(text) if compiled is not None else None for text in simplified]
+    han_texts = [(not_han.sub(" ", text), None if run is None else run[3]) for text, run in zip(simplified, runs)]
     _, m["segment"] = per_document(lambda han: cut(han[0], False, han[1]), han_texts, min_seconds)
     token_lists, tokens = per_document(punctuated_parts, simplified, min_seconds)
     m["tokens"] = tokens - m["segment"]
