@@ -7,9 +7,11 @@
  *   fold(text)                   simdb.text.normalize.fold, for text of the Basic Multilingual Plane whose
  *                                characters need no composing: one table lookup per character
  *   has_astral(text)             whether a text holds a character beyond the BMP, without reading it
+ *   any_marked(text, marks)      whether a text holds a character of a bit set over the BMP, or one beyond
+ *                                it (simdb.text.t2s.may_change: whether OpenCC's t2s may change it)
  *   runs(folded)                 the Han text, the words and the runs of the other scripts without spaces
  *                                that the auto tokenizer reads out of folded text with three regexes
- *   token_ids(lists, ids, out)   the vocabulary's id of every token (-1 for a new one)
+ *   token_ids(lists, ids, out)   the vocabulary's id of every token (-1 for a new one), and the new ones
  *   simhashes(...)               the SimHash of each text from its token ids: stop words dropped, tokens and
  *                                bigrams counted and weighted, signed sums by byte bins, exact signs near 0
  *
@@ -154,6 +156,31 @@ has_astral(PyObject *self, PyObject *text)
     return PyBool_FromLong(PyUnicode_KIND(text) == PyUnicode_4BYTE_KIND);
 }
 
+/* Whether a str holds a character whose bit is set in marks (8,192 bytes: bit c % 8 of byte c / 8 for each
+ * BMP character c) or any character beyond the BMP. */
+static PyObject *
+any_marked(PyObject *self, PyObject *args)
+{
+    PyObject *text;
+    Py_buffer marks;
+    if (!PyArg_ParseTuple(args, "Uy*:any_marked", &text, &marks))
+        return NULL;
+    if (marks.len != BMP / 8) {
+        PyBuffer_Release(&marks);
+        PyErr_SetString(PyExc_ValueError, "any_marked() takes a bit set of 8,192 bytes");
+        return NULL;
+    }
+    const unsigned char *bits = marks.buf;
+    int kind = PyUnicode_KIND(text), found = kind == PyUnicode_4BYTE_KIND;
+    const void *data = PyUnicode_DATA(text);
+    for (Py_ssize_t i = 0, n = PyUnicode_GET_LENGTH(text); i < n && !found; i++) {
+        Py_UCS4 c = PyUnicode_READ(kind, data, i);
+        found = (bits[c >> 3] >> (c & 7)) & 1;
+    }
+    PyBuffer_Release(&marks);
+    return PyBool_FromLong(found);
+}
+
 /* ---- runs ---- */
 
 static int
@@ -270,7 +297,7 @@ get_buffer(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, int writable, co
 }
 
 /* Writes each token's id (a value of ``ids``, or -1 where it has none) into ``out`` (int64, one per token,
- * text after text); returns how many had none. */
+ * text after text); returns the tokens that had none, in order (a token once per occurrence). */
 static PyObject *
 token_ids(PyObject *self, PyObject *args)
 {
@@ -281,7 +308,12 @@ token_ids(PyObject *self, PyObject *args)
     if (get_buffer(out, &view, 8, 1, "token_ids' output") < 0)
         return NULL;
     int64_t *target = view.buf;
-    Py_ssize_t capacity = view.len / 8, written = 0, missing = 0;
+    Py_ssize_t capacity = view.len / 8, written = 0;
+    PyObject *missing = PyList_New(0);
+    if (missing == NULL) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
     for (Py_ssize_t t = 0; t < PyList_GET_SIZE(lists); t++) {
         PyObject *tokens = PyList_GET_ITEM(lists, t);
         if (!PyList_Check(tokens)) {
@@ -299,7 +331,8 @@ token_ids(PyObject *self, PyObject *args)
                 if (PyErr_Occurred())
                     goto error;
                 target[written++] = -1;
-                missing++;
+                if (PyList_Append(missing, PyList_GET_ITEM(tokens, i)) < 0)
+                    goto error;
             } else {
                 long long value = PyLong_AsLongLong(id);
                 if (value == -1 && PyErr_Occurred())
@@ -313,8 +346,9 @@ token_ids(PyObject *self, PyObject *args)
         goto error;
     }
     PyBuffer_Release(&view);
-    return PyLong_FromSsize_t(missing);
+    return missing;
 error:
+    Py_DECREF(missing);
     PyBuffer_Release(&view);
     return NULL;
 }
@@ -646,8 +680,10 @@ static PyMethodDef methods[] = {
     {"set_tables", set_tables, METH_VARARGS, "set_tables(folds, fold_unsafe, classes): the character tables."},
     {"fold", fold, METH_O, "fold(text) -> folded text, or None where the Python path must fold it."},
     {"has_astral", has_astral, METH_O, "has_astral(text) -> whether text holds a character beyond the BMP."},
+    {"any_marked", any_marked, METH_VARARGS,
+     "any_marked(text, marks) -> whether text holds a marked BMP character or one beyond the BMP."},
     {"runs", runs, METH_O, "runs(folded) -> (han text, words, nospace runs, differs), or None."},
-    {"token_ids", token_ids, METH_VARARGS, "token_ids(lists, ids, out) -> tokens without an id."},
+    {"token_ids", token_ids, METH_VARARGS, "token_ids(lists, ids, out) -> the tokens without an id."},
     {"simhashes", simhashes, METH_VARARGS,
      "simhashes(ids, lengths, hashes, kinds, sublinear, out, weighting, bigrams, stopwords)."},
     {NULL, NULL, 0, NULL},

@@ -5,6 +5,7 @@ the two equal over the devset and over generated text:
 
 =========================  ==================================================================
 ``_native.fold``           :func:`simdb.text.normalize.fold`
+``_native.any_marked``     :func:`simdb.text.t2s.may_change`, with :func:`simdb.text.t2s.marks`
 ``_native.runs``           the regexes of :func:`simdb.text.tokenize._punctuated_kinds`
 ``_native.token_ids``      :meth:`simdb.methods.simhash.fingerprint._Vocabulary.lookup`
 ``_native.simhashes``      :func:`simdb.methods.simhash.fingerprint.simhashes_of_tokens`

@@ -22,6 +22,7 @@ from simdb.methods.simhash import fingerprint as fp
 from simdb.methods.simhash.fingerprint import FingerprintSettings, fingerprints, simhashes_of_tokens
 from simdb.text.normalize import fold_and_simplify, fold_in_python
 from simdb.text.scripts import ASTRAL_CHARACTER
+from simdb.text import t2s
 from simdb.text.segment import BLOCKS_DIFFER
 from simdb.text.tokenize import TokenizerSettings, punctuated_parts, punctuated_runs
 
@@ -105,6 +106,28 @@ def test_the_compiled_paths_agree_on_every_devset_text(devset_texts):
         assert runs is None or runs == _runs_in_python(fold_in_python(text))
         taken += folded is not None and runs is not None
     assert taken > 0.95 * len(devset_texts)  # real text takes the compiled paths, not the Python ones
+
+
+@needs_native
+@settings(max_examples=400, deadline=None)
+@given(_TEXT)
+def test_any_marked_agrees_with_may_change(text):
+    marks = t2s.marks()
+    if marks is None:
+        pytest.skip("OpenCC's dictionaries cannot be read here")
+    assert compiled.any_marked(text, marks) == t2s.may_change(text)
+
+
+@needs_native
+def test_any_marked_agrees_on_every_character_and_devset_text(devset_texts):
+    marks = t2s.marks()
+    if marks is None:
+        pytest.skip("OpenCC's dictionaries cannot be read here")
+    for cp in range(0x110000):
+        character = chr(cp)
+        assert compiled.any_marked(character, marks) == t2s.may_change(character), hex(cp)
+    for text in devset_texts:
+        assert compiled.any_marked(text, marks) == t2s.may_change(text)
 
 
 @pytest.fixture
@@ -193,3 +216,15 @@ def test_bad_arguments_are_errors_not_crashes():
                            fp._SUBLINEAR, out, 0, 50, True)
     with pytest.raises(TypeError):
         compiled.fold(b"bytes")
+    with pytest.raises(ValueError, match="8,192 bytes"):
+        compiled.any_marked("text", b"\0" * 100)
+    with pytest.raises(TypeError):
+        compiled.any_marked(b"bytes", b"\0" * 8192)
+
+
+@needs_native
+def test_token_ids_hands_back_the_new_tokens_in_order():
+    ids = np.zeros(5, dtype=np.int64)
+    assert compiled.token_ids([["a", "b"], ["c", "a", "b"]], {"a": 7}, ids) == ["b", "c", "b"]
+    assert ids.tolist() == [7, -1, -1, 7, -1]
+    assert compiled.token_ids([["a"], []], {"a": 7}, ids[:1]) == []

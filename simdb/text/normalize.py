@@ -15,21 +15,21 @@ import unicodedata
 
 from .. import native
 from ..errors import InputError
+from . import t2s
 from .characters import bmp_punctuation, compatibility_forms, punctuation_and_symbols  # noqa: F401 -- and re-exported
 from .scripts import ASTRAL_CHARACTER, HAN_CHARACTER, character_class
 
 
-@functools.cache
-def _t2s():
-    """OpenCC's traditional -> simplified converter, loaded once per process."""
-    import opencc
-
-    return opencc.OpenCC("t2s.json")
-
-
 def simplify(text: str) -> str:
-    """Traditional Chinese -> simplified (OpenCC ``t2s``); text without Han characters is returned as is."""
-    return _t2s().convert(text) if HAN_CHARACTER.search(text) else text
+    """Traditional Chinese -> simplified (OpenCC ``t2s``). A text that holds none of the characters at which
+    the conversion can change it (:mod:`.t2s`; compiled: one bit lookup per character), or no Han character
+    at all, is returned as is."""
+    compiled = native.module()
+    if compiled is not None:
+        marks = t2s.marks()
+        if marks is not None:
+            return t2s.convert(text) if compiled.any_marked(text, marks) else text
+    return t2s.convert(text) if HAN_CHARACTER.search(text) else text
 
 
 @functools.cache

@@ -327,17 +327,25 @@ class _Vocabulary:
         missing = np.flatnonzero(ids < 0)
         if not len(missing):
             return ids
-        new = list(dict.fromkeys([tokens[i] for i in missing.tolist()]))
+        added = self.add([tokens[i] for i in missing.tolist()])
+        if added is None:  # the ids already read are stale; the empty vocabulary takes them all
+            return self.lookup(tokens)
+        ids[missing] = added
+        return ids
+
+    def add(self, missing: list[str]) -> list[int] | None:
+        """The ids of tokens the vocabulary does not hold (repeats allowed), after hashing and adding them; None
+        where the vocabulary had to start again to hold them (every id handed out before is then stale)."""
+        new = list(dict.fromkeys(missing))
         if self.ids and len(self.ids) + len(new) > VOCABULARY_LIMIT:
             self.ids, self.hashes, self.kinds = {}, self.hashes[:0], self.kinds[:0]
-            return self.lookup(tokens)  # the ids already read are stale; the empty vocabulary takes them all
+            return None
         start = len(self.ids)
         self.ids.update(zip(new, range(start, start + len(new))))
         self.hashes = np.concatenate((self.hashes, feature_hashes(new, self.seed)))
         kinds = [SPACE if token == " " else STOPWORD if token in STOPWORDS else WORD for token in new]
         self.kinds = np.concatenate((self.kinds, np.array(kinds, dtype=np.int8)))
-        ids[missing] = [self.ids[tokens[i]] for i in missing.tolist()]
-        return ids
+        return list(map(self.ids.__getitem__, missing))
 
 
 @functools.cache
@@ -410,13 +418,18 @@ _COMPILED_WEIGHTINGS = {"tf": 0, "sublinear_tf": 1, "binary": 2}
 def _compiled_simhashes(compiled, vocabulary: _Vocabulary, token_lists: Sequence[list[str]],
                         settings: FingerprintSettings) -> list[int]:
     """:func:`simhashes_of_tokens` by the compiled twin: the ids looked up in the vocabulary's dictionary
-    without the interpreter (new tokens are added in Python), each text's features counted in hash tables and
+    without the interpreter (only the new tokens are added in Python), each text's features counted in hash tables and
     summed in byte bins, with the same exact signs near zero, hence the same fingerprints."""
     token_lists = token_lists if isinstance(token_lists, list) else list(token_lists)
     lengths = np.fromiter(map(len, token_lists), dtype=np.int64, count=len(token_lists))
     ids = np.empty(int(lengths.sum()), dtype=np.int64)
-    if compiled.token_ids(token_lists, vocabulary.ids, ids):
-        ids = vocabulary.lookup(list(itertools.chain.from_iterable(token_lists)))
+    missing = compiled.token_ids(token_lists, vocabulary.ids, ids)
+    if missing:  # new tokens: only those go through Python
+        added = vocabulary.add(missing)
+        if added is None:
+            ids = vocabulary.lookup(list(itertools.chain.from_iterable(token_lists)))
+        else:
+            ids[ids < 0] = added
     out = np.empty(len(token_lists), dtype=np.uint64)
     compiled.simhashes(ids, lengths, vocabulary.hashes, vocabulary.kinds, _SUBLINEAR, out,
                        _COMPILED_WEIGHTINGS[settings.weighting], settings.bigrams, settings.tokenizer.stopwords)
