@@ -1,4 +1,5 @@
-"""The compiled fast paths (``simdb/_native.c``): the per-character and per-token loops of a fingerprint.
+"""The compiled fast paths (``simdb/_native.c``): the per-character and per-token loops of a fingerprint,
+and the per-shingle loop of a MinHash signature.
 
 Each compiled function has a Python twin that is the definition, and gives the same result; the tests hold
 the two equal over the devset and over generated text:
@@ -9,6 +10,7 @@ the two equal over the devset and over generated text:
 ``_native.runs``           the regexes of :func:`simdb.text.tokenize._punctuated_kinds`
 ``_native.token_ids``      :meth:`simdb.methods.simhash.fingerprint._Vocabulary.lookup`
 ``_native.simhashes``      :func:`simdb.methods.simhash.fingerprint.simhashes_of_tokens`
+``_native.minhashes``      :func:`simdb.methods.minhash.signature._signatures_in_numpy`
 =========================  ==================================================================
 
 The module is built with simdb where a C compiler is at hand (``hatch_build.py``); without it, or with

@@ -4,7 +4,8 @@ Each compiled function is held to the Python function that defines it (simdb/nat
 every devset text, on generated text rich in the characters that make paths differ (full-width and
 compatibility forms, combining marks, Hangul jamo, scripts without spaces, astral characters, the Han
 characters jieba-rs segments differently), on every character of the Basic Multilingual Plane alone and on
-every canonical composition pair; and whole fingerprints are held to the pure-Python pipeline.
+every canonical composition pair; and whole fingerprints and MinHash signatures are held to the
+pure-Python pipeline.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simdb import native
+from simdb.methods.minhash import signature as minhash_signature
+from simdb.methods.minhash.signature import MinHashSettings
 from simdb.methods.simhash import fingerprint as fp
 from simdb.methods.simhash.fingerprint import FingerprintSettings, fingerprints, simhashes_of_tokens
 from simdb.text.normalize import fold_and_simplify, fold_in_python
@@ -200,6 +203,47 @@ def test_devset_fingerprints_are_those_of_the_pure_python_pipeline(devset_texts,
         assert fast == plain
 
 
+def _instruction_sets() -> list[int]:
+    """The instruction sets ``minhashes`` can run here (1 baseline, 2 AVX2, 3 AVX-512)."""
+    found, one = [], np.zeros(1, dtype=np.uint64)
+    for isa in (1, 2, 3):
+        try:
+            compiled.minhashes(one, np.ones(1, dtype=np.int64), one | 1, one, np.empty(1, dtype=np.uint32), isa)
+        except ValueError:
+            continue
+        found.append(isa)
+    return found
+
+
+@needs_native
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=300), min_size=1, max_size=8),
+       st.sampled_from([16, 128, 1024]), st.integers(0, 2**63))
+def test_minhashes_agree_with_numpy_on_every_instruction_set(hash_sets, num_perm, seed):
+    """Hashes at the ends of the range included (0, 2**64 - 1, where a * h + b wraps around)."""
+    a, b = MinHashSettings(num_perm=num_perm, seed=seed).permutations
+    lengths = np.array([len(h) for h in hash_sets], dtype=np.int64)
+    values = np.array([v for h in hash_sets for v in h], dtype=np.uint64)
+    expected = minhash_signature._signatures_in_numpy(values, lengths, a, b,
+                                                      np.empty((len(hash_sets), num_perm), dtype=np.uint32))
+    for isa in [0, *_instruction_sets()]:
+        out = np.empty((len(hash_sets), num_perm), dtype=np.uint32)
+        compiled.minhashes(values, lengths, a, b, out, isa)
+        assert (out == expected).all(), isa
+
+
+@needs_native
+def test_devset_signatures_are_those_of_numpy(devset_texts, monkeypatch):
+    assert 1 in _instruction_sets()
+    settings_ = MinHashSettings()
+    hash_sets = [minhash_signature.shingle_hashes(text, settings_) for text in devset_texts]
+    fast = minhash_signature.signatures(hash_sets, settings_)
+    with monkeypatch.context() as m:
+        m.setattr(native, "module", lambda: None)
+        plain = minhash_signature.signatures(hash_sets, settings_)
+    assert (fast == plain).all()
+
+
 @needs_native
 def test_bad_arguments_are_errors_not_crashes():
     ids = np.zeros(3, dtype=np.int64)
@@ -220,6 +264,19 @@ def test_bad_arguments_are_errors_not_crashes():
         compiled.any_marked("text", b"\0" * 100)
     with pytest.raises(TypeError):
         compiled.any_marked(b"bytes", b"\0" * 8192)
+    one, four = np.ones(4, dtype=np.uint64), np.empty(4, dtype=np.uint32)
+    with pytest.raises(ValueError, match="at least one shingle"):
+        compiled.minhashes(one, np.array([0, 4], dtype=np.int64), one, one, np.empty(8, dtype=np.uint32))
+    with pytest.raises(ValueError, match="add up"):
+        compiled.minhashes(one, np.array([3], dtype=np.int64), one, one, four)
+    with pytest.raises(ValueError, match="texts x permutations"):
+        compiled.minhashes(one, np.array([4], dtype=np.int64), one, one, np.empty(3, dtype=np.uint32))
+    with pytest.raises(ValueError, match="same 1 to 1024"):
+        compiled.minhashes(one, np.array([4], dtype=np.int64), one, one[:2], four)
+    with pytest.raises(ValueError, match="instruction set 7"):
+        compiled.minhashes(one, np.array([4], dtype=np.int64), one, one, four, 7)
+    with pytest.raises(ValueError, match="items of 4 bytes"):
+        compiled.minhashes(one, np.array([4], dtype=np.int64), one, one, np.empty(4, dtype=np.uint64))
 
 
 @needs_native
