@@ -11,6 +11,7 @@
  *                                it (simdb.text.t2s.may_change: whether OpenCC's t2s may change it)
  *   runs(folded)                 the Han text, the words and the runs of the other scripts without spaces
  *                                that the auto tokenizer reads out of folded text with three regexes
+ *   auto_runs(texts, marks)      fold, the t2s check and runs for a whole batch of texts in one call
  *   token_ids(lists, ids, out)   the vocabulary's id of every token (-1 for a new one), and the new ones
  *   simhashes(...)               the SimHash of each text from its token ids: stop words dropped, tokens and
  *                                bigrams counted and weighted, signed sums by byte bins, exact signs near 0
@@ -159,27 +160,41 @@ has_astral(PyObject *self, PyObject *text)
     return PyBool_FromLong(PyUnicode_KIND(text) == PyUnicode_4BYTE_KIND);
 }
 
-/* Whether a str holds a character whose bit is set in marks (8,192 bytes: bit c % 8 of byte c / 8 for each
+/* Whether a str holds a character whose bit is set in bits (8,192 bytes: bit c % 8 of byte c / 8 for each
  * BMP character c) or any character beyond the BMP. */
-static PyObject *
-any_marked(PyObject *self, PyObject *args)
+static int
+marked(PyObject *text, const unsigned char *bits)
 {
-    PyObject *text;
-    Py_buffer marks;
-    if (!PyArg_ParseTuple(args, "Uy*:any_marked", &text, &marks))
-        return NULL;
-    if (marks.len != BMP / 8) {
-        PyBuffer_Release(&marks);
-        PyErr_SetString(PyExc_ValueError, "any_marked() takes a bit set of 8,192 bytes");
-        return NULL;
-    }
-    const unsigned char *bits = marks.buf;
     int kind = PyUnicode_KIND(text), found = kind == PyUnicode_4BYTE_KIND;
     const void *data = PyUnicode_DATA(text);
     for (Py_ssize_t i = 0, n = PyUnicode_GET_LENGTH(text); i < n && !found; i++) {
         Py_UCS4 c = PyUnicode_READ(kind, data, i);
         found = (bits[c >> 3] >> (c & 7)) & 1;
     }
+    return found;
+}
+
+static int
+get_marks(PyObject *obj, Py_buffer *marks, const char *what)
+{
+    if (PyObject_GetBuffer(obj, marks, PyBUF_SIMPLE) < 0)
+        return -1;
+    if (marks->len != BMP / 8) {
+        PyBuffer_Release(marks);
+        PyErr_Format(PyExc_ValueError, "%s takes a bit set of 8,192 bytes", what);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *
+any_marked(PyObject *self, PyObject *args)
+{
+    PyObject *text, *marks_obj;
+    Py_buffer marks;
+    if (!PyArg_ParseTuple(args, "UO:any_marked", &text, &marks_obj) || get_marks(marks_obj, &marks, "any_marked()") < 0)
+        return NULL;
+    int found = marked(text, marks.buf);
     PyBuffer_Release(&marks);
     return PyBool_FromLong(found);
 }
@@ -281,6 +296,50 @@ error:
     Py_XDECREF(han);
     Py_XDECREF(words);
     Py_XDECREF(nospace);
+    return NULL;
+}
+
+/* ---- the auto tokenizer's runs of many texts ---- */
+
+/* auto_runs(texts, marks): for each text of the list, runs(fold(text)) where the compiled paths take it the
+ * whole way; the folded text itself where marks (None, or t2s's bit set as any_marked takes it) says OpenCC
+ * may change it (the caller converts it, then takes its runs); None where fold or runs declines. */
+static PyObject *
+auto_runs(PyObject *self, PyObject *args)
+{
+    PyObject *texts, *marks_obj;
+    if (!PyArg_ParseTuple(args, "O!O:auto_runs", &PyList_Type, &texts, &marks_obj))
+        return NULL;
+    Py_buffer marks = {0};
+    if (marks_obj != Py_None && get_marks(marks_obj, &marks, "auto_runs()") < 0)
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(texts);
+    PyObject *out = PyList_New(n);
+    if (out == NULL)
+        goto error;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *folded = fold(NULL, PyList_GET_ITEM(texts, i)), *item;
+        if (folded == NULL)
+            goto error;
+        if (folded == Py_None)
+            item = folded;
+        else if (marks.obj != NULL && marked(folded, marks.buf))
+            item = folded;
+        else {
+            item = runs(NULL, folded);
+            Py_DECREF(folded);
+            if (item == NULL)
+                goto error;
+        }
+        PyList_SET_ITEM(out, i, item);
+    }
+    if (marks.obj)
+        PyBuffer_Release(&marks);
+    return out;
+error:
+    Py_XDECREF(out);
+    if (marks.obj)
+        PyBuffer_Release(&marks);
     return NULL;
 }
 
@@ -823,6 +882,8 @@ static PyMethodDef methods[] = {
     {"has_astral", has_astral, METH_O, "has_astral(text) -> whether text holds a character beyond the BMP."},
     {"any_marked", any_marked, METH_VARARGS,
      "any_marked(text, marks) -> whether text holds a marked BMP character or one beyond the BMP."},
+    {"auto_runs", auto_runs, METH_VARARGS,
+     "auto_runs(texts, marks) -> per text: its runs, its folded text where t2s may change it, or None."},
     {"runs", runs, METH_O, "runs(folded) -> (han text, words, nospace runs, differs), or None."},
     {"token_ids", token_ids, METH_VARARGS, "token_ids(lists, ids, out) -> the tokens without an id."},
     {"simhashes", simhashes, METH_VARARGS,

@@ -27,7 +27,7 @@ from simdb.text.normalize import fold_and_simplify, fold_in_python
 from simdb.text.scripts import ASTRAL_CHARACTER
 from simdb.text import t2s
 from simdb.text.segment import BLOCKS_DIFFER
-from simdb.text.tokenize import TokenizerSettings, punctuated_parts, punctuated_runs
+from simdb.text.tokenize import TokenizerSettings, punctuated_parts, punctuated_parts_many, punctuated_runs
 
 compiled = native.module()
 needs_native = pytest.mark.skipif(compiled is None, reason="simdb._native is not built here, or SIMDB_NATIVE=0")
@@ -131,6 +131,47 @@ def test_any_marked_agrees_on_every_character_and_devset_text(devset_texts):
         assert compiled.any_marked(character, marks) == t2s.may_change(character), hex(cp)
     for text in devset_texts:
         assert compiled.any_marked(text, marks) == t2s.may_change(text)
+
+
+def _parts_one_by_one(texts, simplify_script=True):
+    return [punctuated_parts(fold_and_simplify(text, simplify_script)) for text in texts]
+
+
+@needs_native
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_TEXT, max_size=12), st.booleans())
+def test_a_batch_of_texts_has_each_texts_own_tokens(texts, simplify_script):
+    """``punctuated_parts_many`` (fold, the t2s check and the runs of a batch in one call) gives each text it
+    takes what the text alone gets; a text it leaves (None) is one the plain way must take."""
+    texts = [t for t in texts if "\ud800" not in t or not simplify_script]  # (OpenCC cannot encode those)
+    batch = punctuated_parts_many(texts, TokenizerSettings(), simplify_script)
+    assert len(batch) == len(texts)
+    for text, parts, alone in zip(texts, batch, _parts_one_by_one(texts, simplify_script)):
+        assert parts is None or parts == alone, ascii(text)
+        if parts is None:
+            assert compiled.fold(text) is None or ASTRAL_CHARACTER.search(text) or ASTRAL_CHARACTER.search(
+                fold_and_simplify(text, simplify_script)), ascii(text)
+
+
+@needs_native
+def test_a_batch_of_devset_texts_has_each_texts_own_tokens(devset_texts):
+    batch = punctuated_parts_many(devset_texts)
+    assert all(parts is None or parts == alone for parts, alone in zip(batch, _parts_one_by_one(devset_texts)))
+    assert sum(parts is not None for parts in batch) > 0.95 * len(devset_texts)
+    # the texts OpenCC may change are converted and stay on the batch path too
+    converted = [text for text in devset_texts if t2s.may_change(fold_in_python(text))]
+    assert len(converted) > 100
+    assert sum(parts is not None for parts in punctuated_parts_many(converted)) > 0.9 * len(converted)
+
+
+@needs_native
+def test_without_t2s_dictionaries_the_batch_leaves_every_text_to_the_plain_way(devset_texts, monkeypatch):
+    monkeypatch.setattr(t2s, "marks", lambda: None)
+    assert punctuated_parts_many(devset_texts[:50]) == [None] * 50
+    assert punctuated_parts_many(devset_texts[:50], simplify_script=False) == _parts_one_by_one(devset_texts[:50],
+                                                                                                 False)
+    assert fingerprints(devset_texts[:50], FingerprintSettings()) == [
+        fp.fingerprint(text, FingerprintSettings()) for text in devset_texts[:50]]
 
 
 @pytest.fixture
@@ -264,6 +305,12 @@ def test_bad_arguments_are_errors_not_crashes():
         compiled.any_marked("text", b"\0" * 100)
     with pytest.raises(TypeError):
         compiled.any_marked(b"bytes", b"\0" * 8192)
+    with pytest.raises(ValueError, match="8,192 bytes"):
+        compiled.auto_runs(["text"], b"\0" * 100)
+    with pytest.raises(TypeError):
+        compiled.auto_runs(["text", b"bytes"], None)
+    with pytest.raises(TypeError):
+        compiled.auto_runs(("a tuple",), None)
     one, four = np.ones(4, dtype=np.uint64), np.empty(4, dtype=np.uint32)
     with pytest.raises(ValueError, match="at least one shingle"):
         compiled.minhashes(one, np.array([0, 4], dtype=np.int64), one, one, np.empty(8, dtype=np.uint32))

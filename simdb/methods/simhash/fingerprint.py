@@ -39,7 +39,8 @@ from threadpoolctl import ThreadpoolController
 from ... import native
 from ...errors import InputError
 from ...text.normalize import fold, fold_and_simplify, normalized_or_folded
-from ...text.tokenize import STOPWORDS, TokenizerSettings, count_punctuated, dropped, punctuated_parts, tokenize
+from ...text.tokenize import (STOPWORDS, TokenizerSettings, count_punctuated, dropped, punctuated_parts,
+                              punctuated_parts_many, tokenize)
 from ..base import DEFAULT_SEED
 
 #: Names the whole text -> fingerprint recipe. Any change to normalization,
@@ -284,7 +285,10 @@ def fingerprints(texts: Sequence[str], settings: FingerprintSettings) -> list[in
     features of all the texts are counted, hashed and summed together (:func:`simhashes_of_tokens`)."""
     if not settings.bigrams:
         return [_or_error(fingerprint, text, settings) for text in texts]
-    results = [_or_error(_undropped_tokens, text, settings) for text in texts]
+    parts = (punctuated_parts_many(texts, settings.tokenizer, settings.simplifies_script)
+             if settings.tokenizer.name == "auto" else [None] * len(texts))
+    # a text without tokens there (only punctuation, say) takes the plain way, with its fallbacks and errors
+    results = [tokens or _or_error(_undropped_tokens, text, settings) for text, tokens in zip(texts, parts)]
     token_lists = [tokens for tokens in results if not isinstance(tokens, InputError)]
     sketches = iter(simhashes_of_tokens(token_lists, settings))
     return [tokens if isinstance(tokens, InputError) else next(sketches) for tokens in results]
