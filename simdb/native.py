@@ -7,7 +7,8 @@ the two equal over the devset and over generated text:
 =========================  ==================================================================
 ``_native.fold``           :func:`simdb.text.normalize.fold`
 ``_native.any_marked``     :func:`simdb.text.t2s.may_change`, with :func:`simdb.text.t2s.marks`
-``_native.runs``           the regexes of :func:`simdb.text.tokenize._punctuated_kinds`
+``_native.auto_runs``      ``fold``, ``any_marked`` and ``runs``, one text after another
+``_native.runs``           the regexes of :func:`simdb.text.tokenize._punctuated_parts_in_python`
 ``_native.token_ids``      :meth:`simdb.methods.simhash.fingerprint._Vocabulary.lookup`
 ``_native.simhashes``      :func:`simdb.methods.simhash.fingerprint.simhashes_of_tokens`
 ``_native.minhashes``      :func:`simdb.methods.minhash.signature._signatures_in_numpy`

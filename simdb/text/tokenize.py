@@ -110,41 +110,41 @@ def _has_astral(text: str) -> bool:
     return compiled.has_astral(text) if compiled is not None else ASTRAL_CHARACTER.search(text) is not None
 
 
-def _punctuated_kinds(folded: str, settings: TokenizerSettings) -> tuple[list[str], list[str], list[str]]:
-    """The Han tokens (with a ``" "`` between runs), the words and the shingles of folded text whose
+def _punctuated_parts(folded: str, settings: TokenizerSettings) -> list[str]:
+    """The Han tokens (with a ``" "`` between runs), then the words, then the shingles of folded text whose
     punctuation is still in, each kind in text order (by the compiled runs where built: see
-    :func:`_punctuated_kinds_in_python`)."""
+    :func:`_punctuated_parts_in_python`)."""
     if folded.isascii():  # no Han, no script without spaces: only words (isascii reads a flag of the string)
-        return [], ascii_words(folded), []
+        return ascii_words(folded)
     compiled = native.module()
     runs = compiled.runs(folded) if compiled is not None else None
     if runs is None:
-        return _punctuated_kinds_in_python(folded, settings)
-    return _kinds_of_runs(runs, settings, cutter(settings.jieba_hmm))
+        return _punctuated_parts_in_python(folded, settings)
+    return _parts_of_runs(runs, settings.shingle_size, cutter(settings.jieba_hmm))
 
 
-def _kinds_of_runs(runs: tuple[str, list[str], list[str], bool], settings: TokenizerSettings,
-                   cut_: Callable[[str, bool | None], list[str]]) -> tuple[list[str], list[str], list[str]]:
-    """The Han tokens, words and shingles of the compiled runs of a text."""
+def _parts_of_runs(runs: tuple[str, list[str], list[str], bool], shingle_size: int,
+                   cut_: Callable[[str, bool | None], list[str]]) -> list[str]:
+    """:func:`_punctuated_parts` of a text's compiled runs."""
     han, words, nospace_runs, differs = runs
-    han_tokens = cut_(han, differs) if len(han) > han.count(" ") else []
-    shingled: list[str] = []
+    parts = cut_(han, differs) if len(han) > han.count(" ") else []  # a new list: extended in place below
+    parts += words
     for run in nospace_runs:
-        shingled.extend(shingles(run, settings.shingle_size))
-    return han_tokens, words, shingled
+        parts += shingles(run, shingle_size)
+    return parts
 
 
-def _punctuated_kinds_in_python(folded: str, settings: TokenizerSettings) -> tuple[list[str], list[str], list[str]]:
-    """:func:`_punctuated_kinds` by its regexes (the compiled twin reads the same runs in one pass)."""
+def _punctuated_parts_in_python(folded: str, settings: TokenizerSettings) -> list[str]:
+    """:func:`_punctuated_parts` by its regexes (the compiled twin reads the same runs in one pass)."""
     not_han, nospace, word = punctuated_runs()
     # the Han runs, one space between two: jieba cuts at every space, so each run is segmented on its own
     han = not_han.sub(" ", folded)
-    han_tokens = cut(han, settings.jieba_hmm) if han.strip() else []
-    shingled: list[str] = []
+    parts = cut(han, settings.jieba_hmm) if han.strip() else []
+    parts += word.findall(folded)
     if nospace.search(folded):
         for run in nospace.findall(folded):
-            shingled.extend(shingles(run, settings.shingle_size))
-    return han_tokens, word.findall(folded), shingled
+            parts += shingles(run, settings.shingle_size)
+    return parts
 
 
 def punctuated_parts(folded: str, settings: TokenizerSettings = TokenizerSettings()) -> list[str]:
@@ -156,8 +156,7 @@ def punctuated_parts(folded: str, settings: TokenizerSettings = TokenizerSetting
         raise ValueError("punctuated_parts is the auto tokenizer's")
     if not folded.isascii() and _has_astral(folded):  # rare: the plain way (nothing left to drop)
         return tokenize(strip_punctuation(folded), settings)
-    han_tokens, words, shingled = _punctuated_kinds(folded, settings)
-    return han_tokens + words + shingled
+    return _punctuated_parts(folded, settings)
 
 
 def punctuated_parts_many(texts: list[str], settings: TokenizerSettings = TokenizerSettings(),
@@ -172,16 +171,12 @@ def punctuated_parts_many(texts: list[str], settings: TokenizerSettings = Tokeni
     marks = t2s.marks() if simplify_script else None
     if compiled is None or settings.name != "auto" or (simplify_script and marks is None):
         return [None] * len(texts)
-    cut_ = cutter(settings.jieba_hmm)
+    cut_, size, convert, runs_of = cutter(settings.jieba_hmm), settings.shingle_size, t2s.convert, compiled.runs
     parts: list[list[str] | None] = []
     for runs in compiled.auto_runs(texts if isinstance(texts, list) else list(texts), marks):
         if runs.__class__ is str:  # folded text that OpenCC may change
-            runs = compiled.runs(t2s.convert(runs))
-        if runs is None:
-            parts.append(None)
-        else:
-            han_tokens, words, shingled = _kinds_of_runs(runs, settings, cut_)
-            parts.append(han_tokens + words + shingled)
+            runs = runs_of(convert(runs))
+        parts.append(None if runs is None else _parts_of_runs(runs, size, cut_))
     return parts
 
 
@@ -207,11 +202,8 @@ def count_punctuated(folded: str, settings: TokenizerSettings = TokenizerSetting
         raise ValueError("count_punctuated is the auto tokenizer's")
     if _has_astral(folded):  # rare: the plain way
         return Counter(tokenize(strip_punctuation(folded), settings))
-    han_tokens, words, shingled = _punctuated_kinds(folded, settings)
-    counts = Counter(han_tokens)
-    counts.pop(" ", None)
-    counts.update(words)
-    counts.update(shingled)
+    counts = Counter(_punctuated_parts(folded, settings))
+    counts.pop(" ", None)  # (only the Han tokens hold spaces)
     if settings.stopwords:
         dropped = STOPWORDS.intersection(counts)
         if len(dropped) < len(counts):  # a text made only of stop words still has a fingerprint
