@@ -125,4 +125,10 @@ def test_an_unreadable_dictionary_turns_the_skip_off(monkeypatch):
             assert t2s.changing_characters() is None
         finally:
             _cleared()
+    with monkeypatch.context() as m:  # a converter that names no configuration file (another opencc package)
+        m.setattr(t2s, "converter", lambda: object())
+        try:
+            assert t2s.changing_characters() is None
+        finally:
+            _cleared()
     assert t2s.changing_characters() == changing

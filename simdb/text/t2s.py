@@ -102,14 +102,16 @@ def _differing(key: str, value: str) -> str:
 @functools.cache
 def changing_characters() -> frozenset[str] | None:
     """The characters at which ``t2s`` can change a text (see the module's text), or None where its
-    dictionaries cannot be read here (then every text with a Han character is converted)."""
+    dictionaries cannot be read here (then every text with a Han character is converted): no
+    ``opencc_dict``, a dictionary type or entry it does not know, a converter that names no configuration
+    file."""
     try:
         config_path = Path(converter().config)
         specs = list(_dictionary_specs(json.loads(config_path.read_text(encoding="utf-8"))))
         tool = _tool()
         changing = [(key, value) for spec in specs for key, value in _entries(spec, config_path.parent, tool)
                     if key != value]
-    except (OSError, ValueError, KeyError, subprocess.SubprocessError, UnicodeDecodeError) as exc:
+    except (OSError, ValueError, KeyError, AttributeError, subprocess.SubprocessError, UnicodeDecodeError) as exc:
         log.info("OpenCC's t2s dictionaries could not be read (%s): every Han text is converted", exc)
         return None
     if not specs:
