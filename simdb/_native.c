@@ -192,7 +192,8 @@ any_marked(PyObject *self, PyObject *args)
 {
     PyObject *text, *marks_obj;
     Py_buffer marks;
-    if (!PyArg_ParseTuple(args, "UO:any_marked", &text, &marks_obj) || get_marks(marks_obj, &marks, "any_marked()") < 0)
+    if (!PyArg_ParseTuple(args, "UO:any_marked", &text, &marks_obj)
+        || get_marks(marks_obj, &marks, "any_marked()") < 0)
         return NULL;
     int found = marked(text, marks.buf);
     PyBuffer_Release(&marks);

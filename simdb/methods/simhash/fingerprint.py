@@ -422,8 +422,8 @@ _COMPILED_WEIGHTINGS = {"tf": 0, "sublinear_tf": 1, "binary": 2}
 def _compiled_simhashes(compiled, vocabulary: _Vocabulary, token_lists: Sequence[list[str]],
                         settings: FingerprintSettings) -> list[int]:
     """:func:`simhashes_of_tokens` by the compiled twin: the ids looked up in the vocabulary's dictionary
-    without the interpreter (only the new tokens are added in Python), each text's features counted in hash tables and
-    summed in byte bins, with the same exact signs near zero, hence the same fingerprints."""
+    without the interpreter (only the new tokens are added in Python), each text's features counted in hash
+    tables and summed, with the same exact signs near zero, hence the same fingerprints."""
     token_lists = token_lists if isinstance(token_lists, list) else list(token_lists)
     lengths = np.fromiter(map(len, token_lists), dtype=np.int64, count=len(token_lists))
     ids = np.empty(int(lengths.sum()), dtype=np.int64)
