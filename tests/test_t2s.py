@@ -9,9 +9,7 @@ ordinary text; every devset text the set lets pass.
 
 from __future__ import annotations
 
-import json
 import random
-from pathlib import Path
 
 import pytest
 
@@ -29,13 +27,6 @@ def test_the_set_is_read_here():
     assert changing.isdisjoint("的了是什么人民日报北京中文干燥")
 
 
-def _dictionary_keys() -> list[tuple[str, str]]:
-    """(key, first value) of every entry of every dictionary the converter loads."""
-    config = Path(t2s.converter().config)
-    specs = list(t2s._dictionary_specs(json.loads(config.read_text(encoding="utf-8"))))
-    return [entry for spec in specs for entry in t2s._entries(spec, config.parent, t2s._tool())]
-
-
 @needs_set
 def test_every_character_outside_the_set_stays_itself():
     kept = 0
@@ -50,7 +41,7 @@ def test_every_character_outside_the_set_stays_itself():
 
 @needs_set
 def test_every_key_that_changes_is_caught():
-    keys = _dictionary_keys()
+    keys = t2s.dictionary_entries()
     assert len(keys) > 5000
     for key, value in keys:
         if key != value:
@@ -64,7 +55,7 @@ def test_phrases_without_their_changing_characters_stay_themselves():
     """The phrase entries are where matching spans characters: a phrase key matched with its changing
     characters taken out, or any mix of the characters the keys hold that lie outside the set, must come
     out unchanged, whichever keys the converter's longest-match picks."""
-    keys = [key for key, _ in _dictionary_keys() if len(key) > 1]
+    keys = [key for key, _ in t2s.dictionary_entries() if len(key) > 1]
     inert = sorted({c for key in keys for c in key if c not in changing})
     assert len(inert) > 300
     for key in keys:

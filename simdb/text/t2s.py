@@ -99,6 +99,18 @@ def _differing(key: str, value: str) -> str:
     return "".join(a for a, b in zip(key, value) if a != b)
 
 
+def dictionary_entries() -> list[tuple[str, str]]:
+    """``(key, first value)`` of every entry of every dictionary the converter loads; an error (``OSError``,
+    ``ValueError``, ``KeyError``, ``AttributeError``, ``SubprocessError``, ``UnicodeDecodeError``) where they
+    cannot be read here."""
+    config_path = Path(converter().config)
+    specs = list(_dictionary_specs(json.loads(config_path.read_text(encoding="utf-8"))))
+    if not specs:
+        raise ValueError(f"{config_path} names no dictionary")
+    tool = _tool()
+    return [entry for spec in specs for entry in _entries(spec, config_path.parent, tool)]
+
+
 @functools.cache
 def changing_characters() -> frozenset[str] | None:
     """The characters at which ``t2s`` can change a text (see the module's text), or None where its
@@ -106,15 +118,9 @@ def changing_characters() -> frozenset[str] | None:
     ``opencc_dict``, a dictionary type or entry it does not know, a converter that names no configuration
     file."""
     try:
-        config_path = Path(converter().config)
-        specs = list(_dictionary_specs(json.loads(config_path.read_text(encoding="utf-8"))))
-        tool = _tool()
-        changing = [(key, value) for spec in specs for key, value in _entries(spec, config_path.parent, tool)
-                    if key != value]
+        changing = [(key, value) for key, value in dictionary_entries() if key != value]
     except (OSError, ValueError, KeyError, AttributeError, subprocess.SubprocessError, UnicodeDecodeError) as exc:
         log.info("OpenCC's t2s dictionaries could not be read (%s): every Han text is converted", exc)
-        return None
-    if not specs:
         return None
     alone = {key for key, value in changing if len(key) == 1}
     characters = set(alone)
