@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from simdb import InputError, fingerprint, hamming, native
 import simdb.methods.simhash.fingerprint as fingerprint_module
-from simdb.methods.simhash.fingerprint import FingerprintSettings, fingerprints, simhash, tokens_for, weighted_features
+from simdb.methods.simhash.fingerprint import (FingerprintSettings, feature_vector, fingerprints, simhash,
+                                              simhash_of_hashes, tokens_for, weighted_features)
 from simdb.text.normalize import normalize
 from simdb.samples import sections
 from simdb.settings import CANARY_TEXTS
@@ -104,17 +105,36 @@ def test_a_fingerprint_with_bigrams_is_the_sign_of_the_exact_sum_of_its_tokens_a
 
 
 def _fingerprint_by_the_definition(text: str, recipe: FingerprintSettings) -> int:
-    tokens = tokens_for(text, recipe)
-    weight = {"tf": float, "binary": lambda n: 1.0, "sublinear_tf": lambda n: 1 + math.log(n)}[recipe.weighting]
-    token_hash = {t: xxhash.xxh3_64_intdigest(t.encode(), recipe.seed) for t in tokens}
-    features = [(token_hash[t], Fraction(weight(n))) for t, n in Counter(tokens).items()]
-    share = min(1.0, recipe.bigrams / len(tokens))
-    features += [(_bigram_hash_by_the_definition(token_hash[a], token_hash[b]), Fraction(weight(n) * share))
-                 for (a, b), n in Counter(zip(tokens, tokens[1:])).items()]
+    features = [(h, Fraction(w)) for h, w in _features_by_the_definition(text, recipe)]
     expected = 0
     for bit in range(64):
         expected |= (sum(w if h >> bit & 1 else -w for h, w in features) > 0) << bit
     return expected
+
+
+def _features_by_the_definition(text: str, recipe: FingerprintSettings) -> list[tuple[int, float]]:
+    tokens = tokens_for(text, recipe)
+    weight = {"tf": float, "binary": lambda n: 1.0, "sublinear_tf": lambda n: 1 + math.log(n)}[recipe.weighting]
+    token_hash = {t: xxhash.xxh3_64_intdigest(t.encode(), recipe.seed) for t in tokens}
+    features = [(token_hash[t], weight(n)) for t, n in Counter(tokens).items()]
+    share = min(1.0, recipe.bigrams / len(tokens))
+    return features + [(_bigram_hash_by_the_definition(token_hash[a], token_hash[b]), weight(n) * share)
+                       for (a, b), n in Counter(zip(tokens, tokens[1:])).items()]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.sampled_from(["alpha", "beta", "gamma", "the", "数据", "索引", "的", "x1", "ไทย", "，"]), min_size=1,
+                max_size=80).map(" ".join), st.sampled_from([0, 1, 7, 50]),
+       st.sampled_from(["tf", "sublinear_tf", "binary"]))
+def test_a_texts_feature_vector_is_what_its_fingerprint_signs(text, scale, weighting):
+    """feature_vector shows the recipe's features: their SimHash is the text's fingerprint, and with bigrams
+    they are the definition's features, weights included (scripts/simhash_ceiling.py compares texts by them)."""
+    recipe = FingerprintSettings(weighting=weighting, bigrams=scale, seed=5)
+    hashes, weights = feature_vector(text, recipe)
+    assert simhash_of_hashes(hashes, weights) == fingerprint(text, recipe)
+    assert len(set(hashes.tolist())) == len(hashes)  # one entry per distinct feature
+    if scale:
+        assert sorted(zip(hashes.tolist(), weights.tolist())) == sorted(_features_by_the_definition(text, recipe))
 
 
 @settings(max_examples=100, deadline=None)

@@ -280,6 +280,32 @@ def fingerprint(text: str, settings: FingerprintSettings = FingerprintSettings()
     return simhashes_of_tokens([_undropped_tokens(text, settings)], settings)[0]
 
 
+def feature_vector(text: str, settings: FingerprintSettings = FingerprintSettings()) -> tuple[np.ndarray, np.ndarray]:
+    """The hashes and weights of the features whose SimHash is ``text``'s fingerprint, one entry per distinct
+    feature: ``simhash_of_hashes(*feature_vector(text, settings)) == fingerprint(text, settings)``.
+
+    Two fingerprints differ in a bit with probability ``angle / pi`` between these vectors (over the draw of
+    the hash seed), so this is what to compare when asking how far apart SimHash *can* put two texts
+    (``scripts/simhash_ceiling.py``); indexing goes through :func:`fingerprints`, which sums whole batches.
+    """
+    if not settings.bigrams:
+        features, weights = weighted_features(token_counts(text, settings), settings.weighting, settings.idf,
+                                              settings.top_features)
+        return feature_hashes(features, settings.seed), weights
+    tokens = tokens_for(text, settings)
+    unigrams = Counter(tokens)
+    hashes = feature_hashes(list(unigrams), settings.seed)
+    of_token = dict(zip(unigrams, hashes.tolist()))
+    bigrams = Counter(zip(tokens, tokens[1:]))
+    first = np.array([of_token[a] for a, _ in bigrams], dtype="<u8")
+    second = np.array([of_token[b] for _, b in bigrams], dtype="<u8")
+    counts = np.fromiter(itertools.chain(unigrams.values(), bigrams.values()), dtype=np.int64,
+                         count=len(unigrams) + len(bigrams))
+    weights = term_weights(counts, settings.weighting)
+    weights[len(unigrams):] *= min(1.0, settings.bigrams / len(tokens))
+    return np.concatenate((hashes, bigram_hashes(first, second))), weights
+
+
 def fingerprints(texts: Sequence[str], settings: FingerprintSettings) -> list[int | InputError]:
     """:func:`fingerprint` of each text, or the :class:`InputError` of a text that has none; with bigrams, the
     features of all the texts are counted, hashed and summed together (:func:`simhashes_of_tokens`)."""
