@@ -31,9 +31,10 @@ RUNS = [
     ("bench_text.py", ["--documents", "300", "--jieba-documents", "200", "--min-seconds", "0.05", "--markdown"],
      True),
     ("eval_quality.py", ["--categories", "short-zh", "--workers", "1", "--devset", str(DEVSET), "--markdown"], True),
+    ("simhash_ceiling.py", ["--categories", "long-en", "--seeds", "1", "--devset", str(DEVSET), "--markdown"], True),
 ]
 #: the scripts that do not use PostgreSQL
-NO_DATABASE = {"bench_minhash.py"}
+NO_DATABASE = {"bench_minhash.py", "simhash_ceiling.py"}
 
 
 @pytest.mark.slow
