@@ -50,8 +50,8 @@ from simdb.text.tokenize import TokenizerSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 BITS = 64
-#: Pairs whose bit-difference probability is above this land within 8 bits with probability below 1e-5.
-FAR = 0.35
+#: Pairs that land within the largest k with a probability below this are left out of the sums.
+NEGLIGIBLE = 1e-9
 #: The exponents g of the imagined feature maps (0.5: independent differences adding in quadrature).
 EXPONENTS = (0.5, 0.75, 1.0)
 #: The bigram scales ``--recipes`` compares (0: tokens only).
@@ -91,6 +91,14 @@ def angles(texts: list[str], settings: FingerprintSettings) -> np.ndarray:
     return np.arccos(cosines) / math.pi
 
 
+def far(k: int) -> float:
+    """The bit-difference probability from which a pair lands within ``k`` bits with negligible probability."""
+    for chance in np.arange(0.01, 0.5, 0.01):
+        if binomial_cdf(k, np.array(chance)) < NEGLIGIBLE:
+            return float(chance)
+    return 1.0  # keep every pair
+
+
 def f1(tp: float, fp: float, fn: float) -> tuple[float, float, float]:
     precision = tp / (tp + fp) if tp + fp else 0.0
     recall = tp / (tp + fn) if tp + fn else 0.0
@@ -101,7 +109,7 @@ def model(p: np.ndarray, labelled, ks: list[int]) -> tuple[dict, tuple[float, fl
     """The expected (precision, recall, F1) at each k, and the best F1 by the exact angle with its distance."""
     n = p.shape[0]
     upper = np.triu_indices(n, 1)
-    near = p[upper] < FAR
+    near = p[upper] < far(max(ks))
     i, j, chances = upper[0][near], upper[1][near], p[upper][near]
     positive = np.zeros(len(chances), dtype=bool)
     where = {pair: at for at, pair in enumerate(zip(i.tolist(), j.tolist()))}
