@@ -58,11 +58,10 @@ EXPONENTS = (0.5, 0.75, 1.0)
 RECIPE_BIGRAMS = (0, 20, 50, 200)
 
 
-def load(devset: Path, category: str) -> tuple[list[str], list[str], list[tuple[int, int, bool, float]]]:
-    """Ids, texts, and each labelled pair as (i, j, positive at 0.8, Jaccard), i < j."""
+def load(devset: Path, category: str) -> tuple[list[str], list[tuple[int, int, bool, float]]]:
+    """Texts, and each labelled pair as (i, j, positive at 0.8, Jaccard), i < j."""
     documents = load_documents(devset, category)
-    ids = [d["id"] for d in documents]
-    index = {d: i for i, d in enumerate(ids)}
+    index = {d["id"]: i for i, d in enumerate(documents)}
     labelled = []
     with open(devset / "pairs.jsonl", encoding="utf-8") as f:
         for line in f:
@@ -70,7 +69,7 @@ def load(devset: Path, category: str) -> tuple[list[str], list[str], list[tuple[
             if pair["category"] == category:
                 i, j = sorted((index[pair["a"]], index[pair["b"]]))
                 labelled.append((i, j, pair["inter"] * 5 >= 4 * pair["union"], pair["inter"] / pair["union"]))
-    return ids, [d["text"] for d in documents], labelled
+    return [d["text"] for d in documents], labelled
 
 
 def binomial_cdf(k: int, p: np.ndarray) -> np.ndarray:
@@ -107,17 +106,13 @@ def f1(tp: float, fp: float, fn: float) -> tuple[float, float, float]:
 
 def model(p: np.ndarray, labelled, ks: list[int]) -> tuple[dict, tuple[float, float]]:
     """The expected (precision, recall, F1) at each k, and the best F1 by the exact angle with its distance."""
-    n = p.shape[0]
-    upper = np.triu_indices(n, 1)
-    near = p[upper] < far(max(ks))
-    i, j, chances = upper[0][near], upper[1][near], p[upper][near]
-    positive = np.zeros(len(chances), dtype=bool)
-    where = {pair: at for at, pair in enumerate(zip(i.tolist(), j.tolist()))}
-    positives = 0
+    labelled_positive = np.zeros(p.shape, dtype=bool)
     for a, b, is_positive, _ in labelled:
-        positives += is_positive
-        if is_positive and (a, b) in where:
-            positive[where[a, b]] = True
+        labelled_positive[a, b] = is_positive
+    positives = int(labelled_positive.sum())
+    upper = np.triu_indices(p.shape[0], 1)
+    near = p[upper] < far(max(ks))
+    chances, positive = p[upper][near], labelled_positive[upper][near]
     expected = {}
     for k in ks:
         found = binomial_cdf(k, chances)
@@ -143,10 +138,8 @@ def measured(texts: list[str], labelled, ks: list[int], seeds: int) -> dict[int,
         found: dict[int, set] = {k: set() for k in ks}
         for a in range(len(prints) - 1):
             distances = hamming_array(prints[a + 1:], int(prints[a]))
-            for b in np.flatnonzero(distances <= max(ks)).tolist():
-                for k in ks:
-                    if distances[b] <= k:
-                        found[k].add((a, a + 1 + b))
+            for k in ks:
+                found[k].update((a, a + 1 + b) for b in np.flatnonzero(distances <= k).tolist())
         for k in ks:
             tp = len(found[k] & positives)
             scores[k].append(f1(tp, len(found[k]) - tp, len(positives) - tp)[2])
@@ -170,24 +163,41 @@ def any_feature_map(labelled, ks: list[int]) -> dict[float, dict[int, float]]:
     return best
 
 
+def distances(text: str) -> list[int]:
+    """``--ks``: comma-separated distances, each from 0 to 63."""
+    try:
+        ks = [int(k) for k in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not comma-separated integers: {text!r}") from None
+    if min(ks) < 0 or max(ks) >= BITS:
+        raise argparse.ArgumentTypeError(f"each distance must be from 0 to {BITS - 1}: {text!r}")
+    return ks
+
+
+def seed_count(text: str) -> int:
+    """``--seeds``: a whole number of hash seeds, at least 1."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"a whole number of seeds, at least 1: {text!r}")
+    return int(text)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--devset", type=Path, default=ROOT.parent / "shared" / "devset")
     parser.add_argument("--categories", default=",".join(CATEGORIES))
-    parser.add_argument("--ks", default="3,4,5,6", help="distances to score (default 3,4,5,6)")
-    parser.add_argument("--seeds", type=int, default=5, help="hash seeds for the measured F1 (default 5)")
+    parser.add_argument("--ks", type=distances, default="3,4,5,6", help="distances to score (default 3,4,5,6)")
+    parser.add_argument("--seeds", type=seed_count, default=5, help="hash seeds for the measured F1 (default 5)")
     parser.add_argument("--recipes", action="store_true",
                         help="also the model's F1 of every weighting x bigram scale x stop words (a few minutes)")
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args()
     if not (args.devset / "docs").is_dir():
         sys.exit(f"simhash_ceiling: no devset at {args.devset}: give its folder with --devset")
-    ks = [int(k) for k in args.ks.split(",")]
+    ks = args.ks
     categories = args.categories.split(",")
     unknown = sorted(set(categories) - set(CATEGORIES))
-    if unknown or args.seeds < 1 or min(ks) < 0 or max(ks) >= BITS:
-        sys.exit(f"simhash_ceiling: categories are {', '.join(CATEGORIES)} (not {', '.join(unknown)}), --seeds >= 1, "
-                 f"0 <= k < {BITS}")
+    if unknown:
+        parser.error(f"--categories: unknown {', '.join(unknown)}; the devset has {', '.join(CATEGORIES)}")
 
     print(f"devset: {args.devset}; near-duplicate = Jaccard >= 0.8; the default SimHash recipe "
           f"({FingerprintSettings().algorithm}, tf + bigrams {FingerprintSettings().bigrams}); "
@@ -196,7 +206,7 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|---:|")
     bounds = []
     for category in categories:
-        ids, texts, labelled = load(args.devset, category)
+        texts, labelled = load(args.devset, category)
         log(f"{category}: {len(texts)} documents, {len(labelled)} labelled pairs")
         expected, ceiling = model(angles(texts, FingerprintSettings()), labelled, ks)
         log(f"{category}: model done; fingerprints under {args.seeds} seeds")
@@ -226,7 +236,7 @@ def print_recipes(devset: Path, categories: list[str], ks: list[int]) -> None:
     print("|---|---:|---|" + "---:|" * len(categories))
     cells: dict[FingerprintSettings, list[str]] = {recipe: [] for recipe in recipes}
     for category in categories:
-        _, texts, labelled = load(devset, category)
+        texts, labelled = load(devset, category)
         for recipe in recipes:
             expected, _ = model(angles(texts, recipe), labelled, ks)
             cells[recipe].append(" / ".join(f"{expected[k][2]:.3f}" for k in ks))
