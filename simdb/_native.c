@@ -434,15 +434,20 @@ typedef struct {
 
 #define EMPTY_KEY UINT64_MAX
 
-/* an open-addressing count table; capacity a power of two, at least twice the keys it will hold */
+/* An open-addressing count table; capacity a power of two, at least twice the keys it holds. It starts small
+ * and doubles as keys arrive, so that it holds what a text has distinct, not one slot per token: a text of
+ * 25M tokens sized two tables by its tokens (4 GB) where its distinct tokens and bigrams take a fraction. */
 typedef struct {
     Slot *slots;
     size_t capacity;
     size_t *used; /* indexes of the occupied slots, in the order they were filled */
-    size_t n_used;
+    size_t n_used, used_room;
 } Counts;
 
-/* Makes room for ``keys`` keys (allocating: with the GIL held). */
+/* Keys a table starts with room for; it grows from there. */
+#define INITIAL_KEYS 4096
+
+/* Makes room for ``keys`` keys (``malloc`` alone: callable without the GIL); -1 when memory ran out. */
 static int
 counts_reserve(Counts *c, size_t keys)
 {
@@ -450,13 +455,12 @@ counts_reserve(Counts *c, size_t keys)
     while (capacity < 2 * keys)
         capacity <<= 1;
     c->slots = malloc(capacity * sizeof(Slot));
-    c->used = malloc(capacity * sizeof(size_t));
-    if (c->slots == NULL || c->used == NULL) {
-        PyErr_NoMemory();
+    c->used = malloc(keys * sizeof(size_t));
+    if (c->slots == NULL || c->used == NULL)
         return -1;
-    }
     c->capacity = capacity;
     c->n_used = 0;
+    c->used_room = keys;
     for (size_t i = 0; i < capacity; i++)
         c->slots[i].key = EMPTY_KEY;
     return 0;
@@ -479,20 +483,76 @@ mix(uint64_t x)
     return x ^ (x >> 31);
 }
 
-static inline void
+/* Twice the capacity, every key moved (the order of ``used`` kept); -1 when memory ran out. */
+static int
+counts_grow(Counts *c)
+{
+    size_t capacity = c->capacity * 2, mask = capacity - 1, room = c->used_room * 2;
+    Slot *slots = malloc(capacity * sizeof(Slot));
+    size_t *used = realloc(c->used, room * sizeof(size_t));
+    if (used != NULL) {
+        c->used = used;
+        c->used_room = room;
+    }
+    if (slots == NULL || used == NULL) {
+        free(slots);
+        return -1;
+    }
+    for (size_t i = 0; i < capacity; i++)
+        slots[i].key = EMPTY_KEY;
+    for (size_t u = 0; u < c->n_used; u++) {
+        Slot *old = &c->slots[c->used[u]];
+        size_t i = mix(old->key) & mask;
+        while (slots[i].key != EMPTY_KEY)
+            i = (i + 1) & mask;
+        slots[i] = *old;
+        c->used[u] = i;
+    }
+    free(c->slots);
+    c->slots = slots;
+    c->capacity = capacity;
+    return 0;
+}
+
+/* Counts one more ``key``; -1 when the table had to grow and memory ran out. */
+static inline int
 counts_add(Counts *c, uint64_t key)
 {
     size_t mask = c->capacity - 1, i = mix(key) & mask;
     while (c->slots[i].key != EMPTY_KEY) {
         if (c->slots[i].key == key) {
             c->slots[i].count++;
-            return;
+            return 0;
         }
         i = (i + 1) & mask;
+    }
+    if (2 * (c->n_used + 1) > c->capacity || c->n_used == c->used_room) {
+        if (counts_grow(c) < 0)
+            return -1;
+        return counts_add(c, key);
     }
     c->slots[i].key = key;
     c->slots[i].count = 1;
     c->used[c->n_used++] = i;
+    return 0;
+}
+
+/* ``*array`` with room for at least ``n`` doubles or uint64s (8 bytes each), grown by doubling; -1 when
+ * memory ran out. */
+static int
+ensure_room(void **array, size_t *room, size_t n)
+{
+    if (n <= *room)
+        return 0;
+    size_t grown = *room ? *room : 1024;
+    while (grown < n)
+        grown *= 2;
+    void *bigger = realloc(*array, grown * 8);
+    if (bigger == NULL)
+        return -1;
+    *array = bigger;
+    *room = grown;
+    return 0;
 }
 
 /* Below this many features a text's sums are taken feature by feature (64 multiply-adds each), above it
@@ -576,7 +636,6 @@ simhashes(PyObject *self, PyObject *args)
     Py_buffer ids_view = {0}, lengths_view = {0}, hashes_view = {0}, kinds_view = {0}, sublinear_view = {0},
               out_view = {0};
     PyObject *result = NULL;
-    int64_t *kept = NULL;
     uint64_t *feature_hashes = NULL;
     double *feature_weights = NULL, *terms = NULL, *partials = NULL;
     Counts tokens = {0}, pairs = {0};
@@ -615,40 +674,52 @@ simhashes(PyObject *self, PyObject *args)
             PyErr_SetString(PyExc_ValueError, "simhashes: a token id outside the vocabulary");
             goto done;
         }
-    size_t room = (size_t)longest * 2 + 1;
-    kept = malloc((longest + 1) * sizeof(int64_t));
-    feature_hashes = malloc(room * sizeof(uint64_t));
-    feature_weights = malloc(room * sizeof(double));
-    terms = malloc(room * sizeof(double));
-    partials = malloc((room + 1) * sizeof(double));
-    if (kept == NULL || feature_hashes == NULL || feature_weights == NULL || terms == NULL || partials == NULL) {
+    /* the tables and the feature arrays grow with what a text has distinct: their size follows its
+     * distinct tokens and bigrams, never a copy per token (a text of 25M tokens took 4 GB) */
+    size_t start_keys = longest < INITIAL_KEYS ? (size_t)longest + 1 : INITIAL_KEYS;
+    size_t hashes_room = 0, weights_room = 0, terms_room = 0, partials_room = 0;
+    int out_of_memory = 0;
+    if (counts_reserve(&tokens, start_keys) < 0 || counts_reserve(&pairs, start_keys) < 0) {
         PyErr_NoMemory();
         goto done;
     }
-    if (counts_reserve(&tokens, longest) < 0 || counts_reserve(&pairs, longest) < 0)
-        goto done;
 
     Py_BEGIN_ALLOW_THREADS
     const int64_t *text_ids = ids;
-    for (Py_ssize_t t = 0; t < texts; t++) {
+    for (Py_ssize_t t = 0; t < texts && !out_of_memory; t++) {
         Py_ssize_t count = lengths[t], n = 0;
         /* stop words and the spaces between Han runs dropped; a text of nothing but stop words keeps them */
-        for (Py_ssize_t i = 0; i < count; i++) {
-            signed char kind = kinds[text_ids[i]];
-            if (stopwords ? kind == WORD : kind != SPACE)
-                kept[n++] = text_ids[i];
-        }
-        if (n == 0)
+        int keep_stopwords = !stopwords;
+        if (stopwords) {
+            keep_stopwords = 1;
             for (Py_ssize_t i = 0; i < count; i++)
-                if (kinds[text_ids[i]] != SPACE)
-                    kept[n++] = text_ids[i];
-        text_ids += count;
-
-        size_t features = 0;
+                if (kinds[text_ids[i]] == WORD) {
+                    keep_stopwords = 0;
+                    break;
+                }
+        }
         counts_clear(&tokens);
         counts_clear(&pairs);
-        for (Py_ssize_t i = 0; i < n; i++)
-            counts_add(&tokens, (uint64_t)kept[i]);
+        int64_t previous = -1;
+        for (Py_ssize_t i = 0; i < count && !out_of_memory; i++) {
+            int64_t id = text_ids[i];
+            signed char kind = kinds[id];
+            if (keep_stopwords ? kind == SPACE : kind != WORD)
+                continue;
+            n++;
+            if (counts_add(&tokens, (uint64_t)id) < 0
+                || (previous >= 0 && counts_add(&pairs, ((uint64_t)previous << 32) | (uint64_t)id) < 0))
+                out_of_memory = 1;
+            previous = id;
+        }
+        text_ids += count;
+        if (out_of_memory || ensure_room((void **)&feature_hashes, &hashes_room, tokens.n_used + pairs.n_used) < 0
+            || ensure_room((void **)&feature_weights, &weights_room, tokens.n_used + pairs.n_used) < 0) {
+            out_of_memory = 1;
+            break;
+        }
+
+        size_t features = 0;
         for (size_t u = 0; u < tokens.n_used; u++) {
             Slot *s = &tokens.slots[tokens.used[u]];
             feature_hashes[features] = hashes[s->key];
@@ -658,8 +729,6 @@ simhashes(PyObject *self, PyObject *args)
             double scale = (double)bigrams / (double)n;
             if (scale > 1.0)
                 scale = 1.0;
-            for (Py_ssize_t i = 0; i + 1 < n; i++)
-                counts_add(&pairs, ((uint64_t)kept[i] << 32) | (uint64_t)kept[i + 1]);
             for (size_t u = 0; u < pairs.n_used; u++) {
                 Slot *s = &pairs.slots[pairs.used[u]];
                 feature_hashes[features] = bigram_hash(hashes[s->key >> 32], hashes[s->key & 0xFFFFFFFFULL]);
@@ -706,6 +775,11 @@ simhashes(PyObject *self, PyObject *args)
         for (int bit = 0; bit < 64; bit++) {
             int positive;
             if (fabs(totals[bit]) <= bound) {
+                if (ensure_room((void **)&terms, &terms_room, features) < 0
+                    || ensure_room((void **)&partials, &partials_room, features + 1) < 0) {
+                    out_of_memory = 1;
+                    break;
+                }
                 for (size_t f = 0; f < features; f++)
                     terms[f] = (feature_hashes[f] >> bit) & 1 ? feature_weights[f] : -feature_weights[f];
                 positive = exact_sum_positive(terms, features, partials);
@@ -718,10 +792,13 @@ simhashes(PyObject *self, PyObject *args)
         out[t] = fingerprint;
     }
     Py_END_ALLOW_THREADS
+    if (out_of_memory) {
+        PyErr_NoMemory();
+        goto done;
+    }
     result = Py_NewRef(Py_None);
 
 done:
-    free(kept);
     free(feature_hashes);
     free(feature_weights);
     free(terms);
