@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import re
 import unicodedata
+from collections.abc import Iterator
 
 from .. import native
 from ..errors import InputError
@@ -76,7 +77,14 @@ def fold_in_python(text: str) -> str:
 
 
 def fold_and_simplify(text: str, simplify_script: bool = True) -> str:
-    """Fold, then simplify unless ``simplify_script`` is off (as for ``simhash64-v1`` indexes)."""
+    """Fold, then simplify unless ``simplify_script`` is off (as for ``simhash64-v1`` indexes); a long text a
+    piece at a time (:func:`text_pieces`: the same text)."""
+    if len(text) > PIECE_CHARACTERS:
+        return "".join(_fold_and_simplify(piece, simplify_script) for piece in text_pieces(text, PIECE_CHARACTERS))
+    return _fold_and_simplify(text, simplify_script)
+
+
+def _fold_and_simplify(text: str, simplify_script: bool) -> str:
     text = fold(text)
     return simplify(text) if simplify_script else text
 
@@ -101,7 +109,12 @@ _ASCII_SEPARATORS = str.maketrans({chr(cp): " " for cp in range(128) if unicoded
 
 def ascii_words(text: str) -> list[str]:
     """``strip_punctuation(text).split()`` for ASCII ``text``, a third of the time: one ``translate``."""
-    return text.translate(_ASCII_SEPARATORS).split()
+    return ascii_spaced(text).split()
+
+
+def ascii_spaced(text: str) -> str:
+    """ASCII ``text`` with its punctuation and symbols turned into spaces (the words of :func:`ascii_words`)."""
+    return text.translate(_ASCII_SEPARATORS)
 
 
 def normalize(text: str, simplify_script: bool = True) -> str:
@@ -123,3 +136,37 @@ def normalized_or_folded(text: str, simplify_script: bool = True) -> tuple[str, 
     if not folded:
         raise InputError("the text is empty or only whitespace", hint="give every document some text")
     return folded, True
+
+
+#: A text longer than this many characters is folded, simplified and tokenized a piece at a time
+#: (:func:`text_pieces`): folding a whole text of millions of characters built lists of its parts and OpenCC's
+#: copies of it, and its tokens as Python strings take about 100 bytes each.
+PIECE_CHARACTERS = 1 << 16
+
+
+#: Where a long text may be cut into pieces that are read one at a time (:func:`text_pieces`): characters that
+#: every step of the text path treats as a separator, alone. Each is its own NFKC and case fold, composes with
+#: no neighbour (so folding the pieces apart folds the whole), is in no key of OpenCC's t2s dictionaries (so
+#: no conversion spans two pieces), and ends every run and word of the tokenizers; tests/test_memory.py
+#: checks each of these against unicodedata and the dictionaries.
+PIECE_BOUNDARIES = " \n\u3002"
+
+
+def text_pieces(text: str, size: int) -> Iterator[str]:
+    """``text`` cut into pieces of about ``size`` characters, each ending just after a character of
+    :data:`PIECE_BOUNDARIES` (or at the end), one at a time: ``"".join(text_pieces(text, size)) == text``, and
+    every step from text to tokens gives, piece after piece, what it gives the whole text. A stretch without
+    any such character stays whole."""
+    boundary, start = _piece_boundary(), 0
+    while len(text) - start > size:
+        found = boundary.search(text, start + size - 1)
+        if found is None:
+            break
+        yield text[start:found.end()]
+        start = found.end()
+    yield text[start:] if start else text
+
+
+@functools.cache
+def _piece_boundary() -> re.Pattern:
+    return re.compile(f"[{re.escape(PIECE_BOUNDARIES)}]")

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from .. import native
 from . import t2s
 from .characters import punctuated_runs
-from .normalize import ascii_words, strip_punctuation
+from .normalize import ascii_words, fold_and_simplify, strip_punctuation, text_pieces
 from .scripts import ASTRAL_CHARACTER, HAN, OTHER_WITHOUT_SPACES
 from .segment import cut, cutter
 
@@ -89,19 +89,26 @@ def tokenize(normalized: str, settings: TokenizerSettings = TokenizerSettings())
     elif settings.name == "shingles":
         tokens = shingles(normalized.replace(" ", ""), settings.shingle_size)
     else:  # grouped by kind, each kind in text order (what the fast path gives)
-        han_runs: list[str] = []
-        words: list[str] = []
-        shingled: list[str] = []
-        for han, nospace, word in _RUNS.findall(normalized):
-            if han:
-                han_runs.append(han)
-            elif nospace:
-                shingled.extend(shingles(nospace, settings.shingle_size))
-            else:
-                words.append(word)
-        # the Han runs in one call, a space between two: jieba cuts at every space, so each is segmented alone
-        tokens = (jieba_tokens(" ".join(han_runs), settings.jieba_hmm) if han_runs else []) + words + shingled
+        han, words, shingled = _auto_kinds(normalized, settings)
+        tokens = han + words + shingled
     return _without_stopwords(tokens, settings)
+
+
+def _auto_kinds(normalized: str, settings: TokenizerSettings) -> tuple[list[str], list[str], list[str]]:
+    """The ``auto`` tokenizer's tokens of normalized text by kind, each in text order: the Han tokens, the words,
+    the shingles of the scripts without spaces (stop words still in)."""
+    han_runs: list[str] = []
+    words: list[str] = []
+    shingled: list[str] = []
+    for han, nospace, word in _RUNS.findall(normalized):
+        if han:
+            han_runs.append(han)
+        elif nospace:
+            shingled.extend(shingles(nospace, settings.shingle_size))
+        else:
+            words.append(word)
+    # the Han runs in one call, a space between two: jieba cuts at every space, so each is segmented alone
+    return (jieba_tokens(" ".join(han_runs), settings.jieba_hmm) if han_runs else []), words, shingled
 
 
 def _has_astral(text: str) -> bool:
@@ -126,25 +133,58 @@ def _punctuated_parts(folded: str, settings: TokenizerSettings) -> list[str]:
 def _parts_of_runs(runs: tuple[str, list[str], list[str], bool], shingle_size: int,
                    cut_: Callable[[str, bool | None], list[str]]) -> list[str]:
     """:func:`_punctuated_parts` of a text's compiled runs."""
-    han, words, nospace_runs, differs = runs
-    parts = cut_(han, differs) if len(han) > han.count(" ") else []  # a new list: extended in place below
+    parts, words, shingled = _kinds_of_runs(runs, shingle_size, cut_)  # a new list: extended in place below
     parts += words
-    for run in nospace_runs:
-        parts += shingles(run, shingle_size)
+    parts += shingled
     return parts
+
+
+def _kinds_of_runs(runs: tuple[str, list[str], list[str], bool], shingle_size: int,
+                   cut_: Callable[[str, bool | None], list[str]]) -> tuple[list[str], list[str], list[str]]:
+    """The Han tokens, the words and the shingles of a text's compiled runs."""
+    han, words, nospace_runs, differs = runs
+    shingled: list[str] = []
+    for run in nospace_runs:
+        shingled += shingles(run, shingle_size)
+    return (cut_(han, differs) if len(han) > han.count(" ") else []), words, shingled
 
 
 def _punctuated_parts_in_python(folded: str, settings: TokenizerSettings) -> list[str]:
     """:func:`_punctuated_parts` by its regexes (the compiled twin reads the same runs in one pass)."""
+    parts, words, shingled = _punctuated_kinds_in_python(folded, settings)
+    return parts + words + shingled
+
+
+def _punctuated_kinds_in_python(folded: str, settings: TokenizerSettings
+                                ) -> tuple[list[str], list[str], list[str]]:
+    """The Han tokens, the words and the shingles of folded text, by its regexes."""
     not_han, nospace, word = punctuated_runs()
     # the Han runs, one space between two: jieba cuts at every space, so each run is segmented on its own
     han = not_han.sub(" ", folded)
-    parts = cut(han, settings.jieba_hmm) if han.strip() else []
-    parts += word.findall(folded)
+    shingled: list[str] = []
     if nospace.search(folded):
         for run in nospace.findall(folded):
-            parts += shingles(run, settings.shingle_size)
-    return parts
+            shingled += shingles(run, settings.shingle_size)
+    return (cut(han, settings.jieba_hmm) if han.strip() else []), word.findall(folded), shingled
+
+
+def punctuated_kinds(folded: str, settings: TokenizerSettings = TokenizerSettings()
+                     ) -> tuple[list[str], list[str], list[str]]:
+    """:func:`punctuated_parts` of folded text by kind: the Han tokens, the words, the shingles (each in text
+    order, stop words and the spaces between Han runs possibly still in, to be dropped with the rest of a
+    text's tokens). A long text's pieces are read this way (:func:`text_pieces`): each kind of the whole
+    text is its pieces' tokens of that kind, one after another."""
+    if settings.name != "auto":
+        raise ValueError("punctuated_kinds is the auto tokenizer's")
+    if folded.isascii():
+        return [], ascii_words(folded), []
+    if _has_astral(folded):  # rare: the plain way
+        return _auto_kinds(strip_punctuation(folded), settings)
+    compiled = native.module()
+    runs = compiled.runs(folded) if compiled is not None else None
+    if runs is None:
+        return _punctuated_kinds_in_python(folded, settings)
+    return _kinds_of_runs(runs, settings.shingle_size, cutter(settings.jieba_hmm))
 
 
 def punctuated_parts(folded: str, settings: TokenizerSettings = TokenizerSettings()) -> list[str]:
@@ -202,7 +242,12 @@ def count_punctuated(folded: str, settings: TokenizerSettings = TokenizerSetting
         raise ValueError("count_punctuated is the auto tokenizer's")
     if _has_astral(folded):  # rare: the plain way
         return Counter(tokenize(strip_punctuation(folded), settings))
-    counts = Counter(_punctuated_parts(folded, settings))
+    return _counted(Counter(_punctuated_parts(folded, settings)), settings)
+
+
+def _counted(counts: Counter, settings: TokenizerSettings) -> Counter:
+    """The counts of a text's ``auto`` parts without the spaces between Han runs and, unless every token is one,
+    the stop words."""
     counts.pop(" ", None)  # (only the Han tokens hold spaces)
     if settings.stopwords:
         dropped = STOPWORDS.intersection(counts)
@@ -210,3 +255,23 @@ def count_punctuated(folded: str, settings: TokenizerSettings = TokenizerSetting
             for token in dropped:
                 del counts[token]
     return counts
+
+
+def count_pieces(text: str, settings: TokenizerSettings, simplify_script: bool, size: int) -> Counter:
+    """``count_punctuated(fold_and_simplify(text, simplify_script), settings)`` a piece of ``size`` characters
+    at a time (:func:`text_pieces`), so that no list of the whole text's tokens is ever built."""
+    counts: Counter = Counter()
+    for kinds in kinds_in_pieces(text, settings, simplify_script, size):
+        for tokens in kinds:
+            counts.update(tokens)
+    return _counted(counts, settings)
+
+
+def kinds_in_pieces(text: str, settings: TokenizerSettings, simplify_script: bool, size: int
+                    ) -> Iterator[tuple[list[str], list[str], list[str]]]:
+    """:func:`punctuated_kinds` of ``fold_and_simplify(text, simplify_script)``, a piece of about ``size``
+    characters at a time (:func:`text_pieces`): the whole text's tokens of each kind are the pieces' tokens of
+    that kind, one piece after another (with a space between Han runs dropped or added, which the tokens'
+    users drop anyway)."""
+    for piece in text_pieces(text, size):
+        yield punctuated_kinds(fold_and_simplify(piece, simplify_script), settings)

@@ -38,9 +38,9 @@ from threadpoolctl import ThreadpoolController
 
 from ... import native
 from ...errors import InputError
-from ...text.normalize import fold, fold_and_simplify, normalized_or_folded
-from ...text.tokenize import (STOPWORDS, TokenizerSettings, count_punctuated, dropped, punctuated_parts,
-                              punctuated_parts_many, tokenize)
+from ...text.normalize import PIECE_CHARACTERS, fold, fold_and_simplify, normalized_or_folded
+from ...text.tokenize import (STOPWORDS, TokenizerSettings, count_pieces, count_punctuated, dropped,
+                              kinds_in_pieces, punctuated_parts, punctuated_parts_many, tokenize)
 from ..base import DEFAULT_SEED
 
 #: Names the whole text -> fingerprint recipe. Any change to normalization,
@@ -263,9 +263,12 @@ def _plain_tokens(text: str, settings: FingerprintSettings) -> list[str]:
 
 
 def token_counts(text: str, settings: FingerprintSettings) -> Counter:
-    """``Counter(tokens_for(text, settings))``, by the ``auto`` tokenizer's fast path where it applies."""
+    """``Counter(tokens_for(text, settings))``, by the ``auto`` tokenizer's fast path where it applies (a long
+    text a piece at a time)."""
     if settings.tokenizer.name == "auto":  # the default: without building the normalized text
-        counts = count_punctuated(fold_and_simplify(text, settings.simplifies_script), settings.tokenizer)
+        counts = (count_pieces(text, settings.tokenizer, settings.simplifies_script, PIECE_CHARACTERS)
+                  if len(text) > PIECE_CHARACTERS else
+                  count_punctuated(fold_and_simplify(text, settings.simplifies_script), settings.tokenizer))
         if counts:
             return counts
     return Counter(tokens_for(text, settings))
@@ -277,7 +280,35 @@ def fingerprint(text: str, settings: FingerprintSettings = FingerprintSettings()
         features, weights = weighted_features(token_counts(text, settings), settings.weighting, settings.idf,
                                               settings.top_features)
         return simhash(features, weights, settings.seed)
-    return simhashes_of_tokens([_undropped_tokens(text, settings)], settings)[0]
+    sketch = _long_fingerprint(text, settings)
+    return simhashes_of_tokens([_undropped_tokens(text, settings)], settings)[0] if sketch is None else sketch
+
+
+def _long_fingerprint(text: str, settings: FingerprintSettings) -> int | None:
+    """The fingerprint (with bigrams) of a text longer than :data:`PIECE_CHARACTERS`, its tokens read a piece at
+    a time and held as ids of a vocabulary of its own (the process's starts again past its limit, which would
+    make the ids read before stale); None for a shorter text, another tokenizer than ``auto``, or a text
+    without tokens there (it takes the plain way, with its fallbacks)."""
+    if len(text) <= PIECE_CHARACTERS or settings.tokenizer.name != "auto":
+        return None
+    vocabulary = _Vocabulary(settings.seed, limit=None)
+    kinds: tuple[list[np.ndarray], ...] = ([], [], [])  # the Han tokens, the words, the shingles: in that order
+    for piece in kinds_in_pieces(text, settings.tokenizer, settings.simplifies_script, PIECE_CHARACTERS):
+        for ids, tokens in zip(kinds, piece):
+            if tokens:
+                ids.append(vocabulary.lookup(tokens).astype(np.int32))  # 4 bytes a token until the end
+    if not any(kinds):
+        return None
+    ids = np.concatenate([ids for kind in kinds for ids in kind], dtype=np.int64)
+    del kinds
+    lengths = np.array([len(ids)], dtype=np.int64)
+    compiled = native.module()
+    if compiled is not None and settings.weighting in _COMPILED_WEIGHTINGS:
+        out = np.empty(1, dtype=np.uint64)
+        compiled.simhashes(ids, lengths, vocabulary.hashes, vocabulary.kinds, _SUBLINEAR, out,
+                           _COMPILED_WEIGHTINGS[settings.weighting], settings.bigrams, settings.tokenizer.stopwords)
+        return int(out[0])
+    return _simhashes_of_ids(ids, lengths, vocabulary, settings)[0]
 
 
 def feature_vector(text: str, settings: FingerprintSettings = FingerprintSettings()) -> tuple[np.ndarray, np.ndarray]:
@@ -311,6 +342,16 @@ def fingerprints(texts: Sequence[str], settings: FingerprintSettings) -> list[in
     features of all the texts are counted, hashed and summed together (:func:`simhashes_of_tokens`)."""
     if not settings.bigrams:
         return [_or_error(fingerprint, text, settings) for text in texts]
+    long = {i: _long_fingerprint(text, settings) for i, text in enumerate(texts) if len(text) > PIECE_CHARACTERS}
+    long = {i: sketch for i, sketch in long.items() if sketch is not None}
+    if not long:
+        return _short_fingerprints(texts, settings)
+    short = iter(_short_fingerprints([text for i, text in enumerate(texts) if i not in long], settings))
+    return [long[i] if i in long else next(short) for i in range(len(texts))]
+
+
+def _short_fingerprints(texts: Sequence[str], settings: FingerprintSettings) -> list[int | InputError]:
+    """:func:`fingerprints` of texts of at most :data:`PIECE_CHARACTERS` (with bigrams)."""
     parts = (punctuated_parts_many(texts, settings.tokenizer, settings.simplifies_script)
              if settings.tokenizer.name == "auto" else [None] * len(texts))
     # a text without tokens there (only punctuation, say) takes the plain way, with its fallbacks and errors
@@ -330,6 +371,9 @@ def _or_error(function, text: str, settings: FingerprintSettings):
 #: Distinct tokens whose ids and hashes a process keeps between batches (about 100 bytes each); past this the
 #: vocabulary starts again.
 VOCABULARY_LIMIT = 1 << 18
+#: Up to this many features, one text's sums are taken from a matrix of its hashes' bits (:func:`simhash_of_hashes`),
+#: beyond it through byte bins, as for many texts.
+FEW_FEATURES = 1 << 12
 #: Texts whose features :func:`simhashes_of_tokens` sums in one go.
 BATCH_TEXTS = 256
 #: The batch's ``(text, id, next id)`` keys stay below this (int64); a batch that could pass it is halved.
@@ -345,8 +389,9 @@ class _Vocabulary:
     :data:`STOPWORD`, :data:`SPACE`), kept between batches: most of a batch's tokens were seen before, and a
     dictionary lookup costs a fraction of encoding and hashing."""
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, limit: int | None = VOCABULARY_LIMIT) -> None:
         self.seed = seed
+        self.limit = limit  # None: never starts again (one text's vocabulary, whose ids must all stay valid)
         self.ids: dict[str, int] = {}
         self.hashes = np.empty(0, dtype="<u8")
         self.kinds = np.empty(0, dtype=np.int8)
@@ -367,7 +412,7 @@ class _Vocabulary:
         """The ids of tokens the vocabulary does not hold (repeats allowed), after hashing and adding them; None
         where the vocabulary had to start again to hold them (every id handed out before is then stale)."""
         new = list(dict.fromkeys(missing))
-        if self.ids and len(self.ids) + len(new) > VOCABULARY_LIMIT:
+        if self.limit is not None and self.ids and len(self.ids) + len(new) > self.limit:
             self.ids, self.hashes, self.kinds = {}, self.hashes[:0], self.kinds[:0]
             return None
         start = len(self.ids)
@@ -412,7 +457,19 @@ def simhashes_of_tokens(token_lists: Sequence[list[str]], settings: FingerprintS
     if compiled is not None and settings.weighting in _COMPILED_WEIGHTINGS:
         return _compiled_simhashes(compiled, vocabulary, token_lists, settings)
     ids = vocabulary.lookup(list(itertools.chain.from_iterable(token_lists)))
-    owner = np.repeat(np.arange(texts), np.fromiter(map(len, token_lists), dtype=np.int64, count=texts))
+    if texts * max(len(vocabulary.ids), 1) ** 2 >= KEY_BOUND and texts > 1:  # the keys below could overflow
+        middle = texts // 2
+        return simhashes_of_tokens(token_lists[:middle], settings) + simhashes_of_tokens(token_lists[middle:], settings)
+    return _simhashes_of_ids(ids, np.fromiter(map(len, token_lists), dtype=np.int64, count=texts), vocabulary,
+                             settings)
+
+
+def _simhashes_of_ids(ids: np.ndarray, lengths: np.ndarray, vocabulary: _Vocabulary,
+                      settings: FingerprintSettings) -> list[int]:
+    """:func:`simhashes_of_tokens` in numpy, from the texts' token ids (``lengths[t]`` of them for text ``t``,
+    text after text)."""
+    texts = len(lengths)
+    owner = np.repeat(np.arange(texts), lengths)
     kinds = vocabulary.kinds[ids]
     kept = kinds == WORD if settings.tokenizer.stopwords else kinds != SPACE
     only_stopwords = np.bincount(owner[kept], minlength=texts) == 0  # such a text keeps its stop words
@@ -422,9 +479,6 @@ def simhashes_of_tokens(token_lists: Sequence[list[str]], settings: FingerprintS
         ids, owner = ids[kept], owner[kept]
     lengths = np.bincount(owner, minlength=texts)
     size = max(len(vocabulary.ids), 1)
-    if texts * size * size >= KEY_BOUND and texts > 1:  # the keys below could overflow: halve the batch
-        middle = texts // 2
-        return simhashes_of_tokens(token_lists[:middle], settings) + simhashes_of_tokens(token_lists[middle:], settings)
     keys, frequencies = np.unique(owner * size + ids, return_counts=True)
     text_of, token = np.divmod(keys, size)
     hashes, weights, owners = [vocabulary.hashes[token]], [term_weights(frequencies, settings.weighting)], [text_of]
@@ -469,7 +523,7 @@ def _compiled_simhashes(compiled, vocabulary: _Vocabulary, token_lists: Sequence
 def _simhashes(owner: np.ndarray, hashes: np.ndarray, weights: np.ndarray, texts: int) -> list[int]:
     """The SimHash of each of ``texts`` texts, from their features' hashes and weights (feature ``i`` belongs to
     text ``owner[i]``)."""
-    if texts == 1:  # fewer numpy calls
+    if texts == 1 and len(hashes) <= FEW_FEATURES:  # fewer numpy calls (a bit matrix of 64 bytes a feature)
         return [simhash_of_hashes(hashes, weights)]
     octets = hashes.astype("<u8", copy=False).view(np.uint8).reshape(-1, 8)
     bins = owner * 256
