@@ -35,6 +35,7 @@ import functools
 import hashlib
 import math
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -42,7 +43,8 @@ import numpy as np
 import xxhash
 
 from ... import native
-from ...text.normalize import ascii_words, bmp_punctuation, fold_and_simplify, normalized_or_folded, strip_punctuation
+from ...text.normalize import (PIECE_CHARACTERS, ascii_spaced, bmp_punctuation, fold_and_simplify, normalize,
+                               normalized_or_folded, strip_punctuation, text_pieces)
 from ...text.scripts import ASTRAL_CHARACTER, WITHOUT_SPACES, WITHOUT_SPACES_CHARACTER, character_class, expand
 from ..base import DEFAULT_SEED
 
@@ -225,10 +227,25 @@ def _ngram_hashes(units: np.ndarray, n: int) -> np.ndarray:
     """uint64 hashes of every run of ``n`` consecutive units (the whole array when it is shorter)."""
     count = max(len(units) - n + 1, 1)
     n = min(n, len(units))
+    units = units.astype(np.uint64, copy=False)
     hashes = np.zeros(count, dtype=np.uint64)
     for offset in range(n):
         hashes = hashes * _POLY + units[offset:offset + count]
     return _mix(hashes + np.uint64(n))
+
+
+#: Shingles hashed and reduced at a time: a text's shingle hashes are made a window of this many at a time
+#: (:func:`shingle_hash_windows`), and a text longer than this many characters is read a piece at a time, so
+#: that what a text holds beside its own characters is a window's arrays, not several arrays of 8 bytes a
+#: character (one text of 50M characters took gigabytes). The hashes are the same, window after window.
+WINDOW = 1 << 18
+
+
+def _ngram_hash_windows(units: np.ndarray, n: int) -> Iterator[np.ndarray]:
+    """:func:`_ngram_hashes` of ``units``, :data:`WINDOW` hashes at a time (each window's units overlap the
+    next one's by ``n - 1``)."""
+    for start in range(0, max(len(units) - n + 1, 1), WINDOW):
+        yield _ngram_hashes(units[start:start + WINDOW + n - 1], n)
 
 
 @functools.cache
@@ -242,14 +259,17 @@ def _not_counted() -> tuple[re.Pattern, re.Pattern]:
 
 def writes_without_spaces(text: str) -> bool:
     """True when at least a quarter of the letters belong to scripts written without spaces."""
-    if ASTRAL_CHARACTER.search(text):
-        letters = sum(1 for c in text if c.isalpha())
-        without_spaces = len(WITHOUT_SPACES_CHARACTER.findall(text))
-    else:  # the same counts, with no loop over the characters in Python
-        not_letters, not_without_spaces = _not_counted()
-        letters = len(not_letters.sub("", text))
-        without_spaces = len(not_without_spaces.sub("", text))
+    letters, without_spaces = letter_counts(text)
     return letters > 0 and 4 * without_spaces >= letters
+
+
+def letter_counts(text: str) -> tuple[int, int]:
+    """(letters, letters of scripts written without spaces) of ``text``."""
+    if ASTRAL_CHARACTER.search(text):
+        return (sum(1 for c in text if c.isalpha()),
+                len(text) - len(WITHOUT_SPACES_CHARACTER.sub("", text)))  # no list of every one
+    not_letters, not_without_spaces = _not_counted()  # the same counts, with no loop over the characters in Python
+    return len(not_letters.sub("", text)), len(not_without_spaces.sub("", text))
 
 
 #: Flags of a Basic Multilingual Plane character (:func:`_character_flags`).
@@ -275,62 +295,137 @@ TABLE_FROM = 100
 
 
 def shingle_hashes(text: str, settings: MinHashSettings) -> np.ndarray:
-    """The uint64 hashes of a text's shingles (with repeats).
+    """The uint64 hashes of a text's shingles (with repeats): :func:`shingle_hash_windows` joined."""
+    windows = list(shingle_hash_windows(text, settings))
+    return windows[0] if len(windows) == 1 else np.concatenate(windows)
+
+
+def shingle_hash_windows(text: str, settings: MinHashSettings) -> Iterator[np.ndarray]:
+    """The uint64 hashes of a text's shingles (with repeats), a window of at most :data:`WINDOW` at a time.
 
     Text of some length without a character beyond the Basic Multilingual Plane has its code points
     classified by one table lookup each: the characters normalization keeps, whether the text writes
     without spaces (:func:`writes_without_spaces` of the normalized text), and, for character shingles,
-    the characters themselves, without building the normalized text. ASCII text is split into words by one
-    ``str.translate``. Other text goes the plain way (:func:`plain_shingle_hashes`); the tests hold the
-    ways equal.
+    the characters themselves, without building the normalized text; a long text a piece at a time. ASCII
+    text is split into words by one ``str.translate``. Other text goes the plain way
+    (:func:`plain_shingle_hashes`); the tests hold the ways equal.
     """
     folded = fold_and_simplify(text)
     if folded.isascii():  # no script without spaces: words
-        words = ascii_words(folded)
-        if words:
-            return _word_shingle_hashes(words, settings)
+        spaced = ascii_spaced(folded)
+        if not spaced.isspace() and spaced:
+            return _word_shingle_windows(text_pieces(spaced, PIECE_CHARACTERS), settings)
     elif len(folded) >= TABLE_FROM:
-        units = np.frombuffer(folded.encode("utf-32-le"), dtype="<u4")
-        if units.max() <= 0xFFFF:
-            flags = _character_flags()[units]
-            kept = (flags & _SEPARATOR) == 0
-            if kept.any():
-                flags = flags[kept]
-                letters = np.count_nonzero(flags & _LETTER)
-                if letters and 4 * np.count_nonzero(flags & _WITHOUT_SPACES) >= letters:
-                    return _ngram_hashes(units[kept].astype(np.uint64), settings.char_ngram)
-                return _word_shingle_hashes(strip_punctuation(folded).split(), settings)
+        classes = _table_classes(folded)
+        if classes is not None:
+            kept, letters, without_spaces = classes
+            if kept:
+                if letters and 4 * without_spaces >= letters:
+                    return _ngram_hash_windows_of(_kept_units(folded), settings.char_ngram, kept)
+                return _word_shingle_windows(map(strip_punctuation, text_pieces(folded, PIECE_CHARACTERS)), settings)
     else:
         normalized = strip_punctuation(folded)
         if normalized:
-            return _shingles_of_normalized(normalized, settings)
-    return plain_shingle_hashes(text, settings)
+            return _windows_of_normalized(normalized, settings)
+    if len(text) > PIECE_CHARACTERS:  # the same normalized text, a piece at a time
+        pieces = [normalized for piece in text_pieces(text, PIECE_CHARACTERS) if (normalized := normalize(piece))]
+        if pieces:
+            return _windows_of_normalized_pieces(pieces, settings)
+    return _windows_of_normalized(normalized_or_folded(text)[0], settings)
+
+
+def _windows_of_normalized_pieces(pieces: list[str], settings: MinHashSettings) -> Iterator[np.ndarray]:
+    """:func:`_windows_of_normalized` of ``" ".join(pieces)``, without joining them: each piece ends where the
+    whole text has a separator, so their normalized texts joined by a space are the whole text's."""
+    letters = without_spaces = 0
+    for piece in pieces:
+        piece_letters, piece_without_spaces = letter_counts(piece)
+        letters, without_spaces = letters + piece_letters, without_spaces + piece_without_spaces
+    if letters and 4 * without_spaces >= letters:
+        total = sum(len(piece) - piece.count(" ") for piece in pieces)
+        units = (np.frombuffer(piece.replace(" ", "").encode("utf-32-le"), dtype="<u4") for piece in pieces)
+        return _ngram_hash_windows_of(units, settings.char_ngram, total)
+    return _word_shingle_windows(pieces, settings)
+
+
+def _pieces(text: str) -> Iterator[str]:
+    """``text`` in slices of :data:`WINDOW` characters (for what reads characters one by one)."""
+    for start in range(0, len(text), WINDOW):
+        yield text[start:start + WINDOW]
+
+
+def _table_classes(folded: str) -> tuple[int, int, int] | None:
+    """(characters normalization keeps, letters among them, letters of scripts without spaces among them) of
+    folded text, by one table lookup a character, a piece at a time; None when a character lies beyond the
+    Basic Multilingual Plane."""
+    table, kept, letters, without_spaces = _character_flags(), 0, 0, 0
+    for piece in _pieces(folded):
+        units = np.frombuffer(piece.encode("utf-32-le"), dtype="<u4")
+        if units.max() > 0xFFFF:
+            return None
+        flags = table[units]
+        flags = flags[(flags & _SEPARATOR) == 0]
+        kept += len(flags)
+        letters += np.count_nonzero(flags & _LETTER)
+        without_spaces += np.count_nonzero(flags & _WITHOUT_SPACES)
+    return kept, letters, without_spaces
+
+
+def _kept_units(folded: str) -> Iterator[np.ndarray]:
+    """The code points (uint32) of the characters normalization keeps, a piece at a time."""
+    table = _character_flags()
+    for piece in _pieces(folded):
+        units = np.frombuffer(piece.encode("utf-32-le"), dtype="<u4")
+        yield units[(table[units] & _SEPARATOR) == 0]
+
+
+def _ngram_hash_windows_of(pieces: Iterator[np.ndarray], n: int, total: int) -> Iterator[np.ndarray]:
+    """:func:`_ngram_hash_windows` of the units ``pieces`` hold one after another (``total`` of them), without
+    joining them: each piece's n-grams with the last ``n - 1`` units before it."""
+    if total < n:  # one shingle, the whole text
+        yield _ngram_hashes(np.concatenate(list(pieces)), n)
+        return
+    carried = np.empty(0, dtype=np.uint32)
+    for piece in pieces:
+        units = np.concatenate((carried, piece)) if len(carried) else piece
+        if len(units) >= n:
+            yield from _ngram_hash_windows(units, n)
+            carried = units[len(units) - n + 1:]
+        else:
+            carried = units
 
 
 def plain_shingle_hashes(text: str, settings: MinHashSettings) -> np.ndarray:
     """:func:`shingle_hashes` by its definition: normalize, then shingle by characters (spaces removed) if the
     text writes without spaces, else by words."""
     normalized, _ = normalized_or_folded(text)  # only punctuation or symbols: the folded characters themselves
-    return _shingles_of_normalized(normalized, settings)
+    return np.concatenate(list(_windows_of_normalized(normalized, settings)))
 
 
-def _shingles_of_normalized(normalized: str, settings: MinHashSettings) -> np.ndarray:
+def _windows_of_normalized(normalized: str, settings: MinHashSettings) -> Iterator[np.ndarray]:
     if writes_without_spaces(normalized):
         characters = normalized.replace(" ", "")
-        units = np.frombuffer(characters.encode("utf-32-le"), dtype="<u4").astype(np.uint64)
-        return _ngram_hashes(units, settings.char_ngram)
-    return _word_shingle_hashes(normalized.split(), settings)
+        units = np.frombuffer(characters.encode("utf-32-le"), dtype="<u4")
+        return _ngram_hash_windows(units, settings.char_ngram)
+    return _word_shingle_windows(text_pieces(normalized, PIECE_CHARACTERS), settings)
 
 
-def _word_shingle_hashes(words: list[str], settings: MinHashSettings) -> np.ndarray:
-    units = np.fromiter((xxhash.xxh3_64_intdigest(w.encode("utf-8"), settings.seed) for w in words),
-                        dtype=np.uint64, count=len(words))
-    return _ngram_hashes(units, settings.word_ngram) ^ np.uint64(0x5157_4F52_4453)  # words never equal characters
+def _word_shingle_windows(pieces: Iterable[str], settings: MinHashSettings) -> Iterator[np.ndarray]:
+    """The word shingles' hashes of a text whose words are separated by whitespace (and hold no punctuation),
+    given in pieces that split no word, a window at a time: the words' own hashes are taken a piece at a time,
+    so that no list of the text's words is built."""
+    seed = settings.seed
+    units = np.concatenate([np.fromiter((xxhash.xxh3_64_intdigest(w.encode("utf-8"), seed) for w in words),
+                                        dtype=np.uint64, count=len(words)) for words in map(str.split, pieces)])
+    for hashes in _ngram_hash_windows(units, settings.word_ngram):
+        yield hashes ^ np.uint64(0x5157_4F52_4453)  # words never equal characters
 
 
 def shingle_set(text: str, settings: MinHashSettings) -> np.ndarray:
-    """The text's distinct shingle hashes, sorted: the set whose Jaccard similarity exact mode decides by."""
-    return np.unique(shingle_hashes(text, settings))
+    """The text's distinct shingle hashes, sorted: the set whose Jaccard similarity exact mode decides by (each
+    window's set first, so that a long text's repeats are never all held)."""
+    windows = [np.unique(hashes) for hashes in shingle_hash_windows(text, settings)]
+    return windows[0] if len(windows) == 1 else np.unique(np.concatenate(windows))
 
 
 def exact_distances(sets: dict[int, np.ndarray], left: np.ndarray, right: np.ndarray) -> np.ndarray:
@@ -385,8 +480,9 @@ def _signatures_in_numpy(values: np.ndarray, lengths: np.ndarray, a: np.ndarray,
 
 
 def signature(text: str, settings: MinHashSettings) -> np.ndarray:
-    """One text's signature: ``num_perm`` uint32 values."""
-    return signatures([shingle_hashes(text, settings)], settings)[0]
+    """One text's signature: ``num_perm`` uint32 values, the minima of its windows' minima (the same minima:
+    a long text's shingle hashes are never all held)."""
+    return np.minimum.reduce([signatures([hashes], settings)[0] for hashes in shingle_hash_windows(text, settings)])
 
 
 def to_bytes(signature_row: np.ndarray) -> bytes:
