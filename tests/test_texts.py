@@ -71,7 +71,7 @@ def oracle(documents: list[dict]) -> dict[tuple[str, str], Fraction]:
 def test_exact_minhash_pairs_clusters_and_verdicts_are_the_oracles(database_url, schema, admin_engine, monkeypatch):
     from simdb.methods import minhash
 
-    monkeypatch.setattr(minhash, "DECIDE_BATCH", 7)  # the decisions of a chunk come in several batches
+    monkeypatch.setattr(minhash, "DECIDE_TEXTS", 7)  # the decisions of a chunk come in several batches
     documents = generated()
     expected = oracle(documents)
     first, second = documents[:100], documents[100:]

@@ -21,9 +21,23 @@ from .signature import ALGORITHM, MinHashSettings
 from .sql import band_candidate_sql, band_key_sql, band_pairs, function_statements
 
 
-#: Exact mode: candidate pairs decided together, whose texts and shingle sets are held at once (a 100k chunk of
-#: long texts with many copies holds tens of thousands of candidates; their shingle sets all at once, gigabytes).
-DECIDE_BATCH = 20_000
+#: Exact mode: the most texts whose shingle sets are held at once while candidate pairs are decided (a 100k chunk
+#: of long texts with many copies holds tens of thousands of candidates; their shingle sets all at once,
+#: gigabytes). Counted in texts, not pairs: 20,000 pairs held up to 40,000 texts and their sets, and an archive
+#: that grows gives a chunk more candidates, so that the memory an ingest took grew with the archive.
+DECIDE_TEXTS = 2_000
+
+
+def _few_texts(pairs: np.ndarray, texts: int) -> Iterator[slice]:
+    """Consecutive slices of ``(a, b, ...)`` rows, each naming at most ``texts`` distinct ids (or one row)."""
+    start, seen = 0, set()
+    for row, (a, b) in enumerate(pairs[:, :2].tolist()):
+        if len(seen) + (a not in seen) + (b not in seen and b != a) > texts and row > start:
+            yield slice(start, row)
+            start, seen = row, set()
+        seen.update((a, b))
+    if start < len(pairs):
+        yield slice(start, len(pairs))
 
 
 @dataclass(frozen=True)
@@ -111,8 +125,11 @@ class MinHash(Method):
         hashes, results = [], []
         for text in texts:
             try:
-                hashes.append(sig.shingle_hashes(text, self.settings))
-                results.append(None)
+                if len(text) > sig.WINDOW:  # its own minima, a window of shingles at a time
+                    results.append(sig.to_bytes(sig.signature(text, self.settings)))
+                else:
+                    hashes.append(sig.shingle_hashes(text, self.settings))
+                    results.append(None)
             except InputError as exc:
                 results.append(exc)
         rows = iter(sig.signatures(hashes, self.settings))
@@ -168,21 +185,21 @@ class MinHash(Method):
         ``max_distance`` kept."""
         if not self.settings.exact or not len(candidates):
             return candidates
-        decided = [np.empty((0, 3), dtype=np.int64)]
-        for start in range(0, len(candidates), DECIDE_BATCH):  # texts and shingle sets of one batch at a time
-            batch = candidates[start:start + DECIDE_BATCH]
-            ids = np.unique(batch[:, :2])
+        order = np.lexsort((candidates[:, 0], candidates[:, 1]))  # by earlier id: each stored text read once
+        distances = np.empty(len(candidates), dtype=np.int64)
+        for batch in _few_texts(candidates[order], DECIDE_TEXTS):  # texts and shingle sets of one batch at a time
+            pairs = candidates[order[batch]]
+            ids = np.unique(pairs[:, :2])
             found = texts(ids)
             missing = [int(i) for i in ids.tolist() if found.get(int(i)) is None]
             if missing:
                 raise SimdbError(f"{len(missing):,} document(s) have no stored text (document id {missing[0]}, ...), "
                                  "yet this index decides by the texts: store documents through ingest, which keeps "
                                  "them")
-            sets = {int(i): sig.shingle_set(found[int(i)], self.settings) for i in ids.tolist()}
-            distances = sig.exact_distances(sets, batch[:, 0], batch[:, 1])
-            keep = distances <= max_distance
-            decided.append(np.stack([batch[keep, 0], batch[keep, 1], distances[keep]], axis=1).astype(np.int64))
-        return np.concatenate(decided)
+            sets = {int(i): sig.shingle_set(found.pop(int(i)), self.settings) for i in ids.tolist()}
+            distances[order[batch]] = sig.exact_distances(sets, pairs[:, 0], pairs[:, 1])
+        keep = distances <= max_distance
+        return np.stack([candidates[keep, 0], candidates[keep, 1], distances[keep]], axis=1).astype(np.int64)
 
     distance_in_verdicts = False  # signature positions or ten-thousandths: the similarity says it
 
