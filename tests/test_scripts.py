@@ -30,6 +30,8 @@ RUNS = [
     ("bench_minhash.py", ["--limit", "100", "--devset", str(DEVSET)], True),
     ("bench_text.py", ["--documents", "300", "--jieba-documents", "200", "--min-seconds", "0.05", "--markdown"],
      True),
+    ("bench_memory.py", ["--huge", "300000", "--documents", "300", "--chunk-size", "100", "--workers", "1",
+                         "--markdown"], True),
     ("eval_quality.py", ["--categories", "short-zh", "--workers", "1", "--devset", str(DEVSET), "--markdown"], True),
     ("simhash_ceiling.py", ["--categories", "long-en", "--seeds", "1", "--devset", str(DEVSET), "--markdown"], True),
 ]
