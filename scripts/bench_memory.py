@@ -111,14 +111,14 @@ def row(case: str, m: dict, size: int, base: int | None = None) -> tuple[str, ..
 def measure(server: Server, args, directory: str) -> list[tuple[str, ...]]:
     zh, en, lengths = sentences()
     rows = []
-    bases = [baseline(server.url, f"{PREFIX}_{i}", init, directory) if args.huge else None
-             for i, (_, init) in enumerate(METHODS)]
-    if args.huge:
-        log(f"CLI baselines (one short document): {', '.join(mb(base) for base in bases)}")
+    bases = {i: baseline(server.url, f"{PREFIX}_{i}", init, directory) for i, (_, init) in chosen(args)} \
+        if args.huge else {}
+    if bases:
+        log(f"CLI baselines (one short document): {', '.join(mb(base) for base in bases.values())}")
     for characters in args.huge:
         path = os.path.join(directory, f"huge-{characters}.jsonl")
         size = write_huge(path, characters, zh, en, random.Random(args.seed))
-        for i, (method, init) in enumerate(METHODS):
+        for i, (method, init) in chosen(args):
             log(f"one text of {characters:,} characters ({mb(size)}), {method}")
             m = ingest(server.url, f"{PREFIX}_{i}", path, init, ["--max-chars", str(characters)], directory)
             log(f"  peak RSS tree {mb(m['tree'])}, CLI {mb(m['main'])}; {m['seconds']:.0f} s")
@@ -127,7 +127,7 @@ def measure(server: Server, args, directory: str) -> list[tuple[str, ...]]:
     for documents in args.documents:
         path = os.path.join(directory, f"docs-{documents}.jsonl")
         size = write_corpus(path, documents, zh, lengths, random.Random(args.seed))
-        for i, (method, init) in enumerate(METHODS):
+        for i, (method, init) in chosen(args):
             log(f"{documents:,} documents ({mb(size)}), {method}, --chunk-size {args.chunk_size:,}")
             m = ingest(server.url, f"{PREFIX}_{i}", path, init,
                        ["--chunk-size", str(args.chunk_size), "--workers", str(args.workers)], directory)
@@ -136,6 +136,10 @@ def measure(server: Server, args, directory: str) -> list[tuple[str, ...]]:
             rows.append(row(f"{documents / 1000:g}k documents, --chunk-size {args.chunk_size:,}, {method}", m, size))
         os.unlink(path)
     return rows
+
+
+def chosen(args) -> list[tuple[int, tuple[str, list[str]]]]:
+    return [(i, method) for i, method in enumerate(METHODS) if i in args.methods]
 
 
 def counts(text: str) -> list[int]:
@@ -152,10 +156,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "(default 10k, 50k, 100k)")
     parser.add_argument("--chunk-size", type=int, default=10_000, help="of the many-document runs (default 10,000)")
     parser.add_argument("--workers", type=int, default=None, help="of the many-document runs (default: all cores)")
+    parser.add_argument("--methods", default=",".join(str(i) for i in range(len(METHODS))),
+                        help="which of " + ", ".join(f"{i}: {name}" for i, (name, _) in enumerate(METHODS))
+                             + " to run, comma-separated (default: all)")
     parser.add_argument("--seed", type=int, default=20261126)
     parser.add_argument("--markdown", action="store_true", help="print a GitHub markdown table")
     args = parser.parse_args(argv)
-    args.huge, args.documents = counts(args.huge), counts(args.documents)
+    args.huge, args.documents, args.methods = counts(args.huge), counts(args.documents), set(counts(args.methods))
     if args.workers is None:
         args.workers = len(os.sched_getaffinity(0))
     return args
