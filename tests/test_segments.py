@@ -696,3 +696,33 @@ def test_a_shared_lookup_that_would_wait_on_a_queued_lock_gives_way(database_url
     assert queued.is_set() and locker["got"] >= finished - 0.5  # the lock came after the chunk's commit
     assert summary.near_duplicates == 20
     assert_consistent(admin_engine, schema)
+
+
+def test_a_slice_read_into_memory_holds_no_more_rows_than_the_chunk_has_probes(database_url, schema, monkeypatch):
+    """Regression: a segment read into memory came in slices of 262,144 ids whatever the chunk, so an
+    ingest's memory grew with the archive (MinHash --verify exact, chunks of 10k: 172 MB at 10k documents,
+    283 MB at 100k). A slice now spans at most as many ids as the chunk has probes (or a floor), and the
+    pairs are those of brute force."""
+    import numpy as np
+
+    from simdb.pg import in_memory
+
+    spans, real = [], in_memory._read
+    monkeypatch.setattr(in_memory, "_read",
+                        lambda c, m, t, start, end: spans.append(end - start) or real(c, m, t, start, end))
+    monkeypatch.setattr(in_memory, "MIN_SLICE_IDS", 64)
+    monkeypatch.setattr(in_memory, "ROWS_PER_PROBE", 100)  # the 1,000 stored documents are read, not probed
+    rng = np.random.default_rng(11)
+    with Index.create(database_url, schema=schema) as index:
+        k = index.settings.method.max_distance
+        stored = [int(x) for x in rng.integers(0, 2**63, 1_000)]
+        index.add_fingerprinted(make_batch(stored, "stored"), batch="stored")
+        near = [s ^ (1 << int(rng.integers(0, 64))) for s in stored[:90]]
+        index.add_fingerprinted(make_batch(near, "near"), batch="near")
+        pairs = {(p.a, p.b) for p in index.pairs(batch="near")}
+    assert spans and max(spans) <= 90, spans
+    expected = {(f"stored-{i}", f"near-{j}") for j, b in enumerate(near) for i, a in enumerate(stored)
+                if bin(a ^ b).count("1") <= k}
+    expected |= {(f"near-{i}", f"near-{j}") for j, b in enumerate(near) for i, a in enumerate(near)
+                 if i < j and bin(a ^ b).count("1") <= k}
+    assert pairs == expected
