@@ -816,7 +816,9 @@ def compact(database_url, schema, data_dir, full, as_json):
 @cli.command(name="grant-reader")
 @database_options
 @click.argument("role")
-@click.option("--login", is_flag=True, help="Let the role log in (default: a group role to grant to users).")
+@click.option("--login/--no-login", default=None,
+              help="Let the role log in, or not [default: a new role is a group role to grant to users; an "
+                   "existing role keeps its LOGIN as it is].")
 @click.option("--password-env", metavar="VAR", default=None,
               help="Set the role's password from this environment variable (it is never printed).")
 @user_errors
@@ -834,9 +836,9 @@ def grant_reader_command(database_url, schema, data_dir, role, login, password_e
         if not password:
             raise click.ClickException(f"the environment variable {password_env} is not set or empty")
     with open_index(database_url, schema, data_dir) as index:
-        created = index.grant_reader(role, login=login, password=password)
-    click.echo(f"{'created' if created else 'updated'} role {role!r}: it can read schema {schema!r} "
-               f"and write nothing{'; it can log in' if login else ''}")
+        grant = index.grant_reader(role, login=login, password=password)
+    click.echo(f"{'created' if grant.created else 'updated'} role {role!r}: it can read schema {schema!r} "
+               f"and write nothing; it {'can' if grant.login else 'cannot'} log in")
 
 
 @cli.command()
