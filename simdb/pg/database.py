@@ -170,11 +170,15 @@ class Database:
 #: SQLSTATE classes and codes -> what they mean for the person running simdb.
 _READ_ONLY = "25006"
 _PRIVILEGE = "42501"
+#: The session is gone: a connection exception (class 08), the server shutting down or restarting, the
+#: database dropped, an idle session or transaction timed out.
+_CONNECTION_LOST = ("08", "57P01", "57P02", "57P03", "57P04", "57P05", "25P03")
 
 
 def translate(error: sa.exc.DBAPIError | psycopg.Error, url: str | URL | None = None) -> SimdbError:
     """A database error (through SQLAlchemy or straight from psycopg) as a :class:`SimdbError` whose
-    message says what happened and what to do."""
+    message says what happened and what to do, decided by its SQLSTATE (psycopg counts a deadlock, a
+    cancelled statement and a size limit as an ``OperationalError``, like a lost connection)."""
     original = error if isinstance(error, psycopg.Error) else error.orig
     state = getattr(original, "sqlstate", None) or ""
     message = (str(original) if original is not None else str(error)).strip().splitlines()[0]
@@ -186,13 +190,30 @@ def translate(error: sa.exc.DBAPIError | psycopg.Error, url: str | URL | None = 
     if state == _PRIVILEGE:
         return PermissionDenied(f"{who} lacks a privilege this needs: {message}; run it as the role that owns "
                                 "the index, or have the owner grant it (simdb grant-reader grants reading only)")
-    if isinstance(error, (sa.exc.OperationalError, psycopg.OperationalError)) or state.startswith(("08", "57P")):
+    if state.startswith(_CONNECTION_LOST) or (not state and isinstance(
+            error, (sa.exc.OperationalError, psycopg.OperationalError))):
         return DatabaseUnavailable(f"lost the database connection: {message}")
     if state.startswith("53"):
         return DatabaseUnavailable(f"the database server ran out of resources: {message}; free disk space or "
                                    "memory on the server, then run the command again")
-    if state in ("40001", "40P01", "55P03"):
-        return SimdbError(f"the database gave up waiting for another session: {message}; run the command again")
+    if state.startswith("54"):
+        return SimdbError(f"PostgreSQL refused a value or statement over one of its size limits: {message} "
+                          f"(SQLSTATE {state}); make what it names smaller (an id, a metadata field, a text), "
+                          "or split it")
+    if state == "40P01":
+        return SimdbError(f"a deadlock with another session, which PostgreSQL broke by stopping this one: "
+                          f"{message}; run the command again")
+    if state == "40001":
+        return SimdbError(f"a concurrent transaction changed what this one read: {message}; "
+                          "run the command again")
+    if state == "55P03":
+        return SimdbError(f"a lock was not granted in time: {message} (another session holds it; a lock_timeout "
+                          "of the server, the database or the role set how long to wait); run the command again "
+                          "when that session is done")
+    if state == "57014":
+        return SimdbError(f"PostgreSQL cancelled the statement: {message} (a statement_timeout of the server, the "
+                          "database or the role, or someone cancelled it); raise or unset the timeout, then run "
+                          "the command again")
     return SimdbError(f"PostgreSQL refused the operation: {message} (SQLSTATE {state or 'unknown'})")
 
 
