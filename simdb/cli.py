@@ -145,7 +145,39 @@ def read_text_argument(text: str | None, file) -> str:
                                    "re-encode the file as UTF-8") from None
 
 
-@click.group(context_settings=CONTEXT_SETTINGS)
+#: The commands that change the index; each writes to standard output only once its change is committed.
+CHANGING_COMMANDS = ("init", "ingest", "remove", "relayout", "compact", "grant-reader")
+
+
+class Commands(click.Group):
+    """simdb's group of commands, which ends every command's standard output the way a command-line tool should."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            result = super().invoke(ctx)
+            sys.stdout.flush()  # a closed pipe or a full disk shows here when the output fits in the buffer
+            return result
+        except BrokenPipeError:
+            _discard_stdout()  # the reader went away (`simdb pairs | head -n 1`): a normal end
+            ctx.exit(EXIT_OK)
+        except OSError as error:
+            if error.filename is not None:  # simdb's own files are reported as SimdbError; this is a bug to see
+                raise
+            _discard_stdout()
+            committed = (f" (what `simdb {ctx.invoked_subcommand}` changed in the index is committed)"
+                         if ctx.invoked_subcommand in CHANGING_COMMANDS else "")
+            raise click.ClickException(f"cannot write to standard output: {error.strerror}{committed}") from None
+
+
+def _discard_stdout() -> None:
+    """Send what standard output still buffers nowhere, so that the interpreter's last flush cannot fail again."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass  # no file descriptor (a test's captured output)
+
+
+@click.group(cls=Commands, context_settings=CONTEXT_SETTINGS)
 @click.version_option(__version__, "--version", prog_name="simdb",
                       message=f"%(prog)s, version %(version)s (compiled fast paths: {native.description()})")
 def cli():

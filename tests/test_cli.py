@@ -321,3 +321,48 @@ def test_database_errors_are_told_by_their_sqlstate(database_url):
             "lost the database connection: terminating connection due to administrator command")
     finally:
         engine.dispose()
+
+
+@pytest.fixture
+def wordy(index):
+    """An index whose pairs, export and verdicts each print well over a pipe's 64 KiB."""
+    import random
+
+    from tests.test_index import make_batch
+
+    rng = random.Random(34)
+    fingerprints = [fingerprint for base in (rng.getrandbits(64) for _ in range(2500)) for fingerprint in
+                    (base, base ^ 1)]
+    index.add_fingerprinted(make_batch(fingerprints, "d"), batch="big")
+    return index
+
+
+def simdb_shell(script: str, database_url: str, schema: str, **options):
+    """Run a bash script in which ``simdb`` is this checkout's command line, against the test's index."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "SIMDB_DATABASE_URL": database_url, "SIMDB_SCHEMA": schema}
+    return subprocess.run(["bash", "-c", f"simdb() {{ {sys.executable} -m simdb \"$@\"; }}\n{script}"], env=env,
+                          capture_output=True, text=True, timeout=120, **options)
+
+
+@pytest.mark.parametrize("arguments", [["pairs"], ["pairs", "--format", "csv"], ["export"],
+                                       ["export", "--format", "csv"], ["verdicts", "--batch", "big"]])
+def test_a_closed_pipe_is_a_normal_end(wordy, database_url, schema, arguments):
+    """Issue 34: `simdb pairs | head -n 1` exited 1 (click's answer to EPIPE)."""
+    result = simdb_shell(f"simdb {' '.join(arguments)} | head -n 1; echo \"status ${{PIPESTATUS[0]}}\"",
+                         database_url, schema)
+    first, status = result.stdout.splitlines()
+    assert status == "status 0" and result.stderr == ""
+    assert first.startswith(("{", "a,b,distance", "id,simhash"))
+
+
+def test_a_full_standard_output_is_one_line(wordy, database_url, schema):
+    """Issue 34: an error writing standard output (here ENOSPC, /dev/full) printed a traceback."""
+    result = simdb_shell("simdb export > /dev/full; echo \"status $?\" >&2", database_url, schema)
+    assert result.stderr == "Error: cannot write to standard output: No space left on device\nstatus 1\n"
+    result = simdb_shell("simdb compact --json > /dev/full; echo \"status $?\" >&2", database_url, schema)
+    assert result.stderr == ("Error: cannot write to standard output: No space left on device (what `simdb compact` "
+                             "changed in the index is committed)\nstatus 1\n")
