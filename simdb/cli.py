@@ -31,7 +31,7 @@ from .methods import Method, SimHash
 from .methods.simhash.blocks import DEFAULT_MAX_DISTANCE, MAX_DISTANCE
 from .methods.simhash.fingerprint import IdfTable
 from .parallel import distinct_tokens
-from .pg.database import DEFAULT_SCHEMA, redact, translate
+from .pg.database import DEFAULT_SCHEMA, redact, secrets_in, translate
 from .progress import Progress
 from .text.tokenize import TOKENIZERS, TokenizerSettings
 from .verdicts import STATUSES
@@ -51,8 +51,9 @@ def database_options(command):
     command = click.option("--schema", envvar="SIMDB_SCHEMA", default=DEFAULT_SCHEMA, show_default=True,
                            help="PostgreSQL schema holding the index [env SIMDB_SCHEMA].")(command)
     command = click.option("--database-url", envvar="SIMDB_DATABASE_URL", metavar="URL",
-                           help="PostgreSQL server, e.g. postgresql://user@host/db [env SIMDB_DATABASE_URL]; "
-                                "without it, an embedded PostgreSQL is used.")(command)
+                           help="PostgreSQL server, e.g. postgresql://user@host/db, or libpq's 'host=... "
+                                "dbname=...' [env SIMDB_DATABASE_URL]; without it, an embedded PostgreSQL is "
+                                "used. Passwords are never printed.")(command)
     return command
 
 
@@ -70,16 +71,29 @@ def input_options(command):
 
 
 def user_errors(function):
-    """Turn simdb's errors (and the database's) into ClickException's one-line message and exit 1."""
+    """Turn simdb's errors (and the database's) into ClickException's one-line message and exit 1; no message
+    shows a secret the command was given."""
     @functools.wraps(function)
     def wrapper(*args, **kwargs):
         try:
             return function(*args, **kwargs)
         except SimdbError as exc:
-            raise click.ClickException(exc.message(flag)) from None
+            raise click.ClickException(redact(exc.message(flag), given_secrets(kwargs))) from None
         except (sa.exc.DBAPIError, psycopg.Error) as exc:
-            raise click.ClickException(str(translate(exc))) from None
+            raise click.ClickException(redact(str(translate(exc)), given_secrets(kwargs))) from None
+        except click.ClickException as exc:
+            exc.message = redact(exc.message, given_secrets(kwargs))
+            raise
     return wrapper
+
+
+def given_secrets(params: dict) -> list[str]:
+    """The secrets a command was given: the database URL's passwords, libpq's PGPASSWORD, a role's new password."""
+    url = params.get("database_url") or os.environ.get("SIMDB_DATABASE_URL")
+    found = [*secrets_in(url), os.environ.get("PGPASSWORD", "")]
+    if params.get("password_env"):
+        found.append(os.environ.get(params["password_env"], ""))
+    return [secret for secret in found if secret]
 
 
 #: API parameters whose flag is not simply --the-name.
