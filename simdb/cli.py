@@ -20,7 +20,7 @@ import click
 import psycopg
 import sqlalchemy as sa
 
-from . import __version__, exports, jsonlines, native
+from . import __version__, exports, jsonlines, native, outputs
 from .bits import format_fingerprint, parse_fingerprint
 from .diff import changed_characters, diff, elided
 from .errors import SimdbError
@@ -428,6 +428,8 @@ def ingest(database_url, schema, data_dir, paths, input_format, id_field, text_f
                             max_chars=max_chars, chunk_size=chunk_size, workers=workers, resume=resume,
                             verdicts=verdicts_path, compact=compact)
     check_paths(paths)
+    skipped_to = options.rejects_file(batch_name) if on_error == "skip" and (rejects or batch_name) else None
+    outputs.refuse_aliases({"verdicts": verdicts_path, "rejects": skipped_to}, paths, stdout=True)
     progress = Progress(f"ingest {options.batch or ''}".strip(), total_bytes(paths))
     try:
         documents = read_documents(paths, format=input_format, id_field=id_field, text_field=text_field,
@@ -438,6 +440,9 @@ def ingest(database_url, schema, data_dir, paths, input_format, id_field, text_f
     except SimdbError as exc:
         if exc.kept is None:
             raise
+        if exc.kept.complete:  # the files after the last chunk: nothing to resume, but a file to get again
+            again = getattr(exc, "again", None)
+            raise click.ClickException(exc.message(flag) + (f": {again}" if again else "")) from None
         name = exc.kept.batch
         raise click.ClickException(f"{exc.message(flag)}: `{resume_command(click.get_current_context(), name)}` resumes it, "
                                    f"`simdb remove --batch {shlex.quote(name)}` removes it") from None
@@ -484,6 +489,7 @@ def check_command(database_url, schema, data_dir, paths, input_format, id_field,
     """
     started = time.perf_counter()
     check_paths(paths)
+    outputs.refuse_aliases({}, paths, stdout=True)
     counts = dict.fromkeys(("records", *STATUSES), 0)
     progress = Progress("check", total_bytes(paths))
     try:
@@ -762,7 +768,7 @@ def stats(database_url, schema, data_dir, as_json, exact):
 @database_options
 @click.option("--batch", "batch_name", default=None,
               help="Focus on this batch: distances and clusters of its documents; marked in the charts.")
-@click.option("--output", required=True, type=click.Path(dir_okay=False, writable=True),
+@click.option("--output", required=True, type=click.Path(dir_okay=False),
               help="The HTML file to write (self-contained: opens without a network).")
 @user_errors
 def report(database_url, schema, data_dir, batch_name, output):
@@ -781,14 +787,12 @@ def report(database_url, schema, data_dir, batch_name, output):
     """
     from .report import build_report
 
+    target = outputs.check(output, "report")  # refused before the report is built
     with open_index(database_url, schema, data_dir) as index:
         page = build_report(index, batch_name)
     data = page.encode("utf-8")
-    try:
-        with open(output, "wb") as file:
-            file.write(data)
-    except OSError as exc:
-        raise click.ClickException(f"cannot write {output}: {exc.strerror}; choose another --output") from None
+    with outputs.written(output, "report", binary=True, target=target) as file:
+        file.write(data)
     click.echo(f"wrote {output} ({max(1, round(len(data) / 1024)):,} KB)")
 
 
@@ -909,8 +913,13 @@ def calibrate(pairs_path, documents, label_field, plot_path, as_json):
         simdb calibrate pairs.jsonl --documents docs.jsonl --label-field dup_80 --plot cal.png
     """
     from .calibrate import calibrate as run_calibration
-    from .calibrate import plot, read_pairs
+    from .calibrate import plot, plot_format, read_pairs
 
+    inputs = [pairs_path, *([documents] if documents is not None else [])]
+    check_paths(inputs)
+    outputs.refuse_aliases({"plot": plot_path}, inputs, stdout=True)
+    plot_format(plot_path)  # a plot that cannot be written is refused before the work, not after it
+    outputs.check(plot_path, "plot", "plot")
     result = run_calibration(list(read_pairs(pairs_path, documents=documents, label_field=label_field)))
     plot(result, plot_path)
     if as_json:
