@@ -158,6 +158,9 @@ def test_redact_masks_known_secrets_in_any_message():
     message = 'missing "=" after "Tail-34b" in connection info string'
     assert redact(message, secrets=["Tail-34b"]) == 'missing "=" after "***" in connection info string'
     assert redact("a pw b", secrets=["pw"]) == "a *** b" and redact("pwned", secrets=["pw"]) == "pwned"
+    # a password that is also a word elsewhere in the message leaves the other words alone
+    assert redact("cannot connect to postgresql://postgres@h/db as postgres", secrets=["postgres"]) == \
+        "cannot connect to postgresql://***@h/db as ***"
 
 
 @pytest.mark.parametrize("conninfo", [

@@ -122,10 +122,9 @@ def redact(value: str | URL, secrets: Iterable[str] = ()) -> str:
                         if match["value"].startswith(_MASK) else match["keep"] + _MASK, text)  # masked once
     text = _USERINFO.sub(lambda match: match["keep"] + _MASK, text)
     for secret in sorted(_spellings(secrets), key=len, reverse=True):
-        if len(secret) >= 4:
-            text = text.replace(secret, _MASK)
-        else:  # a short one only as a word of its own, or a message would lose its letters
-            text = re.sub(rf"(?<![\w%]){re.escape(secret)}(?!\w)", _MASK, text)
+        # where it stands alone (quoted, between a URL's : and @, ...): a password that is also a common word
+        # ("postgres") must not take the letters out of every other word of the message
+        text = re.sub(rf"(?<!\w){re.escape(secret)}(?!\w)", _MASK, text)
     return text
 
 
@@ -288,7 +287,10 @@ def translate(error: sa.exc.DBAPIError | psycopg.Error, url: str | URL | None = 
     state = getattr(original, "sqlstate", None) or ""
     message = redact((str(original) if original is not None else str(error)).strip().splitlines()[0],
                      secrets_in(url))
-    role = postgres_url(url).username if url is not None else None
+    try:
+        role = postgres_url(url).username if url is not None else None
+    except SimdbError:  # a URL that cannot be parsed names no role
+        role = None
     who = f"the database role {role!r}" if role else "this database role"
     if state == _READ_ONLY:
         return PermissionDenied(f"{who} is read-only ({message}): it can query the index but not change it; "
