@@ -9,7 +9,7 @@ The pipeline, one layer a folder::
 __version__ = "0.1.0"
 
 from .bits import format_fingerprint, hamming, parse_fingerprint, to_signed, to_unsigned
-from .errors import (BatchError, DatabaseUnavailable, IncompatibleIndex, IndexNotFound, InputError,
+from .errors import (BatchError, DatabaseUnavailable, IncompatibleIndex, IndexNotFound, InputError, OutputError,
                      PermissionDenied, SimdbError)
 from .index import Index, Match, Pair
 from .ingest import BatchSummary
@@ -23,6 +23,6 @@ from .verdicts import Verdict
 __all__ = [
     "BatchError", "BatchSummary", "BlockLayout", "DatabaseUnavailable", "Document", "FingerprintSettings",
     "IncompatibleIndex", "Index", "IndexNotFound", "IndexSettings", "InputError", "Match", "Method", "MinHash",
-    "Pair", "PermissionDenied", "SimHash", "SimdbError", "fingerprint", "format_fingerprint", "hamming",
+    "OutputError", "Pair", "PermissionDenied", "SimHash", "SimdbError", "fingerprint", "format_fingerprint", "hamming",
     "parse_fingerprint", "read_documents", "to_signed", "to_unsigned", "Verdict", "__version__",
 ]

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import InputError
+from . import outputs
+from .errors import InputError, OutputError
 from .inputs import check_paths, json_records, read_documents
 from .methods import Method
 
@@ -147,15 +148,30 @@ def calibrate(pairs: list[LabelledPair], methods: list[Method] | None = None) ->
     return Calibration(pairs=len(pairs), positives=int(labels.sum()), curves=curves)
 
 
+#: What a plot can be written as, by its file name's extension (none: PNG, as matplotlib does).
+PLOT_FORMATS = ("svg", "png", "pdf")
+
+
+def plot_format(path: str | Path) -> str:
+    """The format of the plot written to ``path``, or an error before any work if its extension names none."""
+    suffix = Path(path).suffix.lower().lstrip(".") or "png"
+    if suffix not in PLOT_FORMATS:
+        raise OutputError(f"cannot write a plot as .{suffix}", path=str(path),
+                          hint=f"give «plot» a .{', .'.join(PLOT_FORMATS)} file")
+    return suffix
+
+
 def plot(result: Calibration, path: str | Path) -> None:
-    """Precision, recall and F1 against the setting, one panel per method (SVG or PNG by extension)."""
+    """Precision, recall and F1 against the setting, one panel per method (SVG, PNG or PDF by extension),
+    written by the rules of :mod:`simdb.outputs`."""
     from .charts import chart_style, new_figure
 
-    with chart_style():
-        _plot(result, path, new_figure(9.0, 3.6))
+    kind, target = plot_format(path), outputs.check(path, "plot", "plot")
+    with chart_style(), outputs.written(path, "plot", binary=True, target=target) as file:
+        _plot(result, file, new_figure(9.0, 3.6), kind)
 
 
-def _plot(result: Calibration, path: str | Path, fig) -> None:
+def _plot(result: Calibration, file, fig, kind: str) -> None:
     for index, curve in enumerate(result.curves.values()):
         axes = fig.add_subplot(1, len(result.curves), index + 1)
         x = [p.setting for p in curve.points]
@@ -169,4 +185,4 @@ def _plot(result: Calibration, path: str | Path, fig) -> None:
         axes.set_ylim(0, 1.02)
         axes.legend(loc="best")
     fig.suptitle(f"{result.pairs:,} labelled pairs, {result.positives:,} near-duplicates")
-    fig.savefig(path)
+    fig.savefig(file, format=kind)

@@ -20,7 +20,7 @@ import click
 import psycopg
 import sqlalchemy as sa
 
-from . import __version__, exports, jsonlines, native
+from . import __version__, exports, jsonlines, native, outputs
 from .bits import format_fingerprint, parse_fingerprint
 from .diff import changed_characters, diff, elided
 from .errors import SimdbError
@@ -31,7 +31,7 @@ from .methods import Method, SimHash
 from .methods.simhash.blocks import DEFAULT_MAX_DISTANCE, MAX_DISTANCE
 from .methods.simhash.fingerprint import IdfTable
 from .parallel import distinct_tokens
-from .pg.database import DEFAULT_SCHEMA, redact, translate
+from .pg.database import DEFAULT_SCHEMA, redact, secrets_in, translate
 from .progress import Progress
 from .text.tokenize import TOKENIZERS, TokenizerSettings
 from .verdicts import STATUSES
@@ -51,8 +51,9 @@ def database_options(command):
     command = click.option("--schema", envvar="SIMDB_SCHEMA", default=DEFAULT_SCHEMA, show_default=True,
                            help="PostgreSQL schema holding the index [env SIMDB_SCHEMA].")(command)
     command = click.option("--database-url", envvar="SIMDB_DATABASE_URL", metavar="URL",
-                           help="PostgreSQL server, e.g. postgresql://user@host/db [env SIMDB_DATABASE_URL]; "
-                                "without it, an embedded PostgreSQL is used.")(command)
+                           help="PostgreSQL server, e.g. postgresql://user@host/db, or libpq's 'host=... "
+                                "dbname=...' [env SIMDB_DATABASE_URL]; without it, an embedded PostgreSQL is "
+                                "used. Passwords are never printed.")(command)
     return command
 
 
@@ -70,16 +71,29 @@ def input_options(command):
 
 
 def user_errors(function):
-    """Turn simdb's errors (and the database's) into ClickException's one-line message and exit 1."""
+    """Turn simdb's errors (and the database's) into ClickException's one-line message and exit 1; no message
+    shows a secret the command was given."""
     @functools.wraps(function)
     def wrapper(*args, **kwargs):
         try:
             return function(*args, **kwargs)
         except SimdbError as exc:
-            raise click.ClickException(exc.message(flag)) from None
+            raise click.ClickException(redact(exc.message(flag), given_secrets(kwargs))) from None
         except (sa.exc.DBAPIError, psycopg.Error) as exc:
-            raise click.ClickException(str(translate(exc))) from None
+            raise click.ClickException(redact(str(translate(exc)), given_secrets(kwargs))) from None
+        except click.ClickException as exc:
+            exc.message = redact(exc.message, given_secrets(kwargs))
+            raise
     return wrapper
+
+
+def given_secrets(params: dict) -> list[str]:
+    """The secrets a command was given: the database URL's passwords, libpq's PGPASSWORD, a role's new password."""
+    url = params.get("database_url") or os.environ.get("SIMDB_DATABASE_URL")
+    found = [*secrets_in(url), os.environ.get("PGPASSWORD", "")]
+    if params.get("password_env"):
+        found.append(os.environ.get(params["password_env"], ""))
+    return [secret for secret in found if secret]
 
 
 #: API parameters whose flag is not simply --the-name.
@@ -145,7 +159,39 @@ def read_text_argument(text: str | None, file) -> str:
                                    "re-encode the file as UTF-8") from None
 
 
-@click.group(context_settings=CONTEXT_SETTINGS)
+#: The commands that change the index; each writes to standard output only once its change is committed.
+CHANGING_COMMANDS = ("init", "ingest", "remove", "relayout", "compact", "grant-reader")
+
+
+class Commands(click.Group):
+    """simdb's group of commands, which ends every command's standard output the way a command-line tool should."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            result = super().invoke(ctx)
+            sys.stdout.flush()  # a closed pipe or a full disk shows here when the output fits in the buffer
+            return result
+        except BrokenPipeError:
+            _discard_stdout()  # the reader went away (`simdb pairs | head -n 1`): a normal end
+            ctx.exit(EXIT_OK)
+        except OSError as error:
+            if error.filename is not None:  # simdb's own files are reported as SimdbError; this is a bug to see
+                raise
+            _discard_stdout()
+            committed = (f" (what `simdb {ctx.invoked_subcommand}` changed in the index is committed)"
+                         if ctx.invoked_subcommand in CHANGING_COMMANDS else "")
+            raise click.ClickException(f"cannot write to standard output: {error.strerror}{committed}") from None
+
+
+def _discard_stdout() -> None:
+    """Send what standard output still buffers nowhere, so that the interpreter's last flush cannot fail again."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass  # no file descriptor (a test's captured output)
+
+
+@click.group(cls=Commands, context_settings=CONTEXT_SETTINGS)
 @click.version_option(__version__, "--version", prog_name="simdb",
                       message=f"%(prog)s, version %(version)s (compiled fast paths: {native.description()})")
 def cli():
@@ -382,6 +428,8 @@ def ingest(database_url, schema, data_dir, paths, input_format, id_field, text_f
                             max_chars=max_chars, chunk_size=chunk_size, workers=workers, resume=resume,
                             verdicts=verdicts_path, compact=compact)
     check_paths(paths)
+    skipped_to = options.rejects_file(batch_name) if on_error == "skip" and (rejects or batch_name) else None
+    outputs.refuse_aliases({"verdicts": verdicts_path, "rejects": skipped_to}, paths, stdout=True)
     progress = Progress(f"ingest {options.batch or ''}".strip(), total_bytes(paths))
     try:
         documents = read_documents(paths, format=input_format, id_field=id_field, text_field=text_field,
@@ -392,6 +440,9 @@ def ingest(database_url, schema, data_dir, paths, input_format, id_field, text_f
     except SimdbError as exc:
         if exc.kept is None:
             raise
+        if exc.kept.complete:  # the files after the last chunk: nothing to resume, but a file to get again
+            again = getattr(exc, "again", None)
+            raise click.ClickException(exc.message(flag) + (f": {again}" if again else "")) from None
         name = exc.kept.batch
         raise click.ClickException(f"{exc.message(flag)}: `{resume_command(click.get_current_context(), name)}` resumes it, "
                                    f"`simdb remove --batch {shlex.quote(name)}` removes it") from None
@@ -438,6 +489,7 @@ def check_command(database_url, schema, data_dir, paths, input_format, id_field,
     """
     started = time.perf_counter()
     check_paths(paths)
+    outputs.refuse_aliases({}, paths, stdout=True)
     counts = dict.fromkeys(("records", *STATUSES), 0)
     progress = Progress("check", total_bytes(paths))
     try:
@@ -716,7 +768,7 @@ def stats(database_url, schema, data_dir, as_json, exact):
 @database_options
 @click.option("--batch", "batch_name", default=None,
               help="Focus on this batch: distances and clusters of its documents; marked in the charts.")
-@click.option("--output", required=True, type=click.Path(dir_okay=False, writable=True),
+@click.option("--output", required=True, type=click.Path(dir_okay=False),
               help="The HTML file to write (self-contained: opens without a network).")
 @user_errors
 def report(database_url, schema, data_dir, batch_name, output):
@@ -735,14 +787,12 @@ def report(database_url, schema, data_dir, batch_name, output):
     """
     from .report import build_report
 
+    target = outputs.check(output, "report")  # refused before the report is built
     with open_index(database_url, schema, data_dir) as index:
         page = build_report(index, batch_name)
     data = page.encode("utf-8")
-    try:
-        with open(output, "wb") as file:
-            file.write(data)
-    except OSError as exc:
-        raise click.ClickException(f"cannot write {output}: {exc.strerror}; choose another --output") from None
+    with outputs.written(output, "report", binary=True, target=target) as file:
+        file.write(data)
     click.echo(f"wrote {output} ({max(1, round(len(data) / 1024)):,} KB)")
 
 
@@ -816,7 +866,9 @@ def compact(database_url, schema, data_dir, full, as_json):
 @cli.command(name="grant-reader")
 @database_options
 @click.argument("role")
-@click.option("--login", is_flag=True, help="Let the role log in (default: a group role to grant to users).")
+@click.option("--login/--no-login", default=None,
+              help="Let the role log in, or not [default: a new role is a group role to grant to users; an "
+                   "existing role keeps its LOGIN as it is].")
 @click.option("--password-env", metavar="VAR", default=None,
               help="Set the role's password from this environment variable (it is never printed).")
 @user_errors
@@ -834,9 +886,9 @@ def grant_reader_command(database_url, schema, data_dir, role, login, password_e
         if not password:
             raise click.ClickException(f"the environment variable {password_env} is not set or empty")
     with open_index(database_url, schema, data_dir) as index:
-        created = index.grant_reader(role, login=login, password=password)
-    click.echo(f"{'created' if created else 'updated'} role {role!r}: it can read schema {schema!r} "
-               f"and write nothing{'; it can log in' if login else ''}")
+        grant = index.grant_reader(role, login=login, password=password)
+    click.echo(f"{'created' if grant.created else 'updated'} role {role!r}: it can read schema {schema!r} "
+               f"and write nothing; it {'can' if grant.login else 'cannot'} log in")
 
 
 @cli.command()
@@ -861,8 +913,13 @@ def calibrate(pairs_path, documents, label_field, plot_path, as_json):
         simdb calibrate pairs.jsonl --documents docs.jsonl --label-field dup_80 --plot cal.png
     """
     from .calibrate import calibrate as run_calibration
-    from .calibrate import plot, read_pairs
+    from .calibrate import plot, plot_format, read_pairs
 
+    inputs = [pairs_path, *([documents] if documents is not None else [])]
+    check_paths(inputs)
+    outputs.refuse_aliases({"plot": plot_path}, inputs, stdout=True)
+    plot_format(plot_path)  # a plot that cannot be written is refused before the work, not after it
+    outputs.check(plot_path, "plot", "plot")
     result = run_calibration(list(read_pairs(pairs_path, documents=documents, label_field=label_field)))
     plot(result, plot_path)
     if as_json:

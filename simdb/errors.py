@@ -54,6 +54,20 @@ class InputError(SimdbError):
         super().__init__(text)
 
 
+class OutputError(SimdbError):
+    """A file simdb was asked to write cannot be written there (or is an input it would destroy).
+
+    ``again`` says how to get the file once the cause is fixed, where its content is kept elsewhere (an
+    ingest's verdicts, in the database)."""
+
+    again: str | None = None
+
+    def __init__(self, message: str, *, path: str | None = None, hint: str | None = None) -> None:
+        self.path = path
+        text = f"{path}: {message}" if path is not None else message
+        super().__init__(f"{text} ({hint})" if hint else text)
+
+
 class DatabaseUnavailable(SimdbError):
     """The PostgreSQL server cannot be reached or refused the connection."""
 
@@ -84,7 +98,11 @@ class KeptBatch:
     batch: str
     position: int  # input records consumed by the committed chunks
     documents: int  # documents the batch holds
+    complete: bool = False  # every chunk is stored: the error came after the last one committed
 
     def describe(self) -> str:
+        if self.complete:
+            return (f"batch {self.batch!r} is stored whole ({self.documents:,} documents from the first "
+                    f"{self.position:,} input records)")
         return (f"batch {self.batch!r} keeps what its committed chunks stored ({self.documents:,} documents from "
                 f"the first {self.position:,} input records): it can be resumed once the cause is fixed, or removed")

@@ -9,12 +9,11 @@ read with a server-side cursor and Parquet is written a row group at a time.
 from __future__ import annotations
 
 import csv
-import os
 import sys
 from contextlib import contextmanager
 
-from .errors import InputError, SimdbError
-from . import jsonlines
+from .errors import SimdbError
+from . import jsonlines, outputs
 
 FORMATS = ("jsonl", "csv", "parquet")
 #: Rows per Parquet row group.
@@ -32,39 +31,20 @@ class Writer:
                 import pyarrow  # noqa: F401
             except ImportError:
                 raise SimdbError("writing parquet needs pyarrow: pip install 'simdb[parquet]' (or pyarrow)") from None
-        if path is not None:
-            folder = os.path.dirname(os.path.abspath(path))
-            if not os.path.isdir(folder):
-                raise InputError("cannot write the export there: the folder does not exist", path=path,
-                                 hint="create the folder, or choose another «output» file")
-            if os.path.isdir(path) or not os.access(folder, os.W_OK):
-                raise InputError("cannot write the export there", path=path,
-                                 hint="check the permissions, or choose another «output» file")
         self.format, self.path = output_format, path
+        self.target = outputs.check(path, "export") if path is not None else None  # refused before any work
 
     @contextmanager
     def _text(self):
         if self.path is None:
             yield sys.stdout
             return
-        with open(self.path, "w", encoding="utf-8", newline="") as file:
+        with outputs.written(self.path, "export", target=self.target) as file:
             yield file
 
     def write(self, index, *, batch: str | None = None, unique: bool = False) -> int:
-        """Write the documents ``index.export`` gives; returns how many. A file appears whole or not at all."""
-        if self.path is None:
-            return self._write(index, batch, unique)
-        final, self.path = self.path, f"{self.path}.partial"
-        try:
-            count = self._write(index, batch, unique)
-            os.replace(self.path, final)
-            return count
-        finally:
-            if os.path.exists(self.path):
-                os.remove(self.path)
-            self.path = final
-
-    def _write(self, index, batch: str | None, unique: bool) -> int:
+        """Write the documents ``index.export`` gives; returns how many. A file appears whole or not at all
+        (by the rules of :mod:`simdb.outputs`)."""
         if self.format == "jsonl":
             count = 0
             with self._text() as out:
@@ -93,7 +73,8 @@ class Writer:
         schema = pa.schema([("id", pa.string()), (sketch, pa.string()), ("batch", pa.string()),
                             ("metadata", pa.string())])
         count, group = 0, []
-        with pq.ParquetWriter(self.path, schema) as out:
+        with outputs.written(self.path, "export", binary=True, target=self.target) as file, \
+                pq.ParquetWriter(file, schema) as out:
             def flush():
                 columns = list(zip(*group)) if group else [[], [], [], []]
                 out.write_table(pa.Table.from_arrays([pa.array(list(c), pa.string()) for c in columns],

@@ -30,7 +30,7 @@ from .methods import Method
 from .pg import catalog, citus, reads, segments, server
 from .pg.chunks import store_chunk
 from .pg.database import Database, check_schema_name
-from .pg.functions import grant_reader
+from .pg.functions import Grant, grant_reader
 from .pg.relayout import relayout
 from .pg.remove import RemovalSummary, remove
 from .settings import IndexSettings
@@ -349,8 +349,9 @@ class Index:
         with self.database.engine.connect() as connection:
             return segments.list_segments(connection, counts=True)
 
-    def grant_reader(self, role: str, *, login: bool = False, password: str | None = None) -> bool:
-        """Create or update a read-only role for analysts; True if it was created."""
+    def grant_reader(self, role: str, *, login: bool | None = None, password: str | None = None) -> Grant:
+        """Create or update a read-only role for analysts. ``login`` gives (True) or takes (False) its LOGIN;
+        None leaves an existing role's as it is."""
         with self.database.engine.begin() as connection:
             return grant_reader(connection, self.database.schema, role, login=login, password=password)
 

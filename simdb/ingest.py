@@ -44,7 +44,7 @@ from .pg import reads
 from .pg.chunks import resume_position, store_chunk
 from .pg.segments import compact
 from .pg.database import translate
-from .verdicts import OutcomeFile
+from .verdicts import OutcomeFile, sync_all
 
 DEFAULT_CHUNK_SIZE = 100_000
 ON_ERROR = ("stop", "skip")
@@ -75,6 +75,10 @@ class IngestOptions:
     @property
     def batch_name(self) -> str:
         return self.batch or datetime.now(timezone.utc).strftime("batch-%Y%m%dT%H%M%S.%fZ")
+
+    def rejects_file(self, batch: str) -> str:
+        """Where the rejects of ``batch`` go (with ``on_error="skip"``)."""
+        return str(self.rejects or f"rejects-{batch}.jsonl")
 
 
 @dataclass
@@ -201,17 +205,16 @@ def ingest(engine: sa.Engine, schema: str, method: Method,
         resumed = resume_position(connection, name, options.resume)
     position = resumed[0] if resumed else 0
     skip_errors = options.on_error == "skip"
-    rejects = OutcomeFile(options.rejects or f"rejects-{name}.jsonl", engine, method, name, what="rejects",
+    rejects = OutcomeFile(options.rejects_file(name), engine, method, name, what="rejects",
                           only_rejected=True) if skip_errors else None
     verdicts = OutcomeFile(options.verdicts, engine, method, name, what="verdicts") \
         if options.verdicts is not None else None
     files = [file for file in (rejects, verdicts) if file is not None]
-    if resumed is not None:
-        for file in files:
-            file.sync(position)  # the file as the database has it, whatever a kill left behind
     first = resumed is None
     kept = KeptBatch(name, position, resumed[1]) if resumed else None  # what the committed chunks hold
     try:
+        if resumed is not None:
+            sync_all(files, position)  # the files as the database has them, whatever a kill left behind
         stream = fingerprint_stream(size_checked(itertools.islice(items, position, None), options.max_chars),
                                     method, workers=options.workers)
         chunk, chunk_errors, seen = FingerprintedBatch(), [], {}
@@ -223,9 +226,8 @@ def ingest(engine: sa.Engine, schema: str, method: Method,
                 result = store_chunk(connection, schema, method, chunk, name=name, source=options.source,
                                       first=first, final=final, position=consumed, rejects=chunk_errors,
                                       skip_errors=skip_errors, started_at=started_at)
-            kept = KeptBatch(name, consumed, (kept.documents if kept else 0) + result.stored)
-            for file in files:
-                file.sync(consumed)
+            kept = KeptBatch(name, consumed, (kept.documents if kept else 0) + result.stored, complete=final)
+            sync_all(files, consumed)
             first = False
             chunk, chunk_errors, seen = FingerprintedBatch(), [], {}
             if options.compact and merge_failed is None:  # between chunks too: bulk chunks must not pile up
@@ -257,7 +259,7 @@ def ingest(engine: sa.Engine, schema: str, method: Method,
                 commit(final=False)
         if first and consumed == 0:
             if verdicts is not None:
-                open(verdicts.path, "w").close()  # no record, no verdict: but the file a script waits for
+                verdicts.output.write([])  # no record, no verdict: but the file a script waits for
             return BatchSummary(name=name, documents=0, new=0, exact_duplicates=0, near_duplicates=0,
                                 within_batch=0, seconds=time.perf_counter() - started, recorded=False)
         commit(final=True)
@@ -265,6 +267,9 @@ def ingest(engine: sa.Engine, schema: str, method: Method,
         raise _kept(error, kept) from None
     except sa.exc.DBAPIError as error:
         raise _kept(translate(error, engine.url), kept) from None
+    finally:
+        for file in files:
+            file.close()
     with engine.connect() as connection:
         row = reads.batch_row(connection, name)
     return BatchSummary(name=name, documents=row.documents, new=row.new, exact_duplicates=row.exact_duplicates,

@@ -9,16 +9,16 @@ storing anything.
 
 from __future__ import annotations
 
-import os
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
 import sqlalchemy as sa
 
-from .errors import InputError
+from .errors import InputError, OutputError
 from .methods import Method
 from .pg import reads
-from . import jsonlines
+from . import jsonlines, outputs
 
 STATUSES = ("new", "exact", "near", "already_stored", "rejected")
 
@@ -83,25 +83,20 @@ class OutcomeFile:
 
     After each chunk commits, its records are read back from the database and appended; a resumed
     batch first rewrites the file whole from there. So the file never holds a record the database
-    lacks, and after a kill ``resume`` (or ``simdb verdicts``) makes it complete again.
+    lacks, and after a kill ``resume`` (or ``simdb verdicts``) makes it complete again. The file is
+    written by the rules of :class:`simdb.outputs.Appended` (symlinks followed, devices and FIFOs
+    written into, synced to disk after each chunk).
     """
 
     def __init__(self, path: str | Path, engine: sa.Engine, method: Method, batch: str, *, what: str,
                  only_rejected: bool = False) -> None:
-        self.path = str(path)
+        self.output = outputs.Appended(path, f"{what} file", "rejects" if only_rejected else "verdicts")
+        self.path = self.output.path
         self.engine = engine
         self.method = method
         self.batch = batch
         self.only_rejected = only_rejected
         self.written = 0  # records up to this input position are in the file
-        self.started = False
-        folder = os.path.dirname(os.path.abspath(self.path))
-        if not os.path.isdir(folder):
-            raise InputError(f"cannot write the {what} file there: the folder does not exist", path=self.path,
-                             hint=f"create the folder, or choose another {what} file")
-        if os.path.isdir(self.path) or not os.access(self.path if os.path.exists(self.path) else folder, os.W_OK):
-            raise InputError(f"cannot write the {what} file there", path=self.path,
-                             hint=f"check the permissions, or choose another {what} file")
 
     def line(self, item: Verdict) -> dict:
         if self.only_rejected:
@@ -114,8 +109,29 @@ class OutcomeFile:
         with self.engine.connect() as connection:
             rows = list(stored_verdicts(connection, self.method, self.batch, after=self.written, upto=position,
                                         status="rejected" if self.only_rejected else None))
-        with open(self.path, "a" if self.started else "w", encoding="utf-8") as file:
-            for item in rows:
-                file.write(jsonlines.dumps(self.line(item)) + "\n")
-        self.started = True
+        try:
+            self.output.write(jsonlines.dumps(self.line(item)) + "\n" for item in rows)
+        except OutputError as error:
+            error.again = (f"`simdb verdicts --batch {shlex.quote(self.batch)} --status rejected > "
+                           f"{shlex.quote(self.path)}` writes the rejects again, as verdicts" if self.only_rejected
+                           else f"`simdb verdicts --batch {shlex.quote(self.batch)} > {shlex.quote(self.path)}` "
+                                "writes the verdicts file again")
+            raise
         self.written = position
+
+    def close(self) -> None:
+        self.output.close()
+
+
+def sync_all(files: list[OutcomeFile], position: int) -> None:
+    """Sync every file, even when one of them cannot be written; then raise the first error (its ``again``
+    says how to get every file that failed)."""
+    failed = []
+    for file in files:
+        try:
+            file.sync(position)
+        except OutputError as error:
+            failed.append(error)
+    if failed:
+        failed[0].again = " and ".join(error.again for error in failed)
+        raise failed[0]

@@ -259,3 +259,110 @@ def test_an_empty_input_warns_and_records_nothing(run, tmp_path, admin_engine, s
     assert result.stderr == (f"warning: {tmp_path / 'empty.jsonl'} held no records; nothing was stored and no batch "
                              "was created\n")
     assert count_rows(admin_engine, schema) == (0, 0)
+
+
+def test_database_errors_are_told_by_their_sqlstate(database_url):
+    """Issue 34: a deadlock or a size limit on a live connection was reported as "lost the database connection"."""
+    import concurrent.futures
+
+    import sqlalchemy as sa
+
+    from simdb.pg.database import postgres_url, translate
+
+    engine = sa.create_engine(postgres_url(database_url))
+
+    def refused(*statements, connection=None) -> str:
+        with (connection or engine.connect()) as session:
+            with pytest.raises(sa.exc.DBAPIError) as caught:
+                for statement in statements:
+                    session.exec_driver_sql(statement)
+        return str(translate(caught.value, database_url))
+
+    try:
+        assert refused("SELECT repeat('x', 1073741824)") == (
+            "PostgreSQL refused a value or statement over one of its size limits: requested length too large "
+            "(SQLSTATE 54000); make what it names smaller (an id, a metadata field, a text), or split it")
+        assert refused("SET statement_timeout = 10", "SELECT pg_sleep(2)") == (
+            "PostgreSQL cancelled the statement: canceling statement due to statement timeout (a statement_timeout "
+            "of the server, the database or the role, or someone cancelled it); raise or unset the timeout, then "
+            "run the command again")
+        with engine.connect() as holder:
+            holder.exec_driver_sql("SELECT pg_advisory_xact_lock(34000)")
+            assert refused("SET lock_timeout = 10", "SELECT pg_advisory_xact_lock(34000)") == (
+                "a lock was not granted in time: canceling statement due to lock timeout (another session holds "
+                "it; a lock_timeout of the server, the database or the role set how long to wait); run the "
+                "command again when that session is done")
+        # a real deadlock between two sessions: PostgreSQL stops one of them
+        first, second = engine.connect(), engine.connect()
+        first.exec_driver_sql("SELECT pg_advisory_xact_lock(34001)")
+        second.exec_driver_sql("SELECT pg_advisory_xact_lock(34002)")
+
+        def take(connection, key):
+            try:
+                connection.exec_driver_sql("SET deadlock_timeout = '100ms'")
+                connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({key})")
+                return None
+            except sa.exc.DBAPIError as error:
+                connection.rollback()  # let the other one through
+                return str(translate(error, database_url))
+
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            outcomes = [future.result() for future in [pool.submit(take, first, 34002),
+                                                        pool.submit(take, second, 34001)]]
+        first.close()
+        second.close()
+        (deadlock,) = [outcome for outcome in outcomes if outcome is not None]
+        assert deadlock.startswith("a deadlock with another session, which PostgreSQL broke by stopping this one: "
+                                   "deadlock detected"), deadlock
+        assert deadlock.endswith("; run the command again")
+        # only a connection really lost says so
+        killed = engine.connect()
+        assert refused("SELECT pg_terminate_backend(pg_backend_pid())", connection=killed).startswith(
+            "lost the database connection: terminating connection due to administrator command")
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture
+def wordy(index):
+    """An index whose pairs, export and verdicts each print well over a pipe's 64 KiB."""
+    import random
+
+    from tests.test_index import make_batch
+
+    rng = random.Random(34)
+    fingerprints = [fingerprint for base in (rng.getrandbits(64) for _ in range(2500)) for fingerprint in
+                    (base, base ^ 1)]
+    index.add_fingerprinted(make_batch(fingerprints, "d"), batch="big")
+    return index
+
+
+def simdb_shell(script: str, database_url: str, schema: str, **options):
+    """Run a bash script in which ``simdb`` is this checkout's command line, against the test's index."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "SIMDB_DATABASE_URL": database_url, "SIMDB_SCHEMA": schema}
+    return subprocess.run(["bash", "-c", f"simdb() {{ {sys.executable} -m simdb \"$@\"; }}\n{script}"], env=env,
+                          capture_output=True, text=True, timeout=120, **options)
+
+
+@pytest.mark.parametrize("arguments", [["pairs"], ["pairs", "--format", "csv"], ["export"],
+                                       ["export", "--format", "csv"], ["verdicts", "--batch", "big"]])
+def test_a_closed_pipe_is_a_normal_end(wordy, database_url, schema, arguments):
+    """Issue 34: `simdb pairs | head -n 1` exited 1 (click's answer to EPIPE)."""
+    result = simdb_shell(f"simdb {' '.join(arguments)} | head -n 1; echo \"status ${{PIPESTATUS[0]}}\"",
+                         database_url, schema)
+    first, status = result.stdout.splitlines()
+    assert status == "status 0" and result.stderr == ""
+    assert first.startswith(("{", "a,b,distance", "id,simhash"))
+
+
+def test_a_full_standard_output_is_one_line(wordy, database_url, schema):
+    """Issue 34: an error writing standard output (here ENOSPC, /dev/full) printed a traceback."""
+    result = simdb_shell("simdb export > /dev/full; echo \"status $?\" >&2", database_url, schema)
+    assert result.stderr == "Error: cannot write to standard output: No space left on device\nstatus 1\n"
+    result = simdb_shell("simdb compact --json > /dev/full; echo \"status $?\" >&2", database_url, schema)
+    assert result.stderr == ("Error: cannot write to standard output: No space left on device (what `simdb compact` "
+                             "changed in the index is committed)\nstatus 1\n")

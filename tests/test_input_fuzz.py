@@ -364,6 +364,77 @@ def test_every_record_is_stored_exactly_or_rejected(fuzz_index, admin_engine, tm
     assert in_file == [item.line for item in expected if item.external_id is None]
 
 
+#: How an output path can be an input file: by its own path, another spelling of it, a symlink (or a chain of
+#: two), a hard link, or through a symlinked folder; and a copy, which is another file and must be accepted.
+ALIASES = ("same path", "another spelling", "symlink", "symlink chain", "hard link", "symlinked folder", "copy")
+
+
+def alias_of(original, folder, kind: str) -> str:
+    if kind == "same path":
+        return str(original)
+    if kind == "another spelling":
+        return str(folder / "." / "sub" / ".." / original.name)
+    if kind == "copy":
+        (folder / "copy").write_bytes(original.read_bytes())
+        return str(folder / "copy")
+    if kind == "hard link":
+        (folder / "hard").hardlink_to(original)
+        return str(folder / "hard")
+    if kind == "symlinked folder":
+        (folder / "elsewhere").symlink_to(folder)
+        return str(folder / "elsewhere" / original.name)
+    (folder / "link").symlink_to(original)
+    if kind == "symlink chain":
+        (folder / "link2").symlink_to(folder / "link")
+        return str(folder / "link2")
+    return str(folder / "link")
+
+
+@settings(max_examples=int(__import__("os").environ.get("SIMDB_FUZZ_EXAMPLES", 200)) // 10, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(file=files(), option=st.sampled_from(["--verdicts", "--rejects"]), kind=st.sampled_from(ALIASES),
+       second=st.booleans(), chunk=st.integers(1, 5))
+def test_an_output_that_is_an_input_is_refused_and_the_input_kept(fuzz_index, admin_engine, tmp_path, file, option,
+                                                                  kind, second, chunk):
+    """Issue 34: an output file that was also an input was truncated after the first chunk, then read as input.
+    Whatever the input holds (a bad header included), an output that is the same file as an input is refused
+    before anything is read, written or stored; a copy of the input is another file, and is written."""
+    from click.testing import CliRunner
+
+    from simdb.cli import cli
+
+    fmt, data, compressed = file
+    schema = fuzz_index.database.schema
+    with admin_engine.begin() as connection:
+        connection.exec_driver_sql(f"TRUNCATE {schema}.documents, {schema}.batches, {schema}.records, "
+                                   f"{schema}.near_duplicates")
+    folder = tmp_path / uuid.uuid4().hex[:8]
+    (folder / "sub").mkdir(parents=True)
+    paths = [ingest_file(folder, fmt, data, compressed, name=name) for name in ("first", "second")]
+    original = __import__("pathlib").Path(paths[second])
+    before = [open(path, "rb").read() for path in paths]
+    output = alias_of(original, folder, kind)
+    result = CliRunner().invoke(cli, ["ingest", *paths, "--on-error", "skip", "--chunk-size", str(chunk),
+                                      "--max-chars", str(MAX_CHARS), option, output,
+                                      *(["--verdicts" if option == "--rejects" else "--rejects",
+                                         str(folder / "other.jsonl")])],
+                                env={"SIMDB_DATABASE_URL": fuzz_index.database.engine.url.render_as_string(
+                                    hide_password=False).replace("+psycopg", ""), "SIMDB_SCHEMA": schema})
+    assert "Traceback" not in result.output and isinstance(result.exception, (SystemExit, type(None)))
+    assert [open(path, "rb").read() for path in paths] == before  # the inputs, byte for byte
+    if kind == "copy":
+        assert "is the input file" not in result.output
+        return
+    how = {"same path": "", "another spelling": "", "hard link": ", through a hard link"}.get(kind, ", through a "
+                                                                                                 "symlink")
+    assert result.exit_code == 1
+    assert result.stderr == (f"Error: {option} {output} is the input file {original} (the same file{how}): writing "
+                             f"it would destroy the input (choose another {option} file)\n")
+    assert not (folder / "other.jsonl").exists()
+    with admin_engine.connect() as connection:
+        assert connection.execute(sa.text(f"SELECT count(*) FROM {schema}.batches")).scalar_one() == 0
+
+
 def large_damaged_input(seed: int, fmt: str) -> bytes:
     """A few thousand records with damage scattered through them (deterministic for the seed)."""
     rng = random.Random(seed)

@@ -53,7 +53,11 @@ FILES = {
     "unknown.dat": b"x",
     "labels.jsonl": b'{"a": "x", "b": "y", "duplicate": "yes"}\n',
     "one-label.jsonl": b'{"a": "x", "b": "y", "duplicate": true}\n',
+    "pairs.svg": b'{"a": "x y z", "b": "x y z", "duplicate": true}\n{"a": "x y", "b": "u v", "duplicate": false}\n',
 }
+#: name -> the file in FILES it is a symlink or hard link to (outputs that are inputs by another name)
+LINKS = {"symlink-good.jsonl": ("good.jsonl", os.symlink), "hardlink-good.jsonl": ("good.jsonl", os.link),
+         "symlink-pairs.svg": ("pairs.svg", os.symlink)}
 
 # (case id, archive, arguments, exit status, a fragment of the message)
 # archive: "simhash" (an index with batch "first"), "minhash", "none" (no index in the schema),
@@ -170,6 +174,29 @@ CASES = [
         ["report", "--output", "r.html"], ["remove", "--id", "x"], ["relayout"], ["grant-reader", "someone"],
         ["compact"]]],
     ("not-postgresql", "none", ["stats", "--database-url", "mysql://root@127.0.0.1/x"], 1, "not supported"),
+    # a password in a URL's query or in a libpq connection string is never printed
+    ("unreachable-query-password", "none", ["stats", "--database-url",
+                                            "postgresql://simdb@127.0.0.1:1/archive?password=secret"], 1,
+     "cannot connect to postgresql://simdb@127.0.0.1:1/archive?password=***"),
+    ("unreachable-conninfo-password", "none", ["stats", "--database-url",
+                                               "host=127.0.0.1 port=1 user=simdb password=secret dbname=archive"], 1,
+     "cannot connect to postgresql://simdb:***@127.0.0.1:1/archive"),
+    ("conninfo-unquoted-password", "none", ["stats", "--database-url", "host=127.0.0.1 password=a secret"], 1,
+     "cannot parse the database URL"),
+    # an output that is an input (by name, symlink or hard link), or another output: refused before anything
+    *[(f"ingest-{option[2:]}-is-{alias}", "simhash", ["ingest", "good.jsonl", "--on-error", "skip", option, alias],
+       1, "is the input file good.jsonl") for option in ("--verdicts", "--rejects")
+      for alias in ("good.jsonl", "symlink-good.jsonl", "hardlink-good.jsonl")],
+    ("ingest-default-rejects-is-input", "simhash", ["ingest", "rejects-b.jsonl", "--batch", "b", "--on-error", "skip"],
+     1, "--rejects rejects-b.jsonl is the input file"),
+    ("ingest-verdicts-are-rejects", "simhash", ["ingest", "good.jsonl", "--on-error", "skip", "--verdicts", "out.jsonl",
+                                               "--rejects", "out.jsonl"], 1, "is the same file as --verdicts"),
+    ("calibrate-plot-is-input", "none", ["calibrate", "pairs.svg", "--plot", "symlink-pairs.svg"], 1,
+     "--plot symlink-pairs.svg is the input file pairs.svg"),
+    ("calibrate-plot-format", "none", ["calibrate", "pairs.svg", "--plot", "plot.txt"], 1,
+     "cannot write a plot as .txt"),
+    ("export-output-is-folder", "simhash", ["export", "--output", "folder"], 2, "is a directory"),
+    ("report-output-is-folder", "simhash", ["report", "--output", "folder"], 2, "is a directory"),
 ]
 
 
@@ -219,6 +246,9 @@ def test_misuse_is_a_short_error_that_writes_nothing(case, archive, arguments, s
     monkeypatch.chdir(tmp_path)
     for name, content in FILES.items():
         (tmp_path / name).write_bytes(content)
+    (tmp_path / "rejects-b.jsonl").write_bytes(GOOD.encode())
+    for name, (original, link) in LINKS.items():
+        link(original, tmp_path / name)
     (tmp_path / "folder").mkdir()
     url = database_url
     if archive in ("reader", "ungranted"):

@@ -7,8 +7,11 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 
+from click.testing import CliRunner
+
 from simdb import Index, format_fingerprint
 from simdb.bits import hamming, to_signed
+from simdb.cli import cli
 from simdb.pg.database import postgres_url
 from tests.conftest import explained
 from tests.test_index import flip, make_batch
@@ -149,6 +152,34 @@ def test_a_reader_of_two_indexes_keeps_both_schemas_and_its_settings_stay_in_thi
         assert server_wide is None  # other databases on the server are left alone
         assert sorted(here) == sorted(["default_transaction_read_only=on",
                                        f"search_path={index.database.schema}, {other}, public"])
+    finally:
+        with admin_engine.begin() as connection:
+            connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {other} CASCADE")
+
+
+def test_grant_reader_keeps_a_roles_login_unless_asked(run, database_url, schema, admin_engine, reader_role):
+    """Issue 34: granting a second schema without --login took LOGIN away from a role that had it."""
+    def can_login() -> bool:
+        with admin_engine.connect() as connection:
+            return connection.execute(sa.text("SELECT rolcanlogin FROM pg_roles WHERE rolname = :r"),
+                                      {"r": reader_role}).scalar_one()
+
+    other = f"simdb_test_{uuid.uuid4().hex[:12]}"
+    try:
+        run("init")
+        assert run("grant-reader", reader_role).output.endswith("write nothing; it cannot log in\n")
+        assert not can_login()  # a new role without --login is a group role
+        assert run("grant-reader", reader_role, "--login").output.endswith("; it can log in\n") and can_login()
+        with Index.create(database_url, schema=other) as second:
+            second.grant_reader(reader_role)  # the library keeps it too
+        assert can_login()
+        result = CliRunner().invoke(cli, ["grant-reader", reader_role], env={
+            "SIMDB_DATABASE_URL": database_url, "SIMDB_SCHEMA": other})
+        assert result.output == (f"updated role {reader_role!r}: it can read schema {other!r} and write nothing; "
+                                 "it can log in\n")
+        assert can_login()
+        assert run("grant-reader", reader_role, "--no-login").output.endswith("; it cannot log in\n")
+        assert not can_login()
     finally:
         with admin_engine.begin() as connection:
             connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {other} CASCADE")

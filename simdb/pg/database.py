@@ -14,14 +14,18 @@ indexes side by side.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import quote, quote_plus, unquote, unquote_plus
 
 import psycopg
 import sqlalchemy as sa
+from psycopg.conninfo import conninfo_to_dict
 from sqlalchemy import event
 from sqlalchemy.engine import URL, make_url
 
@@ -56,28 +60,127 @@ def default_data_dir() -> Path:
 
 
 def postgres_url(url: str | URL) -> URL:
-    """Parse a URL and point it at the psycopg 3 driver; anything but PostgreSQL is an error."""
+    """Parse a URL (or a libpq ``key=value`` connection string) and point it at the psycopg 3 driver; anything
+    but PostgreSQL is an error."""
+    if isinstance(url, str) and "://" not in url and "=" in url:
+        return _from_conninfo(url)
     try:
         parsed = make_url(url)
     except sa.exc.ArgumentError as exc:
-        raise SimdbError(f"cannot parse database URL {url!r}: expected postgresql://user@host:port/database") from exc
+        raise SimdbError(f"cannot parse the database URL {redact(url, secrets_in(url))!r}: expected "
+                         "postgresql://user@host:port/database, or libpq's key=value pairs") from exc
     if parsed.drivername in ("postgres", "postgresql", "postgresql+psycopg", "postgresql+psycopg3"):
         return parsed.set(drivername="postgresql+psycopg")
     raise SimdbError(f"simdb stores its index in PostgreSQL; {parsed.drivername!r} URLs are not supported "
                      "(give a postgresql:// URL, or none for the embedded database)")
 
 
-def redact(url: str | URL) -> str:
-    """A URL safe to print: the password, if any, is masked."""
+def _from_conninfo(conninfo: str) -> URL:
+    """A libpq connection string (``host=... dbname=... password='...'``) as the URL that connects the same way."""
     try:
-        parsed = make_url(url)
-        if parsed.drivername.startswith("postgresql+"):
-            parsed = parsed.set(drivername="postgresql")
-        if parsed.password == "":
-            parsed = parsed._replace(password=None)  # URL.set() treats None as "unchanged"
-        return parsed.render_as_string(hide_password=True)
-    except sa.exc.ArgumentError:
-        return "<unparseable URL>"
+        params = conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError as exc:
+        secrets = secrets_in(conninfo)
+        raise SimdbError(f"cannot parse the database URL {redact(conninfo, secrets)!r}: "
+                         f"{redact(str(exc).strip(), secrets)}; quote a value that holds spaces or quotes "
+                         "('...', with \\' for a quote), or give a postgresql:// URL") from None
+    user, password, database = (params.pop(name, None) for name in ("user", "password", "dbname"))
+    host, port = params.get("host"), params.get("port")
+    if host and not set(host) & set("/,") and (port is None or port.isdigit()):  # one host by name or address
+        del params["host"]
+        port = int(params.pop("port")) if port is not None else None
+    else:  # a socket folder or several hosts: as libpq options
+        host = port = None
+    return URL.create("postgresql+psycopg", username=user, password=password, host=host, port=port,
+                      database=database, query={name: str(value) for name, value in params.items()})
+
+
+#: ``scheme://user:password@``: the password part.
+_USERINFO = re.compile(r"(?P<keep>\b[a-z][a-z0-9+.-]*://[^\s/@:]*:)[^\s@]*(?=@)", re.IGNORECASE)
+#: ``?password=...`` or ``&sslpassword=...`` in a URL's query.
+_QUERY = re.compile(r"(?P<keep>[?&]\w*password=)(?P<value>[^&#\s'\"]*)", re.IGNORECASE)
+#: ``password=...`` (``sslpassword``, ``PGPASSWORD``, any ``...password``) in a libpq connection string or
+#: any text: a value quoted by libpq's rules ('...', with \' and \\ inside; unterminated too), or a run of
+#: non-blanks (with \ escapes).
+_KEYWORD = re.compile(r"(?P<keep>(?<![?&\w])\w*password\s*=\s*)(?P<value>'(?:[^'\\]|\\.)*(?:'|$)|(?:\\.|[^\s\\])*)",
+                      re.IGNORECASE)
+_MASK = "***"
+
+
+def redact(value: str | URL, secrets: Iterable[str] = ()) -> str:
+    """Text safe to print: a database URL, a libpq connection string or any message, with every password masked.
+
+    Masked are a URL's userinfo password, its ``password`` and ``sslpassword`` query parameters and
+    ``password=...`` in libpq's ``key=value`` form (any ``...password`` keyword), wherever they are in the
+    text; and anywhere, each of ``secrets`` (what :func:`secrets_in` finds in the URL given to simdb), which
+    catches what a message quotes of a password outside those forms (libpq's ``missing "=" after "..."``).
+    """
+    url = _as_url(value)
+    text = _rendered(url) if url is not None else value
+    text = _QUERY.sub(lambda match: match["keep"] + _MASK, text)
+    text = _KEYWORD.sub(lambda match: match["keep"] + _MASK + match["value"].partition(_MASK)[2]
+                        if match["value"].startswith(_MASK) else match["keep"] + _MASK, text)  # masked once
+    text = _USERINFO.sub(lambda match: match["keep"] + _MASK, text)
+    for secret in sorted(_spellings(secrets), key=len, reverse=True):
+        # where it stands alone (quoted, between a URL's : and @, ...): a password that is also a common word
+        # ("postgres") must not take the letters out of every other word of the message
+        text = re.sub(rf"(?<!\w){re.escape(secret)}(?!\w)", _MASK, text)
+    return text
+
+
+def _as_url(value: str | URL) -> URL | None:
+    """``value`` as a URL when it is one (not a message that holds one), else None."""
+    if isinstance(value, URL):
+        return value
+    if not re.match(r"[a-z][a-z0-9+.-]*://", value, re.IGNORECASE) or "\n" in value:
+        return None
+    try:
+        return make_url(value)
+    except (sa.exc.ArgumentError, ValueError):
+        return None
+
+
+def _rendered(url: URL) -> str:
+    if url.drivername.startswith("postgresql+"):
+        url = url.set(drivername="postgresql")
+    if url.password == "":
+        url = url._replace(password=None)  # URL.set() treats None as "unchanged"
+    return url.render_as_string(hide_password=True)
+
+
+def _spellings(secrets: Iterable[str]) -> set[str]:
+    """Each secret as it may be written: itself, URL-encoded, and quoted for libpq."""
+    found = set()
+    for secret in secrets:
+        if secret and secret != _MASK:
+            found |= {secret, quote(secret, safe=""), quote_plus(secret, safe=""),
+                      secret.replace("\\", "\\\\").replace("'", "\\'")}
+    return found
+
+
+def secrets_in(url: str | URL | None) -> list[str]:
+    """The secrets a database URL or libpq connection string carries, a malformed one too (for :func:`redact`):
+    each password as written and decoded, and the words of one written with blanks (libpq may quote one)."""
+    if url is None:
+        return []
+    parsed = _as_url(url)
+    found = [] if parsed is None else [parsed.password, *(value for name, value in parsed.query.items()
+                                                         if name.lower().endswith("password"))]
+    if isinstance(url, URL):
+        return [secret for secret in found if secret]
+    for match in _QUERY.finditer(url):
+        found += [match["value"], unquote_plus(match["value"])]
+    for match in _KEYWORD.finditer(url):
+        value = match["value"]
+        if value.startswith("'"):
+            value = re.sub(r"\\(.)", r"\1", value[1:].removesuffix("'"))
+        else:  # the words up to the next keyword: a password with blanks that was not quoted
+            value = " ".join([value, *itertools.takewhile(lambda word: "=" not in word, url[match.end():].split())])
+        found += [value, *value.split()]
+    for match in _USERINFO.finditer(url):
+        written = url[match.end("keep"):match.end()]
+        found += [written, unquote(written)]
+    return [secret for secret in dict.fromkeys(found) if secret and secret != _MASK]
 
 
 def start_embedded(data_dir: str | Path | None = None):
@@ -143,9 +246,10 @@ class Database:
         try:
             with engine.connect() as connection:
                 version = connection.execute(sa.text("SHOW server_version_num")).scalar_one()
-        except sa.exc.OperationalError as exc:
+        except sa.exc.DBAPIError as exc:  # the server's answer, or libpq's refusal of an option (ProgrammingError)
             engine.dispose()
-            reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+            reason = redact(str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc),
+                            [*secrets_in(database_url), *secrets_in(url)])
             raise DatabaseUnavailable(
                 f"cannot connect to {redact(url)}: {reason}. Check that the server is running and the URL "
                 "is right, or unset SIMDB_DATABASE_URL and «database_url» to use the embedded database") from exc
@@ -170,15 +274,23 @@ class Database:
 #: SQLSTATE classes and codes -> what they mean for the person running simdb.
 _READ_ONLY = "25006"
 _PRIVILEGE = "42501"
+#: The session is gone: a connection exception (class 08), the server shutting down or restarting, the
+#: database dropped, an idle session or transaction timed out.
+_CONNECTION_LOST = ("08", "57P01", "57P02", "57P03", "57P04", "57P05", "25P03")
 
 
 def translate(error: sa.exc.DBAPIError | psycopg.Error, url: str | URL | None = None) -> SimdbError:
     """A database error (through SQLAlchemy or straight from psycopg) as a :class:`SimdbError` whose
-    message says what happened and what to do."""
+    message says what happened and what to do, decided by its SQLSTATE (psycopg counts a deadlock, a
+    cancelled statement and a size limit as an ``OperationalError``, like a lost connection)."""
     original = error if isinstance(error, psycopg.Error) else error.orig
     state = getattr(original, "sqlstate", None) or ""
-    message = (str(original) if original is not None else str(error)).strip().splitlines()[0]
-    role = make_url(url).username if url is not None else None
+    message = redact((str(original) if original is not None else str(error)).strip().splitlines()[0],
+                     secrets_in(url))
+    try:
+        role = postgres_url(url).username if url is not None else None
+    except SimdbError:  # a URL that cannot be parsed names no role
+        role = None
     who = f"the database role {role!r}" if role else "this database role"
     if state == _READ_ONLY:
         return PermissionDenied(f"{who} is read-only ({message}): it can query the index but not change it; "
@@ -186,13 +298,30 @@ def translate(error: sa.exc.DBAPIError | psycopg.Error, url: str | URL | None = 
     if state == _PRIVILEGE:
         return PermissionDenied(f"{who} lacks a privilege this needs: {message}; run it as the role that owns "
                                 "the index, or have the owner grant it (simdb grant-reader grants reading only)")
-    if isinstance(error, (sa.exc.OperationalError, psycopg.OperationalError)) or state.startswith(("08", "57P")):
+    if state.startswith(_CONNECTION_LOST) or (not state and isinstance(
+            error, (sa.exc.OperationalError, psycopg.OperationalError))):
         return DatabaseUnavailable(f"lost the database connection: {message}")
     if state.startswith("53"):
         return DatabaseUnavailable(f"the database server ran out of resources: {message}; free disk space or "
                                    "memory on the server, then run the command again")
-    if state in ("40001", "40P01", "55P03"):
-        return SimdbError(f"the database gave up waiting for another session: {message}; run the command again")
+    if state.startswith("54"):
+        return SimdbError(f"PostgreSQL refused a value or statement over one of its size limits: {message} "
+                          f"(SQLSTATE {state}); make what it names smaller (an id, a metadata field, a text), "
+                          "or split it")
+    if state == "40P01":
+        return SimdbError(f"a deadlock with another session, which PostgreSQL broke by stopping this one: "
+                          f"{message}; run the command again")
+    if state == "40001":
+        return SimdbError(f"a concurrent transaction changed what this one read: {message}; "
+                          "run the command again")
+    if state == "55P03":
+        return SimdbError(f"a lock was not granted in time: {message} (another session holds it; a lock_timeout "
+                          "of the server, the database or the role set how long to wait); run the command again "
+                          "when that session is done")
+    if state == "57014":
+        return SimdbError(f"PostgreSQL cancelled the statement: {message} (a statement_timeout of the server, the "
+                          "database or the role, or someone cancelled it); raise or unset the timeout, then run "
+                          "the command again")
     return SimdbError(f"PostgreSQL refused the operation: {message} (SQLSTATE {state or 'unknown'})")
 
 

@@ -12,6 +12,7 @@ segment cost 1.9 of 2.2 ms a call at 10M documents, where PL/pgSQL plans its que
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import sqlalchemy as sa
 from psycopg import sql
@@ -151,21 +152,35 @@ def drop_functions_and_views(connection: sa.Connection, schema: str) -> None:
 _ROLE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 
-def grant_reader(connection: sa.Connection, schema: str, role: str, *, login: bool = False,
-                 password: str | None = None) -> bool:
-    """Create (or update) a role that can read the index and nothing more; returns True if it was created."""
+@dataclass(frozen=True)
+class Grant:
+    """What ``grant_reader`` did: whether it created the role, and whether the role can log in now."""
+
+    created: bool
+    login: bool
+
+
+def grant_reader(connection: sa.Connection, schema: str, role: str, *, login: bool | None = None,
+                 password: str | None = None) -> Grant:
+    """Create (or update) a role that can read the index and nothing more.
+
+    ``login`` True or False gives or takes the role's LOGIN; None leaves an existing role's as it is (a new
+    role is then a group role, NOLOGIN)."""
     if not _ROLE.match(role):
         raise SimdbError(f"invalid role name {role!r}: use lower-case letters, digits and underscores")
     if role in ("postgres", connection.exec_driver_sql("SELECT current_user").scalar_one()):
         raise SimdbError(f"refusing to make {role!r} read-only: it is an administrative role")
     created = not connection.execute(sa.text("SELECT 1 FROM pg_roles WHERE rolname = :r"), {"r": role}).first()
     raw = connection.connection.dbapi_connection
-    options = sql.SQL(" LOGIN" if login else " NOLOGIN")
+    options = []  # nothing to change in an existing role unless asked
+    if login is not None or created:
+        options.append(sql.SQL("LOGIN" if login else "NOLOGIN"))
     if password is not None:
-        options += sql.SQL(" PASSWORD {}").format(sql.Literal(password))
-    verb = sql.SQL("CREATE ROLE" if created else "ALTER ROLE")
-    with raw.cursor() as cursor:
-        cursor.execute(verb + sql.SQL(" {}").format(sql.Identifier(role)) + options)
+        options.append(sql.SQL("PASSWORD {}").format(sql.Literal(password)))
+    if options:
+        with raw.cursor() as cursor:
+            cursor.execute(sql.SQL("{} {} {}").format(sql.SQL("CREATE ROLE" if created else "ALTER ROLE"),
+                                                      sql.Identifier(role), sql.SQL(" ").join(options)))
     for statement in (
         f"GRANT USAGE ON SCHEMA {schema} TO {role}",
         f"GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO {role}",
@@ -189,7 +204,9 @@ def grant_reader(connection: sa.Connection, schema: str, role: str, *, login: bo
         for setting in settings:
             cursor.execute(sql.SQL("ALTER ROLE {} IN DATABASE {} SET ").format(
                 sql.Identifier(role), sql.Identifier(database)) + setting)
-    return created
+    can_login = connection.execute(sa.text("SELECT rolcanlogin FROM pg_roles WHERE rolname = :r"),
+                                   {"r": role}).scalar_one()
+    return Grant(created=created, login=can_login)
 
 
 def _role_search_path(connection: sa.Connection, role: str) -> list[str]:
