@@ -17,6 +17,7 @@ import uuid
 
 import pytest
 import sqlalchemy as sa
+import zstandard
 from click.testing import CliRunner
 
 from simdb import Index
@@ -45,6 +46,9 @@ FILES = {
     "binary.jsonl": bytes(range(256)) * 4,
     "fake.jsonl.gz": GOOD.encode(),
     "truncated.jsonl.gz": gzip.compress((GOOD * 2000).encode())[:300],
+    "fake.jsonl.zst": GOOD.encode(),
+    "truncated.jsonl.zst": zstandard.ZstdCompressor().compress(GOOD.encode() * 2000)[:40],
+    "corrupt.jsonl.zst": zstandard.ZstdCompressor(write_checksum=True).compress(GOOD.encode())[:-1] + b"\x00",
     "quote.csv": b'id,text\n1,"never closed\n2,fine\n',
     "fields.csv": b"id,text\n1,a,b\n",
     "header.csv": b"doc,body\n1,x\n",
@@ -69,7 +73,9 @@ CASES = [
         ("nul.jsonl", "NUL"), ("dup-ids.jsonl", "appears twice"), ("stored-id.jsonl", "already stored with a "
                                                                                       "different text"),
         ("binary.jsonl", "malformed JSON"), ("fake.jsonl.gz", "not a gzip file"),
-        ("truncated.jsonl.gz", "gzip stream"), ("quote.csv", "never closed"), ("fields.csv", "3 fields"),
+        ("truncated.jsonl.gz", "gzip stream"), ("fake.jsonl.zst", "not a zstd file"),
+        ("truncated.jsonl.zst", "ends in the middle of its zstd stream"),
+        ("corrupt.jsonl.zst", "corrupt zstd stream"), ("quote.csv", "never closed"), ("fields.csv", "3 fields"),
         ("header.csv", "no id field"), ("bad-utf8.txt", "invalid UTF-8"), ("unknown.dat", "cannot tell the format"),
         ("missing.jsonl", "no such file")]],
     ("ingest-folder", "simhash", ["ingest", "folder"], 2, "is a directory"),

@@ -3,8 +3,8 @@
 Formats: ``jsonl`` (one JSON object per line), ``csv`` and ``tsv`` (a header row, then one
 document per record; the rule for quotes is in :mod:`simdb.inputs.delimited`), ``txt`` (the
 whole file is one document whose id is the path as given). A ``.gz`` suffix is read through
-gzip; a UTF-8 byte order mark at the start of a file is dropped. The format is told from the
-file name unless given.
+gzip and ``.zst`` through zstd; a UTF-8 byte order mark at the start of a file is dropped. The
+format is told from the file name unless given.
 
 Fields other than the id and the text are kept as the document's metadata. With
 ``skip_errors`` a bad record is yielded as an :class:`~simdb.errors.InputError` in its place
@@ -22,6 +22,7 @@ from ..errors import InputError
 from .checks import check_text
 from .delimited import read_delimited
 from .jsonl import json_records, read_jsonl
+from .lines import compression
 from .model import Document
 from .text import read_txt
 
@@ -35,7 +36,8 @@ __all__ = ["FORMATS", "Document", "check_paths", "check_text", "detect_format", 
 
 
 def detect_format(path: str) -> str:
-    name = path[:-3] if path.endswith(".gz") else path
+    kind = compression(path)
+    name = path.rsplit(".", 1)[0] if kind else path
     fmt = _SUFFIXES.get(Path(name).suffix.lower())
     if fmt is None:
         raise InputError("cannot tell the format from the file name", path=path,
