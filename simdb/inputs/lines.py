@@ -84,7 +84,8 @@ def _stream_error(exc: Exception, path: str, lines_read: int | None) -> StreamEr
     """What a compressed stream that failed after ``lines_read`` lines (None: a whole file) says."""
     kind = compression(path)
     where = {} if lines_read is None else {"line": lines_read + 1}
-    if isinstance(exc, _NOT_COMPRESSED):
+    if isinstance(exc, NotZstd) or (isinstance(exc, gzip.BadGzipFile) and not lines_read  # not a CRC failure
+                                    and str(exc).startswith("Not a gzipped file")):
         suffix = next(suffix for suffix, name in COMPRESSIONS.items() if name == kind)
         return StreamError(f"not a {kind} file, though its name ends in {suffix}", path=path, **where,
                            hint=f"decompress it first, or rename it without {suffix}")

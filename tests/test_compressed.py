@@ -1,8 +1,9 @@
-"""zstd inputs: a ``.zst`` file reads as its content does, and a truncated or damaged one is an error, never a
-shorter input read in silence."""
+"""Compressed inputs: a ``.zst`` or ``.gz`` file reads as its content does, and a truncated or damaged one is an
+error that says so, never a shorter input read in silence."""
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import pytest
@@ -110,3 +111,19 @@ def test_a_file_named_zst_that_is_not_one_is_an_error(tmp_path):
     txt.write_bytes(b"just text")
     with pytest.raises(InputError, match="not a zstd file"):
         read(txt)
+
+
+@pytest.mark.parametrize("at, reason", [(-6, "CRC check failed"), (-2, "Incorrect length of data produced")])
+def test_a_gzip_file_whose_check_fails_is_corrupt_not_another_format(tmp_path, at, reason):
+    """Regression: a CRC mismatch at the end of a gzip file was reported as "not a gzip file" at the line after
+    the last one, as if the file had been named wrongly."""
+    whole = bytearray(gzip.compress(JSONL))
+    whole[at] ^= 0x01
+    path = tmp_path / "crc.jsonl.gz"
+    path.write_bytes(bytes(whole))
+    items = read(path, skip_errors=True)
+    assert as_records(items[:-1]) == RECORDS
+    assert items[-1].line == 3001
+    assert items[-1].reason.startswith(f"the file has a corrupt gzip stream ({reason}")
+    assert items[-1].reason.endswith("; line 3000 was the last one read")
+    assert items[-1].hint == "the file is truncated or damaged: copy it again"
