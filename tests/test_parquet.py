@@ -293,3 +293,31 @@ def test_calibrate_reads_parquet_pairs_and_documents_as_it_reads_json_lines(run,
     write(tmp_path / "unlabelled.parquet", {"a": ["x"], "b": ["y"], "duplicate": ["yes"]})
     bad = run("calibrate", str(tmp_path / "unlabelled.parquet"))
     assert bad.exit_code == 1 and f"unlabelled.parquet, row 1: the label 'duplicate' is 'yes'" in bad.stderr
+
+
+@pytest.mark.slow
+def test_no_damage_to_the_footer_loses_a_row_in_silence(tmp_path):
+    """Regression: the footer has no checksum, and a damaged row count or page offset made pyarrow give a row
+    group fewer rows, or none, without an error. Every flip of these bits of it is an error, or changes nothing
+    a row holds."""
+    rows = 40
+    path = write(tmp_path / "whole.parquet", {"id": list(range(rows)), "text": [f"text {i}" for i in range(rows)],
+                                              "tag": ["x"] * rows}, row_group_size=10)
+    whole = open(path, "rb").read()
+    footer = len(whole) - 8 - int.from_bytes(whole[-8:-4], "little")
+    damaged_path = tmp_path / "damaged.parquet"
+    silent = []
+    for at in range(footer, len(whole) - 8):
+        for bit in (1, 4, 32):
+            damaged = bytearray(whole)
+            damaged[at] ^= bit
+            damaged_path.write_bytes(bytes(damaged))
+            try:
+                items = read(damaged_path, skip_errors=True)
+            except InputError:
+                continue
+            wrong = [i for i, d in enumerate(items) if isinstance(d, Document) and
+                     (d.external_id, d.text, int(d.line)) != (str(i), f"text {i}", i + 1)]
+            if len(items) != rows or wrong:
+                silent.append((at - footer, bit, len(items), wrong[:3]))
+    assert silent == []

@@ -73,10 +73,27 @@ def open_parquet(path: str):
         raise InputError("the Parquet file is cut short: it has no footer (a Parquet file ends with PAR1)",
                          path=path, hint="the file is truncated: copy it again")
     try:
-        return pq.ParquetFile(path, buffer_size=_READ_BUFFER, pre_buffer=False, page_checksum_verification=True)
-    except (pa.ArrowException, OSError) as exc:
+        file = pq.ParquetFile(path, buffer_size=_READ_BUFFER, pre_buffer=False, page_checksum_verification=True)
+        file.schema_arrow  # noqa: B018  (its names are decoded here)
+    except (pa.ArrowException, OSError, ValueError) as exc:  # UnicodeDecodeError: a damaged name
         raise InputError(f"the Parquet footer cannot be read ({_first_line(exc)})", path=path,
                          hint="the file is damaged: copy it again") from None
+    problem = _footer_problem(file.metadata)
+    if problem:
+        raise InputError(f"the Parquet footer contradicts itself: {problem}", path=path,
+                         hint="the file is damaged: copy it again")
+    return file
+
+
+def _footer_problem(metadata) -> str | None:
+    """Row counts in the footer that disagree: the footer has no checksum, and a damaged count would lose rows
+    silently or number every later row wrong. (Each column chunk's count is not compared: pyarrow aborts the
+    process on some damaged column chunk metadata when Python asks for it; reading reports the same damage as
+    an error, and a group that gives fewer rows than it has is damaged: see :func:`_batches`.)"""
+    total = sum(metadata.row_group(group).num_rows for group in range(metadata.num_row_groups))
+    if total != metadata.num_rows:
+        return f"its row groups hold {total:,} rows, but it says {metadata.num_rows:,}"
+    return None
 
 
 def _is_string(pa, type_) -> bool:
@@ -225,14 +242,15 @@ def _batches(path: str, skip_errors: bool, progress: Callable[[int], None] | Non
                     position = size * done // total
                     progress(position - reported)
                     reported = position
+            cause = None if read >= rows else f"it gave {read:,} of its {rows:,} rows"  # a damaged offset does
         except (pa.ArrowException, OSError) as exc:
-            if read >= rows:
-                continue  # every row of the group was read: none is missing
+            cause = None if read >= rows else _first_line(exc)  # every row read: none is missing
+        if cause is not None:
             span = f"rows {first}-{first + rows - 1}" if rows > 1 else f"row {first}"
-            message = f"row group {group + 1} of {metadata.num_row_groups} ({span}) cannot be read: {_first_line(exc)}"
+            message = f"row group {group + 1} of {metadata.num_row_groups} ({span}) cannot be read: {cause}"
             hint = "the file is damaged: copy it again"
             if not skip_errors:
-                raise InputError(message, path=path, line=Row(first + read), hint=hint) from None
+                raise InputError(message, path=path, line=Row(first + read), hint=hint)
             for row in range(first + read, first + rows):
                 yield InputError(message, path=path, line=Row(row), hint=hint)
             done += rows - read
