@@ -1,7 +1,8 @@
 """Benchmark simdb's input sources: the same documents from JSON lines, zstd-compressed JSON lines and Parquet.
 
 It writes ``--documents`` (100,000; 1M for the docs' table) short documents of random Han text
-(60-200 characters, 2 % lightly edited copies of recent ones) with four metadata fields (a source
+(sentences up to 60-200 characters, 2 % lightly edited copies of recent ones, as bench_ingest's memory
+runs write them) with four metadata fields (a source
 name, a timestamp, a language and a score) as JSON lines; the same file compressed with zstd
 (level 3, with checksums, as the ``zstd`` tool writes it); and the same rows as Parquet (read from
 the JSON lines by pyarrow, so the timestamp becomes a timestamp column; pyarrow's default row groups
@@ -40,10 +41,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import deque
 
 from bench_common import DATABASE_HELP, Server, log, machine, print_table, ratio
-from bench_ingest import corpus_pieces, load_average, mb, quarters, run_cli, simdb_command
+from bench_ingest import corpus_pieces, load_average, mb, quarters, run_cli, simdb_command, write_corpus
 
 PREFIX = "simdb_bench_sources"
 TARGET = 0.9  # of the JSON-lines rate, end to end
@@ -51,28 +51,17 @@ TARGET = 0.9  # of the JSON-lines rate, end to end
 
 # -- the inputs ------------------------------------------------------------------------------------
 
-def write_jsonl(path: str, count: int, rng: random.Random, near: float = 0.02) -> int:
-    """``count`` short documents with metadata, ``near`` of them edited copies of recent ones; returns bytes."""
+def write_jsonl(path: str, count: int, rng: random.Random) -> int:
+    """``count`` short documents (bench_ingest's, 2 % edited copies) with four metadata fields; returns bytes."""
     sentences, _ = corpus_pieces(None, rng)
-    recent: deque[str] = deque(maxlen=2000)
-    han = "的一是在不了有和人这中大为上个国我以要他时来用们生到作地于出就分对成会可主发年动同工也能下过子说产种面而方后多定行学法所"
-    with open(path, "w", encoding="utf-8") as f:
-        for i in range(count):
-            if recent and rng.random() < near:
-                chars = list(rng.choice(recent))
-                for _ in range(rng.randint(1, 3)):
-                    chars[rng.randrange(len(chars))] = rng.choice(han)
-                text = "".join(chars)
-            else:
-                target, parts, size = rng.randint(60, 200), [], 0
-                while size < target:
-                    parts.append(rng.choice(sentences))
-                    size += len(parts[-1])
-                text = "".join(parts)[:target]
-            recent.append(text)
-            f.write(json.dumps({"id": f"doc-{i:09d}", "text": text, "source": f"site-{rng.randrange(40)}",
-                                "published": f"2024-{1 + i % 12:02d}-{1 + i % 28:02d}T{i % 24:02d}:00:00",
-                                "lang": "zh", "score": round(rng.random(), 4)}, ensure_ascii=False) + "\n")
+    write_corpus(path + ".plain", count, sentences, list(range(60, 201)), rng)
+    with open(path + ".plain", encoding="utf-8") as plain, open(path, "w", encoding="utf-8") as f:
+        for i, line in enumerate(plain):
+            record = json.loads(line)
+            record.update(source=f"site-{rng.randrange(40)}", published=f"2024-{1 + i % 12:02d}-{1 + i % 28:02d}T"
+                          f"{i % 24:02d}:00:00", lang="zh", score=round(rng.random(), 4))
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+    os.remove(path + ".plain")
     return os.path.getsize(path)
 
 
@@ -223,7 +212,8 @@ def main(argv: list[str] | None = None) -> None:
     log("done")
     header = [machine(version, server.embedded),
               f"load average (1, 5, 15 min) at the start: {load_start}; at the end: {load_average()}",
-              f"documents: {args.documents:,} short (60-200 characters of random Han text, 2 % edited copies), "
+              f"documents: {args.documents:,} short (sentences of random Han text up to 60-200 characters, 2 % "
+              "edited copies), "
               "four metadata fields; sizes: " + ", ".join(f"{name} {mb(size)}" for name, size in sizes.items()),
               f"ingest: a fresh index each, `--workers {args.workers}`, default chunk size; target: each source at "
               f"least {TARGET}x the JSON-lines rate",
