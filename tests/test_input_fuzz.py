@@ -400,9 +400,9 @@ def recovered(damaged: bytes, compression: str) -> bytes:
     return zstandard.ZstdDecompressor().stream_reader(io.BytesIO(damaged), read_across_frames=True).read()
 
 
-def ingest_path(index, path, rejects=None, chunk=3):
-    options = IngestOptions(batch="fuzz", on_error="skip", rejects=str(rejects) if rejects else None,
-                            chunk_size=chunk, max_chars=MAX_CHARS)
+def ingest_path(index, path, rejects, chunk=3):
+    options = IngestOptions(batch="fuzz", on_error="skip", rejects=str(rejects), chunk_size=chunk,
+                            max_chars=MAX_CHARS)
     return index.ingest(read_documents([path], skip_errors=True, max_chars=MAX_CHARS), options)
 
 
@@ -424,7 +424,7 @@ def test_a_compressed_stream_cut_short_or_damaged_ends_in_one_reject(fuzz_index,
     path = tmp_path / f"in.jsonl.{compression}"
     path.write_bytes(damaged)
     expected = expected_outcome(oracle("jsonl", plain, str(path)))
-    summary = ingest_path(fuzz_index, str(path))
+    summary = ingest_path(fuzz_index, str(path), tmp_path / "rejects.jsonl")
     got = outcome(admin_engine, schema, reasons=True) if summary.recorded else []
     stream = f"{'gzip' if compression == 'gz' else 'zstd'} "
     if damage == "cut":  # every line the lenient decompressor recovers, as the oracle says, then one reject
