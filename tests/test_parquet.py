@@ -219,6 +219,8 @@ def test_folders_and_patterns_stand_for_their_files_in_path_order(tmp_path):
     assert [d.external_id for d in read(folder / "part-*.parquet")] == ["1", "2", "3", "4"]
     # a pattern matches what the shell's would: _temporary too
     assert [d.external_id for d in read(f"{folder}/**/*.parquet")] == ["9", "1", "2", "3", "4", "5"]
+    assert [d.external_id for d in read(f"{folder}/**/")] == ["1", "2", "3", "4", "5", "9"]  # folders: each file once
+    assert [d.external_id for d in read(f"{folder}/y*")] == ["5"]  # a folder matched: its files
     with pytest.raises(InputError, match=r"\*\.jsonl: no file matches this pattern \(check the pattern\)"):
         read(folder / "*.jsonl")
     (tmp_path / "empty").mkdir()

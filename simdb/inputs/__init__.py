@@ -62,23 +62,24 @@ def input_files(paths: Iterable[str], format: str | None = None) -> list[str]:
         if os.path.isdir(path):
             files += _folder(path, format)
         elif not os.path.lexists(path) and _PATTERN.search(path):
-            matches = sorted(glob.glob(path, recursive=True))
-            if not matches:
+            matched = []
+            for match in sorted(glob.glob(path, recursive=True)):  # a folder it matches may hold no input
+                matched += _folder(match, format, required=False) if os.path.isdir(match) else [match]
+            if not matched:
                 raise InputError("no file matches this pattern", path=path, hint="check the pattern")
-            for match in matches:
-                files += _folder(match, format) if os.path.isdir(match) else [match]
+            files += dict.fromkeys(matched)  # once each: corpus/** matches a folder and the files in it
         else:
             files.append(path)
     return files
 
 
-def _folder(folder: str, format: str | None) -> list[str]:
+def _folder(folder: str, format: str | None, required: bool = True) -> list[str]:
     found = []
     for root, folders, names in os.walk(folder):
         folders[:] = [name for name in folders if not name.startswith((".", "_"))]
         found += [os.path.join(root, name) for name in names if not name.startswith((".", "_"))]
     found = sorted(path for path in found if format is not None or _has_format(path))
-    if not found:
+    if not found and required:
         raise InputError("the folder holds no input files", path=folder,
                          hint=f"give files named for their format ({', '.join(_SUFFIXES)}), or «format»")
     return found
