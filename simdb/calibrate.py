@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from . import outputs
-from .errors import InputError, OutputError
-from .inputs import check_paths, json_records, read_documents
+from .errors import InputError, OutputError, place
+from .inputs import check_paths, input_files, read_documents, records
 from .methods import Method
 
 
@@ -83,26 +83,31 @@ class Calibration:
 
 def read_pairs(path: str | Path, *, documents: str | Path | None = None, label_field: str = "duplicate",
                id_field: str = "id", text_field: str = "text") -> Iterator[LabelledPair]:
-    """Labelled pairs from JSON lines: ``{"a": ..., "b": ..., "<label_field>": true|false}``.
+    """Labelled pairs from JSON lines (``{"a": ..., "b": ..., "<label_field>": true|false}``) or Parquet (the
+    columns ``a``, ``b`` and the label, a boolean column).
 
-    ``a`` and ``b`` are the two texts, or, with ``documents`` (any file ``simdb ingest``
-    reads), the two documents' ids.
+    ``a`` and ``b`` are the two texts, or, with ``documents`` (any files ``simdb ingest``
+    reads: a folder or a pattern too), the two documents' ids.
     """
     path = str(path)
-    check_paths([path, *([str(documents)] if documents is not None else [])])
+    files = input_files([str(documents)]) if documents is not None else []
+    check_paths([path, *files])
     texts = None
     if documents is not None:
-        texts = {d.external_id: d.text for d in read_documents([str(documents)], id_field=id_field,
-                                                               text_field=text_field)}
-    for line_number, record in json_records(path):
+        texts = {d.external_id: d.text for d in read_documents(files, id_field=id_field, text_field=text_field)}
+    for line_number, record in records(path):
         missing = [name for name in ("a", "b", label_field) if name not in record]
         if missing:
             raise InputError(f"the pair has no {', '.join(map(repr, missing))} field", path=path,
-                             line=line_number, hint='each line needs "a", "b" and the label (--label-field)')
+                             line=line_number, hint='each record needs "a", "b" and the label (--label-field)')
+        empty = [name for name in ("a", "b") if record[name] is None]
+        if empty:
+            raise InputError(f"the pair's {empty[0]!r} is null", path=path, line=line_number,
+                             hint="give both texts (or ids) of every pair")
         label = record[label_field]
         if not isinstance(label, bool):
             raise InputError(f"the label {label_field!r} is {label!r}, not true or false", path=path,
-                             line=line_number, hint="label each pair with a JSON boolean")
+                             line=line_number, hint="label each pair with a boolean (JSON true or false)")
         a, b = str(record["a"]), str(record["b"])
         if texts is not None:
             unknown = [i for i in (a, b) if i not in texts]
@@ -110,7 +115,7 @@ def read_pairs(path: str | Path, *, documents: str | Path | None = None, label_f
                 raise InputError(f"no document with id {unknown[0]!r} in {documents}", path=path,
                                  line=line_number, hint="pass the documents file the pairs refer to")
             a, b = texts[a], texts[b]
-        yield LabelledPair(a, b, label, f"{path}:{line_number}")
+        yield LabelledPair(a, b, label, place(path, line_number))
 
 
 def _curve(distances: np.ndarray, labels: np.ndarray, method: Method) -> list[Point]:

@@ -26,7 +26,7 @@ from .diff import changed_characters, diff, elided
 from .errors import SimdbError
 from .index import Index
 from .ingest import DEFAULT_CHUNK_SIZE, ON_ERROR, IngestOptions
-from .inputs import DEFAULT_MAX_CHARS, FORMATS, check_paths, read_documents, total_bytes
+from .inputs import DEFAULT_MAX_CHARS, FORMATS, check_paths, input_files, read_documents, total_bytes
 from .methods import Method, SimHash
 from .methods.simhash.blocks import DEFAULT_MAX_DISTANCE, MAX_DISTANCE
 from .methods.simhash.fingerprint import IdfTable
@@ -60,9 +60,9 @@ def database_options(command):
 def input_options(command):
     """PATHS, --format, --id-field and --text-field: how ``ingest`` and ``check`` read their input."""
     for decorator in reversed([
-            click.argument("paths", nargs=-1, required=True, type=click.Path(dir_okay=False)),
+            click.argument("paths", nargs=-1, required=True, type=click.Path()),
             click.option("--format", "input_format", type=click.Choice(FORMATS), default=None,
-                         help="Input format [default: from the file name; .gz is read through gzip]."),
+                         help="Input format [default: from the file name; .gz and .zst are decompressed]."),
             click.option("--id-field", default="id", show_default=True, help="Field (column) holding the document id."),
             click.option("--text-field", default="text", show_default=True,
                          help="Field (column) holding the text.")]):
@@ -272,7 +272,7 @@ cli.add_command(fingerprint_command, name="fingerprint")
 @click.option("--bigrams", type=click.IntRange(0), default=None,
               help="Pairs of adjacent tokens are features too, weighing min(1, N / tokens) times their "
                    "frequency; 0 for tokens only [default: 50; 0 with tfidf].")
-@click.option("--idf-from", "idf_paths", multiple=True, type=click.Path(dir_okay=False),
+@click.option("--idf-from", "idf_paths", multiple=True, type=click.Path(),
               help="Learn IDF weights from these documents (a sample of the archive, same formats as ingest; "
                    "repeatable). The table is frozen in the index.")
 @click.option("--top-features", type=click.IntRange(0), default=None,
@@ -368,6 +368,7 @@ def init(database_url, schema, data_dir, max_distance, blocks, tokenizer, jieba_
     if distributed:
         options["distributed"] = True
     if idf_paths:
+        idf_paths = input_files(idf_paths)
         check_paths(idf_paths)
         options["idf"] = learn_idf(idf_paths, TokenizerSettings(name=tokenizer, jieba_hmm=jieba_hmm,
                                                                 shingle_size=shingle_size, stopwords=stopwords),
@@ -427,12 +428,13 @@ def ingest(database_url, schema, data_dir, paths, input_format, id_field, text_f
     options = IngestOptions(batch=batch_name, source=" ".join(paths), on_error=on_error, rejects=rejects,
                             max_chars=max_chars, chunk_size=chunk_size, workers=workers, resume=resume,
                             verdicts=verdicts_path, compact=compact)
-    check_paths(paths)
+    files = input_files(paths, input_format)
+    check_paths(files)
     skipped_to = options.rejects_file(batch_name) if on_error == "skip" and (rejects or batch_name) else None
-    outputs.refuse_aliases({"verdicts": verdicts_path, "rejects": skipped_to}, paths, stdout=True)
-    progress = Progress(f"ingest {options.batch or ''}".strip(), total_bytes(paths))
+    outputs.refuse_aliases({"verdicts": verdicts_path, "rejects": skipped_to}, files, stdout=True)
+    progress = Progress(f"ingest {options.batch or ''}".strip(), total_bytes(files))
     try:
-        documents = read_documents(paths, format=input_format, id_field=id_field, text_field=text_field,
+        documents = read_documents(files, format=input_format, id_field=id_field, text_field=text_field,
                                    skip_errors=on_error == "skip", max_chars=max_chars,
                                    progress=progress.add_bytes)
         with open_index(database_url, schema, data_dir) as index:
@@ -488,12 +490,13 @@ def check_command(database_url, schema, data_dir, paths, input_format, id_field,
         simdb check new-batch.jsonl | jq -c 'select(.status == "new")'
     """
     started = time.perf_counter()
-    check_paths(paths)
-    outputs.refuse_aliases({}, paths, stdout=True)
+    files = input_files(paths, input_format)
+    check_paths(files)
+    outputs.refuse_aliases({}, files, stdout=True)
     counts = dict.fromkeys(("records", *STATUSES), 0)
-    progress = Progress("check", total_bytes(paths))
+    progress = Progress("check", total_bytes(files))
     try:
-        documents = read_documents(paths, format=input_format, id_field=id_field, text_field=text_field,
+        documents = read_documents(files, format=input_format, id_field=id_field, text_field=text_field,
                                    skip_errors=True, max_chars=max_chars, progress=progress.add_bytes)
         with open_index(database_url, schema, data_dir) as index:
             method = index.settings.method
@@ -893,34 +896,39 @@ def grant_reader_command(database_url, schema, data_dir, role, login, password_e
 
 @cli.command()
 @click.argument("pairs_path", metavar="LABELLED.jsonl", type=click.Path(dir_okay=False))
-@click.option("--documents", type=click.Path(dir_okay=False), default=None,
-              help="JSON lines of {id, text}: the pairs' a and b are then document ids, not texts.")
+@click.option("--documents", type=click.Path(), default=None,
+              help="Documents with ids (any input ingest reads): the pairs' a and b are then their ids, not texts.")
+@click.option("--id-field", default="id", show_default=True, help="Field (column) of --documents holding the id.")
+@click.option("--text-field", default="text", show_default=True,
+              help="Field (column) of --documents holding the text.")
 @click.option("--label-field", default="duplicate", show_default=True,
-              help="Field holding each pair's label (JSON true / false).")
+              help="Field holding each pair's label (true / false).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default="calibration.svg", show_default=True,
               help="Where to write the precision / recall plot (.svg or .png).")
 @click.option("--json", "as_json", is_flag=True, help="Print every point of both curves as JSON.")
 @user_errors
-def calibrate(pairs_path, documents, label_field, plot_path, as_json):
+def calibrate(pairs_path, documents, id_field, text_field, label_field, plot_path, as_json):
     """Measure precision and recall of every setting on your own labelled pairs; recommend one.
 
-    Each line of LABELLED.jsonl is {"a": text, "b": text, "duplicate": true|false}.
-    No database is needed.
+    Each line of LABELLED.jsonl is {"a": text, "b": text, "duplicate": true|false}
+    (or each row of a Parquet file, with those columns). No database is needed.
 
     \b
     Example:
         simdb calibrate labelled.jsonl
         simdb calibrate pairs.jsonl --documents docs.jsonl --label-field dup_80 --plot cal.png
+        simdb calibrate pairs.parquet --documents corpus/ --text-field body
     """
     from .calibrate import calibrate as run_calibration
     from .calibrate import plot, plot_format, read_pairs
 
-    inputs = [pairs_path, *([documents] if documents is not None else [])]
+    inputs = [pairs_path, *(input_files([documents]) if documents is not None else [])]
     check_paths(inputs)
     outputs.refuse_aliases({"plot": plot_path}, inputs, stdout=True)
     plot_format(plot_path)  # a plot that cannot be written is refused before the work, not after it
     outputs.check(plot_path, "plot", "plot")
-    result = run_calibration(list(read_pairs(pairs_path, documents=documents, label_field=label_field)))
+    result = run_calibration(list(read_pairs(pairs_path, documents=documents, label_field=label_field,
+                                             id_field=id_field, text_field=text_field)))
     plot(result, plot_path)
     if as_json:
         click.echo(json.dumps({"pairs": result.pairs, "positives": result.positives,

@@ -36,6 +36,20 @@ class SimdbError(Exception):
         return _PARAMETER.sub(lambda match: spell(match.group(1)), super().__str__())
 
 
+class Row(int):
+    """A row of a Parquet file, counted from 1. It goes wherever a line number goes (an error's ``line``, the
+    rejects' and verdicts' ``line``), and a message says it as ``path, row N``."""
+
+    __slots__ = ()
+
+
+def place(path: str, line: int | None) -> str:
+    """``path:line``, ``path, row N`` for a :class:`Row`, or the path alone."""
+    if line is None:
+        return path
+    return f"{path}, row {line}" if isinstance(line, Row) else f"{path}:{line}"
+
+
 class InputError(SimdbError):
     """A document in an input file (or passed to the API) cannot be indexed."""
 
@@ -47,7 +61,7 @@ class InputError(SimdbError):
         self.hint = None if hint is None else _PARAMETER.sub(r"`\1`", hint)
         where = ""
         if path is not None:
-            where = f"{path}:{line}: " if line is not None else f"{path}: "
+            where = place(path, line) + ": "
         text = f"{where}{message}"
         if hint:
             text = f"{text} ({hint})"

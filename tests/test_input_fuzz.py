@@ -1,7 +1,7 @@
 """Input fuzzing: every record of any file is stored once with exactly its text, or rejected; never both.
 
 Hypothesis writes records as JSON lines, CSV, TSV or a text file (any characters: quotes,
-delimiters, line breaks, CJK, control characters; sometimes gzip-compressed, sometimes with a
+delimiters, line breaks, CJK, control characters; sometimes gzip- or zstd-compressed, sometimes with a
 byte order mark, CRLF lines or fully quoted fields), then damages the bytes: stray quotes and
 delimiters, invalid UTF-8, NUL bytes, deleted and duplicated spans, truncation, another encoding,
 huge fields. An oracle, written here independently of simdb's readers, applies the documented
@@ -9,8 +9,13 @@ rules (simdb.inputs.delimited for CSV and TSV; one object per line for JSON line
 for text) to the damaged bytes and says what each input record is: a document (id and text) or a
 reject (at a line). The ingest, with ``on_error="skip"`` and small chunks, must agree record by
 record: the ``records`` table's positions, statuses and lines, the stored documents' ids and
-exact texts (by their content hash), and the rejects file. A SIGKILL test runs large damaged
-inputs through the CLI, kills it at random moments and resumes, with the same oracle.
+exact texts (by their content hash), and the rejects file. Compressed files are also cut short
+and damaged after compression: the lines a lenient decompressor recovers are read as the oracle
+says, then one reject. Parquet files (NULLs, invalid UTF-8, any row groups, page sizes, encodings
+and codecs) are damaged in their pages, their footer, or cut short: every row is read as written
+or rejected, a row group that cannot be read is rejected from its first row not read, and a file
+whose footer is gone is one error. A SIGKILL test runs large damaged inputs through the CLI, kills
+it at random moments and resumes, with the same oracle.
 """
 
 from __future__ import annotations
@@ -26,11 +31,15 @@ import subprocess
 import sys
 import time
 import uuid
+import zlib
 from dataclasses import dataclass
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import sqlalchemy as sa
-from hypothesis import HealthCheck, given, settings
+import zstandard
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from simdb import Index, InputError
@@ -291,27 +300,38 @@ def files(draw):
                 data = data[:end + 1] + data[start:end + 1] + data[end + 1:]
         else:
             data = data[:at] + b"x" * (MAX_CHARS + 50) + data[at:]
-    compressed = draw(st.booleans())
-    return fmt, data, compressed
+    compression = draw(st.sampled_from([None, "gz", "zst"]))
+    return fmt, data, compression
 
 
-def ingest_file(tmp_path, fmt, data, compressed, name="input"):
-    path = tmp_path / f"{name}.{fmt}" if not compressed else tmp_path / f"{name}.{fmt}.gz"
-    path.write_bytes(gzip.compress(data) if compressed else data)
+def compress(data: bytes, compression: str | None) -> bytes:
+    if compression == "gz":
+        return gzip.compress(data)
+    return zstandard.ZstdCompressor(write_checksum=True).compress(data) if compression == "zst" else data
+
+
+def ingest_file(tmp_path, fmt, data, compression, name="input"):
+    path = tmp_path / (f"{name}.{fmt}" + (f".{compression}" if compression else ""))
+    path.write_bytes(compress(data, compression))
     return str(path)
 
 
-def outcome(engine, schema) -> list[tuple]:
-    """(line of a reject, external id, content hash) per input record in order."""
+def outcome(engine, schema, reasons: bool = False) -> list[tuple]:
+    """(line of a reject, external id, content hash) per input record in order (with ``reasons``, a reject's
+    reason in place of the id)."""
     with engine.connect() as connection:
         rows = connection.execute(sa.text(
-            f"SELECT r.position, r.status, r.line, d.external_id, d.content_hash FROM {schema}.records r "
+            f"SELECT r.position, r.status, r.line, r.reason, d.external_id, d.content_hash FROM {schema}.records r "
             f"LEFT JOIN {schema}.documents d ON d.id = r.document_id ORDER BY r.position")).all()
         stored = connection.execute(sa.text(f"SELECT count(*) FROM {schema}.documents")).scalar_one()
     assert [row.position for row in rows] == list(range(1, len(rows) + 1))
     assert stored == sum(row.status != "rejected" for row in rows)  # stored once each, and nothing else
-    return [(row.line, None, None) if row.status == "rejected" else (None, row.external_id, bytes(row.content_hash))
-            for row in rows]
+    return [(row.line, row.reason if reasons else None, None) if row.status == "rejected" else
+            (None, row.external_id, bytes(row.content_hash)) for row in rows]
+
+
+def without_reasons(got: list[tuple]) -> list[tuple]:
+    return [(line, None, None) if line is not None else (line, external_id, digest) for line, external_id, digest in got]
 
 
 def expected_outcome(items: list[Expected]) -> list[tuple]:
@@ -328,16 +348,23 @@ def fuzz_index(server_url):
             connection.exec_driver_sql(f"DROP SCHEMA {schema} CASCADE")
 
 
-@settings(max_examples=int(__import__("os").environ.get("SIMDB_FUZZ_EXAMPLES", 200)), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                  HealthCheck.too_slow])
-@given(file=files(), chunk=st.integers(1, 5))
-def test_every_record_is_stored_exactly_or_rejected(fuzz_index, admin_engine, tmp_path, file, chunk):
-    fmt, data, compressed = file
-    index, schema = fuzz_index, fuzz_index.database.schema
+EXAMPLES = int(__import__("os").environ.get("SIMDB_FUZZ_EXAMPLES", 200))
+
+
+def empty_archive(admin_engine, schema) -> None:
     with admin_engine.begin() as connection:  # an empty archive for every example
         connection.exec_driver_sql(f"TRUNCATE {schema}.documents, {schema}.batches, {schema}.records, "
                                    f"{schema}.near_duplicates")
-    path = ingest_file(tmp_path, fmt, data, compressed)
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                       HealthCheck.too_slow])
+@given(file=files(), chunk=st.integers(1, 5))
+def test_every_record_is_stored_exactly_or_rejected(fuzz_index, admin_engine, tmp_path, file, chunk):
+    fmt, data, compression = file
+    index, schema = fuzz_index, fuzz_index.database.schema
+    empty_archive(admin_engine, schema)
+    path = ingest_file(tmp_path, fmt, data, compression)
     try:
         expected = oracle(fmt, data, path)
         file_error = None
@@ -435,6 +462,156 @@ def test_an_output_that_is_an_input_is_refused_and_the_input_kept(fuzz_index, ad
         assert connection.execute(sa.text(f"SELECT count(*) FROM {schema}.batches")).scalar_one() == 0
 
 
+# -- compressed streams cut short or damaged -------------------------------------------------------------
+
+def recovered(damaged: bytes, compression: str) -> bytes:
+    """What a lenient decompressor makes of a compressed file cut short: all it can decode, without a word."""
+    if compression == "gz":
+        return zlib.decompressobj(wbits=31).decompress(damaged)
+    return zstandard.ZstdDecompressor().stream_reader(io.BytesIO(damaged), read_across_frames=True).read()
+
+
+def ingest_path(index, path, rejects, chunk=3):
+    options = IngestOptions(batch="fuzz", on_error="skip", rejects=str(rejects), chunk_size=chunk,
+                            max_chars=MAX_CHARS)
+    return index.ingest(read_documents([path], skip_errors=True, max_chars=MAX_CHARS), options)
+
+
+@settings(max_examples=EXAMPLES // 2, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                            HealthCheck.too_slow])
+@given(records=st.lists(st.tuples(texts, st.text(CHARACTERS, max_size=6)), min_size=1, max_size=30),
+       compression=st.sampled_from(["gz", "zst"]), damage=st.sampled_from(["cut", "flip"]), data=st.data())
+def test_a_compressed_stream_cut_short_or_damaged_ends_in_one_reject(fuzz_index, admin_engine, tmp_path, records,
+                                                                      compression, damage, data):
+    schema = fuzz_index.database.schema
+    empty_archive(admin_engine, schema)
+    plain = "".join(json.dumps({"id": f"r{i}", "text": t, "tag": g}) + "\n" for i, (t, g) in enumerate(records)).encode()
+    whole = compress(plain, compression)
+    at = data.draw(st.integers(1, len(whole) - 1))
+    if damage == "cut":
+        damaged = whole[:at]
+    else:
+        damaged = whole[:at] + bytes([whole[at] ^ data.draw(st.integers(1, 255))]) + whole[at + 1:]
+    path = tmp_path / f"in.jsonl.{compression}"
+    path.write_bytes(damaged)
+    expected = expected_outcome(oracle("jsonl", plain, str(path)))
+    summary = ingest_path(fuzz_index, str(path), tmp_path / "rejects.jsonl")
+    got = outcome(admin_engine, schema, reasons=True) if summary.recorded else []
+    stream = f"{'gzip' if compression == 'gz' else 'zstd'} "
+    if damage == "cut":  # every line the lenient decompressor recovers, as the oracle says, then one reject
+        lines = recovered(damaged, compression).count(b"\n")
+        assert without_reasons(got[:-1]) == expected[:lines]
+        assert got[-1][0] == lines + 1 and stream in got[-1][1]
+    elif without_reasons(got) != expected:  # the damage changed what it holds
+        reason = got[-1][1]  # then the stream's checksum or format says so, after what was read
+        assert reason is not None and stream in reason
+
+
+# -- Parquet ---------------------------------------------------------------------------------------------
+
+def string_column(values: list, large: bool):
+    """A string column holding str, raw bytes (maybe invalid UTF-8, as some writers leave them) or None."""
+    raw = [v.encode("utf-8") if isinstance(v, str) else v for v in values]
+    offsets, data = [0], b""
+    for value in raw:
+        data += value or b""
+        offsets.append(len(data))
+    validity = pa.array([v is not None for v in raw], pa.bool_()).buffers()[1] if None in raw else None
+    kind, width = (pa.large_string(), pa.int64()) if large else (pa.string(), pa.int32())
+    return pa.Array.from_buffers(kind, len(raw), [validity, pa.array(offsets, width).buffers()[1],
+                                                  pa.py_buffer(data)], null_count=raw.count(None))
+
+
+def parquet_oracle(rows: list[tuple], unreadable: set[int] = frozenset()) -> list[Expected]:
+    """What each written row is: its document, or a reject (unreadable rows are rejects whatever they held)."""
+    found = []
+    for number, (external_id, text, tag) in enumerate(rows, 1):
+        if number in unreadable or isinstance(text, bytes):
+            found.append(Expected(number))
+        else:
+            found.append(document(external_id, text, {"tag": tag}, number))
+    return with_duplicate_ids(found)
+
+
+@st.composite
+def parquet_files(draw):
+    integer_ids = draw(st.booleans())
+    identifiers = st.integers(-5, 10**6) if integer_ids else ids
+    odd_text = texts.map(lambda t: t.encode("utf-8") + b"\xff")  # invalid UTF-8 in a string column
+    rows = draw(st.lists(st.tuples(st.none() | identifiers, st.none() | texts | odd_text,
+                                   st.none() | st.text(CHARACTERS, max_size=6)), max_size=30))
+    texts_column = string_column([text for _, text, _ in rows], large=draw(st.booleans()))
+    if draw(st.booleans()) and not any(isinstance(text, bytes) for _, text, _ in rows):
+        texts_column = texts_column.dictionary_encode()
+    table = pa.table({"id": pa.array([i for i, _, _ in rows], pa.int64() if integer_ids else pa.string()),
+                      "text": texts_column, "tag": pa.array([g for _, _, g in rows], pa.string())})
+    out = io.BytesIO()
+    group_size = draw(st.integers(1, 12))
+    pq.write_table(table, out, row_group_size=group_size, write_page_checksum=True,
+                   data_page_size=draw(st.sampled_from([64, 512, 1 << 20])), use_dictionary=draw(st.booleans()),
+                   compression=draw(st.sampled_from(["NONE", "SNAPPY", "ZSTD", "GZIP"])),
+                   write_statistics=draw(st.booleans()))
+    whole = out.getvalue()
+    footer = len(whole) - 8 - int.from_bytes(whole[-8:-4], "little")
+    damage = draw(st.sampled_from(["none", "pages", "pages", "splice", "footer", "cut"]))
+    if footer <= 4 and damage in ("pages", "splice"):  # no row group: no pages
+        damage = "none"
+    damaged = bytearray(whole)
+    if damage == "pages":  # bytes of the row groups: pages, their headers, dictionaries
+        for _ in range(draw(st.integers(1, 3))):
+            damaged[draw(st.integers(4, footer - 1))] ^= draw(st.integers(1, 255))
+    elif damage == "splice":
+        at = draw(st.integers(4, footer - 1))
+        damaged[at:at + draw(st.integers(0, min(8, footer - at)))] = draw(st.binary(max_size=8))
+    elif damage == "footer":
+        damaged[draw(st.integers(footer, len(whole) - 9))] ^= draw(st.integers(1, 255))
+    elif damage == "cut":
+        damaged = damaged[:draw(st.integers(0, len(whole) - 1))]
+    return rows, bytes(damaged), damage, group_size
+
+
+def unreadable_rows(got: list[tuple]) -> set[int]:
+    return {line for line, reason, _ in got if reason is not None and " cannot be read: " in reason}
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                       HealthCheck.too_slow])
+@given(file=parquet_files(), chunk=st.integers(1, 5))
+def test_every_parquet_row_is_stored_exactly_or_rejected(fuzz_index, admin_engine, tmp_path, file, chunk):
+    rows, data, damage, group_size = file
+    schema = fuzz_index.database.schema
+    empty_archive(admin_engine, schema)
+    path = tmp_path / "input.parquet"
+    path.write_bytes(data)
+    rejects = tmp_path / "rejects.jsonl"
+    rejects.unlink(missing_ok=True)
+    try:
+        summary = ingest_path(fuzz_index, str(path), rejects, chunk)
+    except InputError as error:  # a whole-file problem: nothing is stored
+        assert damage in ("cut", "footer"), error
+        assert error.line is None and "\n" not in str(error)
+        with admin_engine.connect() as connection:
+            assert connection.execute(sa.text(f"SELECT count(*) FROM {schema}.records")).scalar_one() == 0
+        return
+    assert damage != "cut"
+    got = outcome(admin_engine, schema, reasons=True) if summary.recorded else []
+    in_file = [json.loads(line)["line"] for line in rejects.read_text().splitlines()] if rejects.exists() else []
+    assert in_file == [line for line, _, _ in got if line is not None]
+    unreadable = unreadable_rows(got)
+    if damage == "footer":  # names and statistics may have changed, not what a row holds
+        assert len(got) == len(rows)
+        written = {(str(i), content_hash(t)) for i, t, _ in rows if isinstance(t, str)}
+        assert {(i, h) for line, i, h in got if line is None} <= written
+        return
+    expected = expected_outcome(parquet_oracle(rows, unreadable))
+    assert without_reasons(got) == expected
+    for start in range(1, len(rows) + 1, group_size):  # a group is read up to a row, then rejected from there
+        group = [row in unreadable for row in range(start, min(start + group_size, len(rows) + 1))]
+        assert group == sorted(group)
+    if damage == "none":
+        assert not unreadable
+
+
 def large_damaged_input(seed: int, fmt: str) -> bytes:
     """A few thousand records with damage scattered through them (deterministic for the seed)."""
     rng = random.Random(seed)
@@ -456,13 +633,38 @@ def large_damaged_input(seed: int, fmt: str) -> bytes:
     return bytes(raw)
 
 
+def large_damaged_parquet(seed: int, path) -> list[Expected]:
+    """A few thousand rows with NULLs, invalid UTF-8, repeated ids and one damaged row group: what the oracle says."""
+    rng = random.Random(seed)
+    words = "the archive keeps 每 一 篇 文章 it has ever received , \" quoted \t tab".split(" ")
+    rows = [(f"r{i}", " ".join(rng.choice(words) for _ in range(rng.randrange(3, 30))), rng.choice("abc"))
+            for i in range(3000)]
+    for _ in range(60):
+        at = rng.randrange(len(rows))
+        external_id, text, tag = rows[at]
+        rows[at] = rng.choice([(None, text, tag), (external_id, None, tag), (external_id, text.encode() + b"\xff", tag),
+                               (f"r{rng.randrange(3000)}", text, tag), (external_id, "\x00", tag)])
+    table = pa.table({"id": pa.array([r[0] for r in rows], pa.string()),
+                      "text": string_column([r[1] for r in rows], large=False), "tag": [r[2] for r in rows]})
+    pq.write_table(table, path, row_group_size=250, write_page_checksum=True)
+    chunk = pq.ParquetFile(path).metadata.row_group(5).column(1)  # rows 1251-1500
+    data = bytearray(path.read_bytes())
+    data[(chunk.dictionary_page_offset or chunk.data_page_offset) + chunk.total_compressed_size // 2] ^= 0x5A
+    path.write_bytes(bytes(data))
+    return parquet_oracle(rows, set(range(1251, 1501)))
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+@pytest.mark.parametrize("fmt", ["jsonl", "csv", "jsonl.zst", "parquet"])
 def test_killed_and_resumed_ingests_agree_with_the_oracle(fmt, database_url, admin_engine, schema, tmp_path):
-    data = large_damaged_input(7, fmt)
     path = tmp_path / f"in.{fmt}"
-    path.write_bytes(data)
-    expected = expected_outcome(oracle(fmt, data, str(path)))
+    if fmt == "parquet":
+        expected = expected_outcome(large_damaged_parquet(7, path))
+    else:
+        plain = fmt.removesuffix(".zst")
+        data = large_damaged_input(7, plain)
+        path.write_bytes(compress(data, "zst" if fmt.endswith(".zst") else None))
+        expected = expected_outcome(oracle(plain, data, str(path)))
     rejects = tmp_path / "rejects.jsonl"
     base = [sys.executable, "-m", "simdb"]
     where = ["--database-url", database_url, "--schema", schema]

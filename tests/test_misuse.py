@@ -11,12 +11,16 @@ directory are exactly as before.
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import os
 import uuid
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import sqlalchemy as sa
+import zstandard
 from click.testing import CliRunner
 
 from simdb import Index
@@ -25,6 +29,14 @@ from simdb.pg.database import postgres_url
 
 UNREACHABLE = "postgresql://simdb:secret@127.0.0.1:1/archive"
 GOOD = '{"id": "new-1", "text": "a fresh document about something else entirely"}\n'
+
+def parquet(**columns) -> bytes:
+    out = io.BytesIO()
+    pq.write_table(pa.table(columns), out)
+    return out.getvalue()
+
+
+PARQUET = parquet(id=[f"p{i}" for i in range(500)], text=[f"parquet text {i}" for i in range(500)])
 
 #: name -> bytes of the bad input files the cases refer to
 FILES = {
@@ -45,6 +57,14 @@ FILES = {
     "binary.jsonl": bytes(range(256)) * 4,
     "fake.jsonl.gz": GOOD.encode(),
     "truncated.jsonl.gz": gzip.compress((GOOD * 2000).encode())[:300],
+    "fake.jsonl.zst": GOOD.encode(),
+    "truncated.jsonl.zst": zstandard.ZstdCompressor().compress(GOOD.encode() * 2000)[:40],
+    "corrupt.jsonl.zst": zstandard.ZstdCompressor(write_checksum=True).compress(GOOD.encode())[:-1] + b"\x00",
+    "json.parquet": GOOD.encode(),
+    "truncated.parquet": PARQUET[:len(PARQUET) // 2],
+    "no-text.parquet": parquet(id=[1], body=["x"]),
+    "float-ids.parquet": parquet(id=[1.0], text=["x"]),
+    "null-text.parquet": parquet(id=["a", "b"], text=["x", None]),
     "quote.csv": b'id,text\n1,"never closed\n2,fine\n',
     "fields.csv": b"id,text\n1,a,b\n",
     "header.csv": b"doc,body\n1,x\n",
@@ -73,10 +93,18 @@ CASES = [
         ("nul.jsonl", "NUL"), ("dup-ids.jsonl", "appears twice"), ("stored-id.jsonl", "already stored with a "
                                                                                       "different text"),
         ("binary.jsonl", "malformed JSON"), ("fake.jsonl.gz", "not a gzip file"),
-        ("truncated.jsonl.gz", "gzip stream"), ("quote.csv", "never closed"), ("fields.csv", "3 fields"),
+        ("truncated.jsonl.gz", "gzip stream"), ("fake.jsonl.zst", "not a zstd file"),
+        ("truncated.jsonl.zst", "ends in the middle of its zstd stream"),
+        ("corrupt.jsonl.zst", "corrupt zstd stream"), ("json.parquet", "not a Parquet file"),
+        ("truncated.parquet", "the Parquet file is cut short"), ("no-text.parquet", "no text column 'text'"),
+        ("float-ids.parquet", "holds double, not integers or strings"), ("null-text.parquet", "row 2: the text column"),
+        ("quote.csv", "never closed"), ("fields.csv", "3 fields"),
         ("header.csv", "no id field"), ("bad-utf8.txt", "invalid UTF-8"), ("unknown.dat", "cannot tell the format"),
         ("missing.jsonl", "no such file")]],
-    ("ingest-folder", "simhash", ["ingest", "folder"], 2, "is a directory"),
+    ("ingest-folder", "simhash", ["ingest", "folder"], 1, "the folder holds no input files"),
+    ("ingest-no-match", "simhash", ["ingest", "*.ndjson"], 1, "no file matches this pattern"),
+    ("ingest-truncated-parquet-skipping", "simhash", ["ingest", "good.jsonl", "truncated.parquet", "--on-error",
+                                                      "skip"], 1, "the Parquet file is cut short"),
     ("ingest-rejects-folder", "simhash", ["ingest", "good.jsonl", "--on-error", "skip", "--rejects",
                                           "no/such/folder/rejects.jsonl"], 1, "the folder does not exist"),
     ("ingest-resume-unknown", "simhash", ["ingest", "good.jsonl", "--batch", "nope", "--resume"], 1,
@@ -115,7 +143,8 @@ CASES = [
     ("export-parquet-to-stdout", "simhash", ["export", "--format", "parquet"], 1, "written to a file"),
     ("export-output-folder", "simhash", ["export", "--output", "no/such/dir/out.jsonl"], 1, "no/such/dir"),
     ("check-missing", "simhash", ["check", "missing.jsonl"], 1, "no such file"),
-    ("check-folder", "simhash", ["check", "folder"], 2, "is a directory"),
+    ("check-folder", "simhash", ["check", "folder"], 1, "the folder holds no input files"),
+    ("check-truncated-parquet", "simhash", ["check", "truncated.parquet"], 1, "the Parquet file is cut short"),
     ("check-no-index", "none", ["check", "good.jsonl"], 1, "no simdb index"),
     ("check-unknown-format", "simhash", ["check", "unknown.dat"], 1, "cannot tell the format"),
     ("verdicts-unknown-batch", "simhash", ["verdicts", "--batch", "nope"], 1, "no batch named 'nope'"),
@@ -156,6 +185,10 @@ CASES = [
     ("calibrate-bad-label", "none", ["calibrate", "labels.jsonl", "--plot", "p.svg"], 1, "not true or false"),
     ("calibrate-one-label", "none", ["calibrate", "one-label.jsonl", "--plot", "p.svg"], 1, "same label"),
     ("calibrate-missing", "none", ["calibrate", "missing.jsonl"], 1, "no such file"),
+    ("calibrate-truncated-parquet", "none", ["calibrate", "truncated.parquet"], 1, "the Parquet file is cut short"),
+    ("calibrate-documents-not-parquet", "none", ["calibrate", "labels.jsonl", "--documents", "json.parquet"], 1,
+     "not a Parquet file"),
+    ("init-idf-truncated-zst", "none", ["init", "--idf-from", "truncated.jsonl.zst"], 1, "zstd stream"),
     # missing privileges: a read-only role, and a role on a schema it was not granted
     *[(f"reader-{args[0]}", "reader", args, 1, "read-only") for args in [
         ["ingest", "good.jsonl"], ["remove", "--id", "doc-0"], ["init"], ["grant-reader", "someone_else"],

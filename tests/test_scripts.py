@@ -26,6 +26,7 @@ RUNS = [
                          "--archive", "20000", "--added", "1000", "--naive", "20", "--peer-documents", "2000",
                          "--text-documents", "300", "--memory-documents", "300,600", "--cli-chunk-size", "100",
                          "--markdown"], False),
+    ("bench_sources.py", ["--documents", "500", "--workers", "1", "--markdown"], False),
     ("bench_segments.py", ["--archive", "20000", "--added", "1000", "--lookups", "20", "--markdown"], False),
     ("bench_minhash.py", ["--limit", "100", "--devset", str(DEVSET)], True),
     ("bench_text.py", ["--documents", "300", "--jieba-documents", "200", "--min-seconds", "0.05", "--markdown"],

@@ -12,9 +12,10 @@ import json
 import math
 import re
 
-from ..errors import InputError
+from ..errors import InputError, Row
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_ROW = re.compile(r"(.*), row (\d+)", re.S)
 
 
 def check_string(value: str, path: str | None, line: int | None, what: str) -> str:
@@ -84,9 +85,13 @@ def stored_with_another_text(external_id: str, origin: str, batch: str) -> Input
 
 
 def _about(external_id: str, origin: str, message: str, hint: str) -> InputError:
-    """An error about one record at its origin: ``path:line``, a path (a text file), or ``document 'id'``."""
+    """An error about one record at its origin: ``path:line``, ``path, row N`` (Parquet), a path (a text file), or
+    ``document 'id'``."""
     path, _, line = origin.rpartition(":")
-    if path and line.isdigit():
+    in_table = _ROW.fullmatch(origin)
+    if in_table:
+        error = InputError(message, path=in_table.group(1), line=Row(in_table.group(2)), hint=hint)
+    elif path and line.isdigit():
         error = InputError(message, path=path, line=int(line), hint=hint)
     elif origin.startswith("document "):
         error = InputError(message, hint=hint)  # given through the API: the id in the message says which

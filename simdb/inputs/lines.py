@@ -1,8 +1,9 @@
-"""A file -> numbered raw lines, through gzip for ``.gz``, with a stream that ends badly reported.
+"""A file -> numbered raw lines, through gzip for ``.gz`` and zstd for ``.zst``, with a stream that ends badly
+reported.
 
-A gzip file that is not one, or that ends in the middle of its stream (a truncated copy), is an
-:class:`InputError` at the line where reading stopped, never a traceback. A UTF-8 byte order
-mark at the start of the file is dropped.
+A compressed file that is not one, or that ends in the middle of its stream (a truncated copy), or
+whose stream is damaged, is an :class:`InputError` at the line where reading stopped, never a
+traceback. A UTF-8 byte order mark at the start of the file is dropped.
 """
 
 from __future__ import annotations
@@ -10,10 +11,15 @@ from __future__ import annotations
 import gzip
 import zlib
 from collections.abc import Callable, Iterator
+from typing import BinaryIO
 
 from ..errors import InputError
+from .zstd import NotZstd, ZstdError, open_zstd
 
 BOM = b"\xef\xbb\xbf"
+COMPRESSIONS = {".gz": "gzip", ".zst": "zstd"}
+_NOT_COMPRESSED = (gzip.BadGzipFile, NotZstd)
+_DAMAGED = (EOFError, zlib.error, ZstdError)
 
 
 class StreamError(InputError):
@@ -23,7 +29,7 @@ class StreamError(InputError):
 def raw_lines(path: str, progress: Callable[[int], None] | None = None) -> Iterator[tuple[int, bytes]]:
     """(line number, raw line with its terminator); ``progress`` gets the bytes on disk consumed so far."""
     with open(path, "rb") as disk:
-        stream = gzip.GzipFile(fileobj=disk) if path.endswith(".gz") else disk
+        stream = _decompressed(disk, path)
         last = 0
         number = 0
         lines = iter(stream)
@@ -32,14 +38,8 @@ def raw_lines(path: str, progress: Callable[[int], None] | None = None) -> Itera
                 raw = next(lines)
             except StopIteration:
                 return
-            except gzip.BadGzipFile:
-                raise StreamError("not a gzip file, though its name ends in .gz", path=path, line=number + 1,
-                                  hint="decompress it first, or rename it without .gz") from None
-            except (EOFError, zlib.error) as exc:
-                reason = "ends in the middle of its gzip stream" if isinstance(exc, EOFError) else \
-                    f"has a corrupt gzip stream ({exc})"
-                raise StreamError(f"the file {reason}; line {number} was the last one read", path=path,
-                                  line=number + 1, hint="the file is truncated or damaged: copy it again") from None
+            except (*_NOT_COMPRESSED, *_DAMAGED) as exc:
+                raise _stream_error(exc, path, number) from None
             number += 1
             if number == 1 and raw.startswith(BOM):
                 raw = raw[len(BOM):]
@@ -59,14 +59,38 @@ def decode(raw: bytes, path: str, line: int) -> str:
 
 
 def read_whole(path: str) -> bytes:
-    """The whole file (decompressed for ``.gz``), without a leading byte order mark."""
+    """The whole file (decompressed for ``.gz`` and ``.zst``), without a leading byte order mark."""
     try:
-        with (gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")) as stream:
-            data = stream.read()
-    except gzip.BadGzipFile:
-        raise StreamError("not a gzip file, though its name ends in .gz", path=path,
-                          hint="decompress it first, or rename it without .gz") from None
-    except (EOFError, zlib.error):
-        raise StreamError("the file ends in the middle of its gzip stream", path=path,
-                          hint="the file is truncated or damaged: copy it again") from None
+        with open(path, "rb") as disk:
+            data = _decompressed(disk, path).read()
+    except (*_NOT_COMPRESSED, *_DAMAGED) as exc:
+        raise _stream_error(exc, path, None) from None
     return data[len(BOM):] if data.startswith(BOM) else data
+
+
+def compression(path: str) -> str | None:
+    """``gzip`` or ``zstd`` for a file whose name ends in ``.gz`` or ``.zst``, else None."""
+    return next((name for suffix, name in COMPRESSIONS.items() if path.endswith(suffix)), None)
+
+
+def _decompressed(disk: BinaryIO, path: str) -> BinaryIO:
+    kind = compression(path)
+    if kind == "gzip":
+        return gzip.GzipFile(fileobj=disk)
+    return open_zstd(disk) if kind == "zstd" else disk
+
+
+def _stream_error(exc: Exception, path: str, lines_read: int | None) -> StreamError:
+    """What a compressed stream that failed after ``lines_read`` lines (None: a whole file) says."""
+    kind = compression(path)
+    where = {} if lines_read is None else {"line": lines_read + 1}
+    if isinstance(exc, NotZstd) or (isinstance(exc, gzip.BadGzipFile) and not lines_read  # not a CRC failure
+                                    and str(exc).startswith("Not a gzipped file")):
+        suffix = next(suffix for suffix, name in COMPRESSIONS.items() if name == kind)
+        return StreamError(f"not a {kind} file, though its name ends in {suffix}", path=path, **where,
+                           hint=f"decompress it first, or rename it without {suffix}")
+    reason = f"ends in the middle of its {kind} stream" if isinstance(exc, EOFError) else \
+        f"has a corrupt {kind} stream ({exc})"
+    if lines_read is not None:
+        reason += f"; line {lines_read} was the last one read"
+    return StreamError(f"the file {reason}", path=path, **where, hint="the file is truncated or damaged: copy it again")

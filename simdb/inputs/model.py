@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..errors import place
+
 
 @dataclass(frozen=True)
 class Document:
@@ -11,10 +13,10 @@ class Document:
     text: str
     metadata: dict = field(default_factory=dict)
     path: str | None = None
-    line: int | None = None
+    line: int | None = None  # a Row for a Parquet file
 
     @property
     def origin(self) -> str:
         if self.path is None:
             return f"document {self.external_id!r}"
-        return f"{self.path}:{self.line}" if self.line is not None else self.path
+        return place(self.path, self.line)

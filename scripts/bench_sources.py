@@ -1,0 +1,225 @@
+"""Benchmark simdb's input sources: the same documents from JSON lines, zstd-compressed JSON lines and Parquet.
+
+It writes ``--documents`` (100,000; 1M for the docs' table) short documents of random Han text
+(sentences up to 60-200 characters, 2 % lightly edited copies of recent ones, as bench_ingest's memory
+runs write them) with four metadata fields (a source
+name, a timestamp, a language and a score) as JSON lines; the same file compressed with zstd
+(level 3, with checksums, as the ``zstd`` tool writes it); and the same rows as Parquet (read from
+the JSON lines by pyarrow, so the timestamp becomes a timestamp column; pyarrow's default row groups
+of 1,048,576 rows, snappy: one row group at 1M, the case where memory must not grow with it).
+Then, in one run, for each source:
+
+* the reader alone: ``simdb.read_documents`` over the whole file in a fresh process (spawned), in
+  docs/s, with that process's peak RSS and its RSS at each quarter of the file (flat or growing?);
+* end to end: ``simdb init`` and ``simdb ingest`` (``--workers``, all cores by default) into a fresh
+  index, in docs/s and against JSON lines (the target is at least 0.9x: reading must not be what
+  limits an ingest), with the CLI's peak RSS and the process tree's. JSON lines runs first and last,
+  and the mean of the two is the baseline, as the machine may be shared.
+
+Every source must store the same number of documents and mark the same number of duplicates, or the
+run fails. The PostgreSQL table source (``simdb sync``, issue 39 items 1-2) gets its rows here when
+it exists: add it to ``SOURCES``.
+
+The script prints (progress on stderr, the table on stdout) and asserts nothing about timings. It
+works in its own schemas (``simdb_bench_sources_*``), dropped at the start and the end, and in a
+temporary directory removed at the end.
+
+Run::
+
+    .venv/bin/python scripts/bench_sources.py --documents 1000000 --markdown
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+from bench_common import DATABASE_HELP, Server, log, machine, print_table, ratio
+from bench_ingest import corpus_pieces, load_average, mb, quarters, run_cli, simdb_command, write_corpus
+
+PREFIX = "simdb_bench_sources"
+TARGET = 0.9  # of the JSON-lines rate, end to end
+
+
+# -- the inputs ------------------------------------------------------------------------------------
+
+def write_jsonl(path: str, count: int, rng: random.Random) -> int:
+    """``count`` short documents (bench_ingest's, 2 % edited copies) with four metadata fields; returns bytes."""
+    sentences, _ = corpus_pieces(None, rng)
+    write_corpus(path + ".plain", count, sentences, list(range(60, 201)), rng)
+    with open(path + ".plain", encoding="utf-8") as plain, open(path, "w", encoding="utf-8") as f:
+        for i, line in enumerate(plain):
+            record = json.loads(line)
+            record.update(source=f"site-{rng.randrange(40)}", published=f"2024-{1 + i % 12:02d}-{1 + i % 28:02d}T"
+                          f"{i % 24:02d}:00:00", lang="zh", score=round(rng.random(), 4))
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+    os.remove(path + ".plain")
+    return os.path.getsize(path)
+
+
+def write_zstd(jsonl: str, path: str) -> int:
+    import zstandard
+
+    with open(jsonl, "rb") as source, open(path, "wb") as target:
+        zstandard.ZstdCompressor(level=3, write_checksum=True).copy_stream(source, target)
+    return os.path.getsize(path)
+
+
+def write_parquet(jsonl: str, path: str) -> int:
+    import pyarrow.json
+    import pyarrow.parquet
+
+    table = pyarrow.json.read_json(jsonl)
+    pyarrow.parquet.write_table(table, path)
+    return os.path.getsize(path)
+
+
+#: name -> (file suffix, how to write it from the JSON lines). The PostgreSQL table source goes here too.
+SOURCES = {
+    "JSON lines": (".jsonl", None),
+    "JSON lines, zstd": (".jsonl.zst", write_zstd),
+    "Parquet": (".parquet", write_parquet),
+}
+
+
+# -- the reader alone --------------------------------------------------------------------------------
+
+def _rss_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field))
+
+
+def read_alone(path: str, count: int) -> dict:
+    """In a fresh process: every document of ``path`` through ``read_documents``; time and memory."""
+    from simdb.inputs import Document, read_documents
+
+    if path.endswith(".parquet"):
+        import pyarrow.parquet  # noqa: F401  (its libraries are part of what a reader costs, not of its growth)
+    before = _rss_kb("VmRSS:")
+    marks = {count * q // 4 for q in range(1, 5)}
+    by_quarter, documents, start = [], 0, time.perf_counter()
+    for item in read_documents([path]):
+        documents += isinstance(item, Document)
+        if documents in marks:
+            by_quarter.append(_rss_kb("VmRSS:") * 1024)
+    return {"seconds": time.perf_counter() - start, "documents": documents, "before": before * 1024,
+            "peak": _rss_kb("VmHWM:") * 1024, "quarters": by_quarter}
+
+
+def measure_reader(path: str, count: int) -> dict:
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        m = pool.apply(read_alone, (path, count))
+    if m["documents"] != count:
+        raise RuntimeError(f"the reader gave {m['documents']:,} of {count:,} documents from {path}")
+    log(f"  reader alone: {count / m['seconds']:,.0f} docs/s; RSS {mb(m['before'])} after imports, peak "
+        f"{mb(m['peak'])} (by quarter of the file: {' / '.join(mb(q) for q in m['quarters'])})")
+    return m
+
+
+# -- end to end ----------------------------------------------------------------------------------------
+
+def measure_ingest(server: Server, schema: str, path: str, count: int, args, directory: str) -> dict:
+    common = ["--database-url", server.url, "--schema", schema]
+    server.drop_schemas(schema)
+    subprocess.run([*simdb_command(), "init", *common], check=True, stdout=subprocess.DEVNULL)
+    server.checkpoint()
+    m = run_cli([*simdb_command(), "ingest", path, *common, "--workers", str(args.workers), "--batch", "bench"],
+                os.path.join(directory, f"{schema}.log"))
+    with server.admin.connect() as c:
+        m["stored"], m["duplicates"] = c.exec_driver_sql(
+            f"SELECT count(*), count(duplicate_of) FROM {schema}.documents").one()
+    server.drop_schemas(schema)
+    if m["stored"] != count:
+        raise RuntimeError(f"the CLI stored {m['stored']:,} of {count:,} documents from {path}")
+    log(f"  ingest: {count / m['seconds']:,.0f} docs/s, {m['duplicates']:,} duplicates; peak RSS: CLI "
+        f"{mb(m['main'])} (by quarter: {quarters(m)}), tree {mb(m['tree'])}")
+    return m
+
+
+# -- report ----------------------------------------------------------------------------------------
+
+def table_rows(results: dict, count: int) -> list[tuple[str, str, str, str]]:
+    base_read = results["JSON lines"]["read"]
+    baseline = sum(count / m["seconds"] for m in results["JSON lines"]["ingest"]) / len(results["JSON lines"]["ingest"])
+    rows = []
+    for name, m in results.items():
+        read = m["read"]
+        rows.append((f"read {name} alone: `read_documents`, peak RSS", f"{count / read['seconds']:,.0f} docs/s, "
+                     f"{mb(read['peak'])}", f"JSON lines {count / base_read['seconds']:,.0f} docs/s",
+                     ratio(base_read["seconds"] / read["seconds"])))
+    for name, m in results.items():
+        rates = [count / run["seconds"] for run in m["ingest"]]
+        shown = " and ".join(f"{r:,.0f}" for r in rates) + " docs/s"
+        peak = max(run["main"] for run in m["ingest"])
+        rows.append((f"`simdb ingest` {name} (all stages), peak RSS of the CLI", f"{shown}, {mb(peak)}",
+                     f"JSON lines {baseline:,.0f} docs/s (mean of first and last)",
+                     ratio(sum(rates) / len(rates) / baseline)))
+    rows.append(("`simdb sync run` from a PostgreSQL table", "not yet measured (issue 39 items 1-2)", "", ""))
+    return rows
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--database-url", help=DATABASE_HELP)
+    parser.add_argument("--documents", type=int, default=100_000, help="documents in each input (default 100,000)")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="--workers of simdb ingest "
+                        "(default: all cores)")
+    parser.add_argument("--seed", type=int, default=20240601)
+    parser.add_argument("--markdown", action="store_true", help="print a GitHub markdown table")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    load_start = load_average()
+    server = Server(args.database_url)
+    work = tempfile.mkdtemp(prefix="simdb-bench-sources-")
+    results: dict[str, dict] = {}
+    try:
+        jsonl = os.path.join(work, "corpus.jsonl")
+        log(f"writing {args.documents:,} documents")
+        sizes = {"JSON lines": write_jsonl(jsonl, args.documents, random.Random(args.seed))}
+        paths = {"JSON lines": jsonl}
+        for name, (suffix, write) in SOURCES.items():
+            if write is not None:
+                paths[name] = os.path.join(work, "corpus" + suffix)
+                sizes[name] = write(jsonl, paths[name])
+            log(f"{name}: {mb(sizes[name])}")
+        for name, path in paths.items():
+            log(f"{name}: reader alone")
+            results[name] = {"read": measure_reader(path, args.documents), "ingest": []}
+        order = [*paths, "JSON lines"]  # the baseline first and last
+        for i, name in enumerate(order):
+            log(f"{name}: simdb ingest --workers {args.workers}")
+            results[name]["ingest"].append(measure_ingest(server, f"{PREFIX}_{i}", paths[name], args.documents,
+                                                          args, work))
+        duplicates = {name: {run["duplicates"] for run in m["ingest"]} for name, m in results.items()}
+        if len(set().union(*duplicates.values())) != 1:
+            raise RuntimeError(f"the sources marked different numbers of duplicates: {duplicates}")
+        version = server.version()
+    finally:
+        server.drop_schemas(*(f"{PREFIX}_{i}" for i in range(len(SOURCES) + 1)))
+        server.close()
+        shutil.rmtree(work, ignore_errors=True)
+    log("done")
+    header = [machine(version, server.embedded),
+              f"load average (1, 5, 15 min) at the start: {load_start}; at the end: {load_average()}",
+              f"documents: {args.documents:,} short (sentences of random Han text up to 60-200 characters, 2 % "
+              "edited copies), "
+              "four metadata fields; sizes: " + ", ".join(f"{name} {mb(size)}" for name, size in sizes.items()),
+              f"ingest: a fresh index each, `--workers {args.workers}`, default chunk size; target: each source at "
+              f"least {TARGET}x the JSON-lines rate",
+              "command: " + " ".join([".venv/bin/python", "scripts/bench_sources.py", *sys.argv[1:]])]
+    print_table(header, table_rows(results, args.documents), args.markdown)
+
+
+if __name__ == "__main__":
+    main()
