@@ -169,7 +169,8 @@ BAD_INPUTS = [
      "bad.jsonl:1: the id field 'id' must be a string or an integer, not null"),
     ("bad.csv", b'id,text\n1,fine\n2,a,b\n',
      "bad.csv:3: 3 fields where the header has 2 (quote fields that contain the delimiter)"),
-    ("bad.dat", b'x', "bad.dat: cannot tell the format from the file name (pass --format with one of jsonl, csv, tsv, txt)"),
+    ("bad.dat", b'x',
+     "bad.dat: cannot tell the format from the file name (pass --format with one of jsonl, csv, tsv, txt, parquet)"),
 ]
 
 
