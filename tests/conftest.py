@@ -388,6 +388,10 @@ def assert_records_consistent(engine: sa.Engine, schema: str, max_distance: int 
             # duplicate_of as at ingest: it changes only when that document is removed (and it is re-pointed)
             f"AND (r.duplicate_of IS NOT DISTINCT FROM d.duplicate_of OR (r.duplicate_of IS NOT NULL AND NOT EXISTS "
             f"(SELECT 1 FROM {schema}.documents o WHERE o.id = r.duplicate_of))))")).scalar_one()
+        misnamed = connection.execute(sa.text(  # a verdict names the document it duplicated, stored or not
+            f"SELECT count(*) FROM {schema}.records r LEFT JOIN {schema}.documents o ON o.id = r.duplicate_of "
+            "WHERE (r.duplicate_of IS NULL) <> (r.duplicate_of_external_id IS NULL) "
+            "OR o.external_id <> r.duplicate_of_external_id")).scalar_one()
         far = connection.execute(sa.text(
             f"SELECT count(*) FROM {schema}.records r JOIN {schema}.documents a ON a.id = r.duplicate_of "
             f"JOIN {schema}.documents b ON b.id = r.document_id LEFT JOIN {schema}.near_duplicates p "
@@ -403,6 +407,7 @@ def assert_records_consistent(engine: sa.Engine, schema: str, max_distance: int 
         assert (count("new"), count("exact"), count("near"), count("already_stored"), count("rejected")) == \
             (batch.new, batch.exact_duplicates, batch.near_duplicates, batch.already_stored, batch.rejected)
     assert unmatched == 0
+    assert misnamed == 0
     assert far == 0
     assert_clusters_table(engine, schema)
 

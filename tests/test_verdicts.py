@@ -234,3 +234,19 @@ def test_every_line_splitter_sees_one_verdict_per_record(index, tmp_path):
                    verdicts=str(tmp_path / "v.jsonl"))
     lines = (tmp_path / "v.jsonl").read_text(encoding="utf-8").splitlines()
     assert [json.loads(line)["id"] for line in lines] == ids
+
+
+@pytest.mark.citus
+def test_a_verdict_is_history_it_names_the_document_it_duplicated_after_that_is_removed(run, tmp_path):
+    """Issue 34: after `simdb remove`, `simdb verdicts` printed "near" with "duplicate_of": null."""
+    run("init")
+    assert run("ingest", write_jsonl(tmp_path / "one.jsonl", CORPUS[:40]), "--batch", "one").exit_code == 0
+    again = write_jsonl(tmp_path / "two.jsonl", [{"id": f"again-{r['id']}", "text": r["text"]} for r in CORPUS[:40]])
+    written = tmp_path / "two.verdicts.jsonl"
+    assert run("ingest", again, "--batch", "two", "--verdicts", str(written)).exit_code == 0
+    assert run("remove", "--id", CORPUS[0]["id"], "--id", CORPUS[1]["id"]).exit_code == 0
+    assert run("remove", "--batch", "one").exit_code == 0
+    assert run("verdicts", "--batch", "two").stdout == written.read_text()
+    verdicts = [json.loads(line) for line in written.read_text().splitlines()]
+    assert all(v["status"] == "exact" and v["duplicate_of"] for v in verdicts)
+    assert {v["duplicate_of"] for v in verdicts} <= {r["id"] for r in CORPUS[:40]}

@@ -49,21 +49,17 @@ def document_count(connection: sa.Connection) -> int:
 def records(connection: sa.Connection, batch: str, *, after: int = 0, upto: int | None = None,
             status: str | None = None) -> Iterator[sa.Row]:
     """The records of a batch at input positions in ``(after, upto]`` (and of one ``status``), in input order,
-    with the external id of the document each duplicates; read 10,000 at a time, the external ids of each
-    part's duplicates looked up by their document ids (a join of records with documents is not co-located on
-    a distributed index)."""
+    with the external id of the document each duplicated when it arrived (kept with the record: the document
+    may have been removed since); read 10,000 at a time."""
     batch_id = connection.execute(sa.text("SELECT id FROM batches WHERE name = :batch"), {"batch": batch}).scalar()
     while batch_id is not None:
         part = connection.execute(sa.text(
-            "SELECT r.position, r.status, r.external_id, r.distance, r.duplicate_of, r.path, r.line, r.reason, "
-            "r.hint FROM records r WHERE r.batch_id = :batch AND r.position > :after "
+            "SELECT r.position, r.status, r.external_id, r.distance, r.duplicate_of_external_id, r.path, r.line, "
+            "r.reason, r.hint FROM records r WHERE r.batch_id = :batch AND r.position > :after "
             "AND (CAST(:upto AS bigint) IS NULL OR r.position <= :upto) "
             "AND (CAST(:status AS text) IS NULL OR r.status = :status) ORDER BY r.position LIMIT 10000"),
             {"batch": batch_id, "after": after, "upto": upto, "status": status}).all()
-        names = external_ids(connection, {row.duplicate_of for row in part if row.duplicate_of is not None})
-        for row in part:
-            yield Record(row.position, row.status, row.external_id, row.distance, names.get(row.duplicate_of),
-                         row.path, row.line, row.reason, row.hint)
+        yield from (Record(*row) for row in part)
         if len(part) < 10000:
             return
         after = part[-1].position
