@@ -631,26 +631,33 @@ def show(database_url, schema, data_dir, first_id, second_id, context, as_json):
 @database_options
 @click.option("--batch", "batch_name", default=None, help="Only the documents of this batch.")
 @click.option("--unique", is_flag=True,
-              help="One document per cluster, the earliest (with --batch: the batch's documents that duplicate "
-                   "nothing stored before them).")
+              help="Only the documents that duplicated nothing stored before them when they arrived (their verdict "
+                   "was new; with --batch: the deduplicated batch); later batches and removals do not change it.")
+@click.option("--canonical", is_flag=True,
+              help="Only one document per cluster as the archive stands: its earliest (a later document can link "
+                   "a cluster to an older one, a removal can split one).")
 @click.option("--format", "output_format", type=click.Choice(["jsonl", "csv", "parquet"]), default="jsonl",
               show_default=True, help="csv and parquet have the columns id, simhash (or signature), batch and "
                                       "metadata (JSON).")
 @click.option("--output", "output_path", type=click.Path(dir_okay=False), default=None,
               help="Write to this file [default: standard output; parquet needs a file].")
 @user_errors
-def export(database_url, schema, data_dir, batch_name, unique, output_format, output_path):
+def export(database_url, schema, data_dir, batch_name, unique, canonical, output_format, output_path):
     """Print documents as {"id", "simhash", ...metadata}, in the order stored, streamed.
 
     \b
     Example:
         simdb export > documents.jsonl
         simdb export --batch 2024-07 --unique > deduplicated.jsonl
+        simdb export --canonical > one-per-cluster.jsonl
         simdb export --format parquet --output archive.parquet
     """
+    if unique and canonical:
+        raise click.UsageError("give --unique or --canonical, not both: the documents that were new when they "
+                               "arrived, or the earliest of each cluster")
     writer = exports.Writer(output_format, output_path)
     with open_index(database_url, schema, data_dir) as index:
-        count = writer.write(index, batch=batch_name, unique=unique)
+        count = writer.write(index, batch=batch_name, unique=unique, canonical=canonical)
     if output_path is not None:
         click.echo(f"exported {count:,} documents to {output_path}", err=True)
 

@@ -50,13 +50,15 @@ class Writer:
         with open(self.path, "w", encoding="utf-8", newline="") as file:
             yield file
 
-    def write(self, index, *, batch: str | None = None, unique: bool = False) -> int:
-        """Write the documents ``index.export`` gives; returns how many. A file appears whole or not at all."""
+    def write(self, index, *, batch: str | None = None, unique: bool = False, canonical: bool = False) -> int:
+        """Write the documents ``index.export`` gives (one batch's, the unique or the canonical ones); returns how
+        many. A file appears whole or not at all."""
+        chosen = {"batch": batch, "unique": unique, "canonical": canonical}
         if self.path is None:
-            return self._write(index, batch, unique)
+            return self._write(index, chosen)
         final, self.path = self.path, f"{self.path}.partial"
         try:
-            count = self._write(index, batch, unique)
+            count = self._write(index, chosen)
             os.replace(self.path, final)
             return count
         finally:
@@ -64,14 +66,14 @@ class Writer:
                 os.remove(self.path)
             self.path = final
 
-    def _write(self, index, batch: str | None, unique: bool) -> int:
+    def _write(self, index, chosen: dict) -> int:
         if self.format == "jsonl":
             count = 0
             with self._text() as out:
-                for count, record in enumerate(index.export(batch=batch, unique=unique), 1):
+                for count, record in enumerate(index.export(**chosen), 1):
                     out.write(jsonlines.dumps(record, default=str) + "\n")
             return count
-        rows = index.export_rows(batch=batch, unique=unique)
+        rows = index.export_rows(**chosen)
         if self.format == "csv":
             return self._csv(rows, index.settings.method.sketch_column[0])
         return self._parquet(rows, index.settings.method.sketch_column[0])

@@ -110,6 +110,8 @@ CASES = [
     ("export-unknown-batch", "simhash", ["export", "--batch", "nope"], 1, "no batch named 'nope'"),
     ("export-parquet-to-stdout", "simhash", ["export", "--format", "parquet"], 1, "written to a file"),
     ("export-output-folder", "simhash", ["export", "--output", "no/such/dir/out.jsonl"], 1, "no/such/dir"),
+    ("export-unique-and-canonical", "simhash", ["export", "--batch", "first", "--unique", "--canonical"], 2,
+     "--unique or --canonical, not both"),
     ("check-missing", "simhash", ["check", "missing.jsonl"], 1, "no such file"),
     ("check-folder", "simhash", ["check", "folder"], 2, "is a directory"),
     ("check-no-index", "none", ["check", "good.jsonl"], 1, "no simdb index"),

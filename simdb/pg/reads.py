@@ -240,15 +240,34 @@ def pairs(connection: sa.Connection, condition: str, params: dict) -> Iterator[s
         f"WHERE {condition} ORDER BY p.a_id, p.b_id"), params)
 
 
-def export(connection: sa.Connection, method: Method, *, batch: int | None = None,
-           unique: bool = False) -> Iterator[sa.Row]:
-    """Documents' ``(external_id, sketch, metadata, batch)`` in the order stored, streamed: all of them, or
-    those of one batch, and with ``unique`` only the earliest of each cluster (``id = cluster_id``)."""
-    conditions = [*(["d.batch_id = :batch"] if batch is not None else []), *(["d.id = d.cluster_id"] if unique else [])]
-    yield from connection.execution_options(yield_per=10_000).execute(sa.text(
-        f"SELECT d.external_id, d.{method.sketch_column[0]} AS sketch, d.metadata, b.name AS batch "
-        "FROM documents d JOIN batches b ON b.id = d.batch_id "
-        + (f"WHERE {' AND '.join(conditions)} " if conditions else "") + "ORDER BY d.id"), {"batch": batch})
+def export(connection: sa.Connection, method: Method, *, batch: int | None = None, unique: bool = False,
+           canonical: bool = False) -> Iterator[sa.Row]:
+    """Documents' ``(external_id, sketch, metadata, batch)`` in the order stored, streamed: all of them, or those
+    of one batch; with ``unique`` those whose verdict was ``new`` when they arrived (they duplicated nothing
+    stored before them), with ``canonical`` the earliest of each cluster as the archive stands (``id =
+    cluster_id``).
+
+    A verdict is history: the record's status, which no later batch or removal changes (``duplicate_of`` is
+    re-pointed, or cleared, when the document it names is removed). Documents stored before verdicts were
+    kept (revision 0005) have no record; they are unique when they point at no earlier document. Ids only
+    grow, so they all come before the first document with a record, and the two parts are read in turn.
+    """
+    select = (f"SELECT d.external_id, d.{method.sketch_column[0]} AS sketch, d.metadata, b.name AS batch "
+              "FROM documents d JOIN batches b ON b.id = d.batch_id WHERE ")
+    scope = ["d.batch_id = :batch"] if batch is not None else []
+    in_batch = " AND batch_id = :batch" if batch is not None else ""
+    params = {"batch": batch}
+    parts = [[*scope, *(["d.id = d.cluster_id"] if canonical else [])]]
+    if unique:
+        params["first"] = connection.execute(sa.text(  # the first document stored with a record
+            f"SELECT min(document_id) FROM records WHERE status IN ('new', 'exact', 'near'){in_batch}"),
+            params).scalar()
+        parts = [[*scope, "d.duplicate_of IS NULL", *(["d.id < :first"] if params["first"] is not None else [])]]
+        if params["first"] is not None:  # a subquery, not a join: records and documents are not co-located on Citus
+            parts.append([*scope, f"d.id IN (SELECT document_id FROM records WHERE status = 'new'{in_batch})"])
+    for conditions in parts:
+        yield from connection.execution_options(yield_per=10_000).execute(sa.text(
+            select + (" AND ".join(conditions) or "true") + " ORDER BY d.id"), params)
 
 
 #: Documents ``stats`` samples to measure the key buckets of a large archive; an archive of at most 50 times
