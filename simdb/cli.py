@@ -351,7 +351,9 @@ def init(database_url, schema, data_dir, max_distance, blocks, tokenizer, jieba_
               help="Longest text accepted; longer documents are rejected, never truncated.")
 @click.option("--chunk-size", type=click.IntRange(1), default=DEFAULT_CHUNK_SIZE, show_default=True,
               help="Documents per transaction; a batch up to this size lands whole or not at all.")
-@click.option("--resume", is_flag=True, help="Continue an interrupted batch after its last stored chunk.")
+@click.option("--resume", is_flag=True,
+              help="Continue an interrupted batch after its last stored chunk; of a complete batch, write its "
+                   "--verdicts and --rejects files again from the database.")
 @click.option("--verdicts", "verdicts_path", type=click.Path(dir_okay=False), default=None,
               help="Write every input record's verdict to this file, one JSON object per line, in input order.")
 @click.option("--compact/--no-compact", default=True, show_default=True,

@@ -150,6 +150,8 @@ class BatchSummary:
     #: Why merging segments failed during the batch, if it did: the documents are stored all the same
     #: (every chunk commits before any merge), and ``simdb compact`` merges later.
     merge_failed: str | None = None
+    #: True when a ``resume`` found the batch complete: nothing was stored, its files were written again.
+    already_complete: bool = False
 
     def to_json(self, verdicts: str | Path | None = None) -> dict:
         """The summary a script reads (``simdb ingest --json``)."""
@@ -157,7 +159,8 @@ class BatchSummary:
                 "exact_duplicates": self.exact_duplicates, "near_duplicates": self.near_duplicates,
                 "within_batch": self.within_batch, "already_stored": self.already_stored, "rejected": self.rejected,
                 "rejects": self.rejects_path, "verdicts": None if verdicts is None else str(verdicts),
-                "seconds": round(self.seconds, 3), "compacted": self.compacted, "merge_failed": self.merge_failed}
+                "seconds": round(self.seconds, 3), "compacted": self.compacted, "merge_failed": self.merge_failed,
+                "already_complete": self.already_complete}
 
     def __str__(self) -> str:
         text = (f"batch {self.name!r}: {self.documents:,} documents: {self.new:,} new, "
@@ -173,6 +176,8 @@ class BatchSummary:
                      f"{sum(len(m['replaced']) for m in self.compacted)} segments into {len(self.compacted)}")
         if self.merge_failed:
             text += f"; {self.merge_warning()}"
+        if self.already_complete:
+            text += "; the batch was complete already: nothing was stored, its files were written again"
         return text
 
     def merge_warning(self) -> str:
@@ -209,6 +214,8 @@ def ingest(engine: sa.Engine, schema: str, method: Method,
     if resumed is not None:
         for file in files:
             file.sync(position)  # the file as the database has it, whatever a kill left behind
+        if resumed[2]:  # complete: nothing to read or store, the files were all it lacked
+            return _summary(engine, name, rejects, started, already_complete=True)
     first = resumed is None
     kept = KeptBatch(name, position, resumed[1]) if resumed else None  # what the committed chunks hold
     try:
@@ -265,13 +272,18 @@ def ingest(engine: sa.Engine, schema: str, method: Method,
         raise _kept(error, kept) from None
     except sa.exc.DBAPIError as error:
         raise _kept(translate(error, engine.url), kept) from None
+    return _summary(engine, name, rejects, started, compacted=compacted, merge_failed=merge_failed)
+
+
+def _summary(engine: sa.Engine, name: str, rejects: OutcomeFile | None, started: float, **more) -> BatchSummary:
+    """The stored batch's summary, ``started`` (``time.perf_counter()``) being when the ingest began."""
     with engine.connect() as connection:
         row = reads.batch_row(connection, name)
     return BatchSummary(name=name, documents=row.documents, new=row.new, exact_duplicates=row.exact_duplicates,
                         near_duplicates=row.near_duplicates, within_batch=row.within_batch,
                         already_stored=row.already_stored, rejected=row.rejected,
                         rejects_path=rejects.path if rejects and row.rejected else None,
-                        seconds=time.perf_counter() - started, compacted=compacted, merge_failed=merge_failed)
+                        seconds=time.perf_counter() - started, **more)
 
 
 def _kept(error: SimdbError, kept: KeptBatch | None) -> SimdbError:

@@ -269,19 +269,19 @@ def _stored_ids(connection: sa.Connection, chunk, ids: np.ndarray, batch_id: int
 
 # -- the whole batch ---------------------------------------------------------------------------------
 
-def resume_position(connection: sa.Connection, name: str, resume: bool) -> tuple[int, int] | None:
-    """(records consumed, documents stored) of an interrupted batch to resume, or None for a new batch."""
+def resume_position(connection: sa.Connection, name: str, resume: bool) -> tuple[int, int, bool] | None:
+    """(records consumed, documents stored, complete) of a batch to resume, or None for a new batch. A complete
+    batch is resumed only to write its files again (a kill after its last chunk committed may have cut them)."""
     row = connection.execute(sa.text("SELECT status, position, documents FROM batches WHERE name = :name"),
                              {"name": name}).first()
     if row is None:
         if resume:
             raise BatchError(f"there is no batch {name!r} to resume; run without «resume» to start it")
         return None
-    if row.status == "complete":
-        raise BatchError(f"batch {name!r} is already complete; choose another name with «batch»")
+    if row.status == "complete" and not resume:
+        raise BatchError(f"batch {name!r} is already complete; choose another name with «batch» (or «resume» it to "
+                         "write its verdicts and rejects files again)")
     if not resume:
         raise BatchError(f"batch {name!r} was interrupted after {row.position:,} input records; continue it "
                          f"with «resume», or remove what it stored with `simdb remove --batch {name}`")
-    return row.position, row.documents
-
-
+    return row.position, row.documents, row.status == "complete"
