@@ -41,7 +41,7 @@ from .inputs import DEFAULT_MAX_CHARS, Document, checks
 from .methods import Method
 from .parallel import Fingerprinted, fingerprint_stream, key_rows
 from .pg import reads
-from .pg.chunks import resume_position, store_chunk
+from .pg.chunks import ConcurrentIngest, resume_position, store_chunk
 from .pg.segments import compact
 from .pg.database import translate
 from .verdicts import OutcomeFile
@@ -229,7 +229,8 @@ def ingest(engine: sa.Engine, schema: str, method: Method,
             with engine.begin() as connection:
                 result = store_chunk(connection, schema, method, chunk, name=name, source=options.source,
                                       first=first, final=final, position=consumed, rejects=chunk_errors,
-                                      skip_errors=skip_errors, started_at=started_at)
+                                      skip_errors=skip_errors, started_at=started_at,
+                                      stored_up_to=kept.position if kept else None)
             kept = KeptBatch(name, consumed, (kept.documents if kept else 0) + result.stored)
             for file in files:
                 file.sync(consumed)
@@ -287,8 +288,9 @@ def _summary(engine: sa.Engine, name: str, rejects: OutcomeFile | None, started:
 
 
 def _kept(error: SimdbError, kept: KeptBatch | None) -> SimdbError:
-    """The error, saying what its batch keeps when earlier chunks were committed."""
-    if kept is not None and error.kept is None:
+    """The error, saying what its batch keeps when earlier chunks were committed (not when another process is
+    storing the batch: what this one kept is no longer what the batch holds, nor is it this one's to remove)."""
+    if kept is not None and error.kept is None and not isinstance(error, ConcurrentIngest):
         error.kept = kept
         error.args = (f"{error}; {kept.describe()}",)
     return error

@@ -450,3 +450,60 @@ def explained(engine: sa.Engine):
     finally:
         sa.event.remove(engine, "connect", setup)
         engine.dispose()  # its connections keep auto_explain: drop them
+
+
+class Concurrently:
+    """Functions run in threads beside the test, none of whose errors is lost.
+
+    A thread's exception is printed and dropped by ``threading.Thread``; a test that goes on to check
+    the database then checks what the writers that did not fail left. Here every function started is a
+    future: ``results()`` waits for them all and re-raises the first error (leaving the block does the
+    same), and ``outcomes()`` gives each one's result or exception for a test that expects some to fail.
+
+        with Concurrently() as threads:
+            threads.start(index.add_many, documents, batch="a")
+            ...
+    """
+
+    def __init__(self, workers: int = 16) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._pool = ThreadPoolExecutor(max_workers=workers)
+        self._futures: list = []
+
+    def start(self, function, *args, **kwargs):
+        """Run ``function(*args, **kwargs)`` in a thread now; returns its future."""
+        future = self._pool.submit(function, *args, **kwargs)
+        self._futures.append(future)
+        return future
+
+    def results(self, timeout: float = 300) -> list:
+        """What each function started since the last call returned, in the order they were started; the first
+        error any of them raised is raised here, once all have ended."""
+        outcomes = self.outcomes(timeout)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        return outcomes
+
+    def outcomes(self, timeout: float = 300) -> list:
+        """Each function's result, or the exception it raised, once all started since the last call have ended."""
+        from concurrent.futures import wait
+
+        futures, self._futures = self._futures, []
+        done, running = wait(futures, timeout)
+        if running:
+            raise TimeoutError(f"{len(running)} of {len(futures)} threads still running after {timeout} s")
+        return [future.exception() or future.result() for future in futures]
+
+    def __enter__(self) -> "Concurrently":
+        return self
+
+    def __exit__(self, kind, error, traceback) -> None:
+        try:
+            if kind is None:
+                self.results()
+            else:
+                self.outcomes()  # the test failed already: wait for the threads, and report its own error
+        finally:
+            self._pool.shutdown(wait=True)

@@ -48,10 +48,15 @@ def create_staging(connection: sa.Connection, method: Method, texts: bool = Fals
     return columns
 
 
+class ConcurrentIngest(BatchError):
+    """Another ingest (or resume) of the batch stored chunks since this one read where the batch stood."""
+
+
 def open_batch(connection: sa.Connection, name: str, source: str, first: bool,
-               started_at: datetime | None = None) -> int:
+               started_at: datetime | None = None, stored_up_to: int | None = None) -> int:
     """The batch's id: a new batch when ``first`` (started at ``started_at``, when its reading began; default
-    now), else the running batch of that name."""
+    now), else the running batch of that name, which must have consumed ``stored_up_to`` input records
+    (where this process's last chunk, or its resume, left it) unless that is None."""
     if first:
         batch_id = connection.execute(sa.text(
             "INSERT INTO batches (name, source, status, started_at) "
@@ -62,11 +67,17 @@ def open_batch(connection: sa.Connection, name: str, source: str, first: bool,
             raise BatchError(f"a batch named {name!r} already exists; choose another «batch» name "
                              "(or «resume» it if it was interrupted)")
         return batch_id
-    batch_id = connection.execute(sa.text(
-        "SELECT id FROM batches WHERE name = :name AND status = 'running' FOR UPDATE"), {"name": name}).scalar()
-    if batch_id is None:
+    row = connection.execute(sa.text(
+        "SELECT id, position FROM batches WHERE name = :name AND status = 'running' FOR UPDATE"),
+        {"name": name}).first()
+    if row is None:
         raise BatchError(f"batch {name!r} was removed or completed by another process during this ingest")
-    return batch_id
+    if stored_up_to is not None and row.position != stored_up_to:
+        raise ConcurrentIngest(
+            f"another ingest or resume of batch {name!r} stored its input records {stored_up_to + 1:,} to "
+            f"{row.position:,} while this one was reading them, so this one stopped there; let the other finish, "
+            "and «resume» the batch again only if it is still running after that")
+    return row.id
 
 
 @dataclass
@@ -78,13 +89,14 @@ class ChunkResult:
 def store_chunk(connection: sa.Connection, schema: str, method: Method, chunk, *,
                  name: str, source: str, first: bool, final: bool, position: int,
                  rejects: list[tuple[int, InputError]] = (), skip_errors: bool,
-                 started_at: datetime | None = None) -> ChunkResult:
+                 started_at: datetime | None = None, stored_up_to: int | None = None) -> ChunkResult:
     """Match and insert one chunk inside the caller's transaction; record every input record's outcome
-    (``rejects`` are the reader's, by position) and update the batch's counts."""
+    (``rejects`` are the reader's, by position) and update the batch's counts. A chunk that is not the
+    batch's first follows its records ``stored_up_to`` (checked: see :func:`open_batch`)."""
     lock(connection, schema, "ingest")
     check_layout(connection, method)
     record_segmenter(connection, method)
-    batch_id = open_batch(connection, name, source, first, started_at)
+    batch_id = open_batch(connection, name, source, first, started_at, stored_up_to)
     count = len(chunk)
     ids, bulk_segment, sealed = place_chunk(connection, count)
     keys, stored_sketches = chunk.key_rows(method), method.stored(chunk.sketches)

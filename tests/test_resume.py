@@ -1,6 +1,7 @@
-"""A SIGKILL at every moment between a batch's last commit and its files, and in the middle of an export:
-what the docs say to do next (the same command with ``--resume``; the export again) gives the files a
-run without a kill gives, held to a brute-force oracle of the input, record by record."""
+"""Resuming a batch: after a SIGKILL at every moment between its last commit and its files, and in the middle
+of an export, what the docs say to do next (the same command with ``--resume``; the export again) gives
+the files a run without a kill gives, held to a brute-force oracle of the input, record by record; a
+complete batch resumed; two resumes of one batch at once."""
 
 from __future__ import annotations
 
@@ -9,13 +10,18 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
-from simdb import Index, InputError
+from simdb import BatchError, Index, InputError
+from simdb import ingest as ingest_module
+from simdb.ingest import IngestOptions
 from simdb.inputs import Document
 from simdb.samples import corpus
+from simdb.verdicts import OutcomeFile
+from tests.conftest import Concurrently, assert_consistent
 from tests.killpoint import MOMENTS
 from tests.test_verdicts import oracle
 
@@ -121,3 +127,43 @@ def test_resuming_a_complete_batch_writes_its_files_again_and_reads_no_input(ind
     assert {name: Path(path).read_text() for name, path in files.items()} == written
     assert again.already_complete and not first.already_complete and again.documents == first.documents == 30
     assert index.stats()["documents"] == 30
+
+
+@pytest.mark.citus
+def test_two_resumes_of_one_batch_at_once_one_finishes_and_the_other_says_why_it_stopped(
+        database_url, schema, admin_engine, tmp_path, monkeypatch):
+    """Issue 34: the second failed with a raw `duplicate key value violates unique constraint "pk_records"`."""
+    items = [InputError(f"bad record {i}", path="in", line=i) if i % 10 == 5 else Document(r["id"], r["text"])
+             for i, r in enumerate(CORPUS[:40])]
+    options = dict(batch="b", chunk_size=10, on_error="skip", workers=1)
+    real_sync = OutcomeFile.sync
+
+    def dies_after_its_first_commit(self, position):
+        if position:
+            raise KeyboardInterrupt  # as a kill would: the batch stays running after its first chunk
+        real_sync(self, position)
+
+    with Index.create(database_url, schema=schema) as index:
+        monkeypatch.setattr(OutcomeFile, "sync", dies_after_its_first_commit)
+        with pytest.raises(KeyboardInterrupt):
+            index.ingest(items, IngestOptions(**options, rejects=str(tmp_path / "r.jsonl")))
+        monkeypatch.setattr(OutcomeFile, "sync", real_sync)
+        both_read, real_position = threading.Barrier(2), ingest_module.resume_position
+
+        def together(*args):  # both have read where the batch stands before either stores a chunk
+            found = real_position(*args)
+            both_read.wait(60)
+            return found
+
+        monkeypatch.setattr(ingest_module, "resume_position", together)
+        with Concurrently() as threads:
+            for number in range(2):
+                threads.start(index.ingest, items, IngestOptions(**options, resume=True,
+                                                                 rejects=str(tmp_path / f"r{number}.jsonl")))
+            outcomes = threads.outcomes()
+        (error,) = [o for o in outcomes if isinstance(o, BaseException)]
+        (summary,) = [o for o in outcomes if not isinstance(o, BaseException)]
+        assert isinstance(error, BatchError), repr(error)
+        assert "another ingest or resume of batch 'b'" in str(error) and "simdb remove" not in str(error), str(error)
+        assert summary.documents == 36 and summary.rejected == 4
+    assert len(assert_consistent(admin_engine, schema)) == 36
