@@ -382,7 +382,7 @@ def ingest(database_url, schema, data_dir, paths, input_format, id_field, text_f
     started = time.perf_counter()
     options = IngestOptions(batch=batch_name, source=" ".join(paths), on_error=on_error, rejects=rejects,
                             max_chars=max_chars, chunk_size=chunk_size, workers=workers, resume=resume,
-                            verdicts=verdicts_path, compact=compact)
+                            verdicts=verdicts_path, compact=compact, spell=flag)
     check_paths(paths)
     progress = Progress(f"ingest {options.batch or ''}".strip(), total_bytes(paths))
     try:
@@ -448,7 +448,7 @@ def check_command(database_url, schema, data_dir, paths, input_format, id_field,
         with open_index(database_url, schema, data_dir) as index:
             method = index.settings.method
             for verdict in index.check(documents, batch=batch_name, workers=workers, max_chars=max_chars):
-                click.echo(jsonlines.dumps(verdict.to_json(method)))
+                click.echo(jsonlines.dumps(verdict.to_json(method, flag)))
                 counts["records"] += 1
                 counts[verdict.status] += 1
                 progress.add_documents(1)
@@ -484,7 +484,7 @@ def verdicts(database_url, schema, data_dir, batch_name, status):
     with open_index(database_url, schema, data_dir) as index:
         method = index.settings.method
         for verdict in index.verdicts(batch_name, status=status):
-            click.echo(jsonlines.dumps(verdict.to_json(method)))
+            click.echo(jsonlines.dumps(verdict.to_json(method, flag)))
 
 
 @cli.command()

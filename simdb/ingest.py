@@ -65,6 +65,9 @@ class IngestOptions:
     resume: bool = False
     #: Merge segments after each chunk when the index's policy asks for it (see :mod:`simdb.pg.segments`).
     compact: bool = True
+    #: How the verdicts and rejects files spell a parameter that a reject's hint names: the CLI passes its
+    #: flags (``--text-field``); None keeps the API's `text_field`.
+    spell: Callable[[str], str] | None = None
 
     def __post_init__(self) -> None:
         if self.on_error not in ON_ERROR:
@@ -207,8 +210,8 @@ def ingest(engine: sa.Engine, schema: str, method: Method,
     position = resumed[0] if resumed else 0
     skip_errors = options.on_error == "skip"
     rejects = OutcomeFile(options.rejects or f"rejects-{name}.jsonl", engine, method, name, what="rejects",
-                          only_rejected=True) if skip_errors else None
-    verdicts = OutcomeFile(options.verdicts, engine, method, name, what="verdicts") \
+                          only_rejected=True, spell=options.spell) if skip_errors else None
+    verdicts = OutcomeFile(options.verdicts, engine, method, name, what="verdicts", spell=options.spell) \
         if options.verdicts is not None else None
     files = [file for file in (rejects, verdicts) if file is not None]
     if resumed is not None:

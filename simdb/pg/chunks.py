@@ -174,7 +174,7 @@ def store_chunk(connection: sa.Connection, schema: str, method: Method, chunk, *
             ["int4", "int8", "text", "text", "int8", "text", "int8", "text", "text"],
             [*((batch_id, chunk.positions[i], "already_stored", chunk.external_ids[i], document, None, None, None,
                 None) for i, document in already),
-             *((batch_id, at, "rejected", getattr(error, "external_id", None), None, error.path, error.line,
+             *((batch_id, at, "rejected", error.external_id, None, error.path, error.line,
                 error.reason, error.hint) for at, error in rejected)])
 
     stored = count - len(unstored)
