@@ -452,6 +452,17 @@ def explained(engine: sa.Engine):
         engine.dispose()  # its connections keep auto_explain: drop them
 
 
+def killed(process, done: tuple[int, ...] = (0,)) -> None:
+    """SIGKILL a test's subprocess (a ``subprocess.Popen``) and wait for it. It must have died of the kill, or
+    ended before it with one of the ``done`` exit statuses: an error it met first is raised here, not lost."""
+    import signal
+
+    process.send_signal(signal.SIGKILL)
+    _, err = process.communicate()
+    if process.returncode != -signal.SIGKILL and process.returncode not in done:
+        raise AssertionError(f"{process.args!r} failed before it was killed (exit {process.returncode}): {err}")
+
+
 class Concurrently:
     """Functions run in threads beside the test, none of whose errors is lost.
 
