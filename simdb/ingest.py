@@ -15,7 +15,10 @@
 A batch that fits in one chunk lands whole or not at all. A larger one is
 committed chunk by chunk; if it is interrupted (even by SIGKILL) every chunk
 is either fully stored or not at all, the batch stays ``running``, and
-``resume`` continues after the last stored chunk. An id that is already
+``resume`` continues after the last stored chunk (of a batch that is complete, it
+only writes the verdicts and rejects files again: a kill after the last commit
+may have cut them). One process stores a batch at a time: a chunk whose batch
+moved on since this process read where it stood is refused. An id that is already
 stored with the same text is skipped (counted as ``already_stored``), so
 re-running an input stores each document once.
 
