@@ -210,7 +210,8 @@ def test_ids_already_stored(run, tmp_path, admin_engine, schema):
                              "(give the new document a new id, or remove the old one with simdb remove)\n")
     assert count_rows(admin_engine, schema) == (2, 2)
     result = run("ingest", changed, "--batch", "one")
-    assert result.output == "Error: batch 'one' is already complete; choose another name with --batch\n"
+    assert result.output == ("Error: batch 'one' is already complete; choose another name with --batch (or --resume "
+                             "it to write its verdicts and rejects files again)\n")
 
 
 def test_other_settings_are_refused(run, database_url, schema):
