@@ -131,6 +131,25 @@ def resume_command(context: click.Context, batch: str) -> str:
     return shlex.join([*words, "--batch", batch, "--resume"])
 
 
+def process_age() -> float:
+    """Seconds since this process started, as Linux's /proc says (0 where there is none): Python's start-up and
+    imports, which take seconds on a busy machine, are part of what a command costs."""
+    try:
+        with open("/proc/self/stat") as stat:
+            ticks = int(stat.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime, since boot
+        with open("/proc/uptime") as uptime:
+            return max(0.0, float(uptime.read().split()[0]) - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def command_started() -> float:
+    """When this command began on the ``time.perf_counter()`` clock: its process's start for ``simdb`` itself
+    (:func:`main` says when), else (the command called in-process, as tests do) now."""
+    given = click.get_current_context().find_root().obj
+    return given["started"] if isinstance(given, dict) and "started" in given else time.perf_counter()
+
+
 def open_index(database_url, schema, data_dir) -> Index:
     return Index.open(database_url, schema=schema, data_dir=data_dir)
 
@@ -398,7 +417,9 @@ def init(database_url, schema, data_dir, max_distance, blocks, tokenizer, jieba_
               help="Longest text accepted; longer documents are rejected, never truncated.")
 @click.option("--chunk-size", type=click.IntRange(1), default=DEFAULT_CHUNK_SIZE, show_default=True,
               help="Documents per transaction; a batch up to this size lands whole or not at all.")
-@click.option("--resume", is_flag=True, help="Continue an interrupted batch after its last stored chunk.")
+@click.option("--resume", is_flag=True,
+              help="Continue an interrupted batch after its last stored chunk; of a complete batch, write its "
+                   "--verdicts and --rejects files again from the database.")
 @click.option("--verdicts", "verdicts_path", type=click.Path(dir_okay=False), default=None,
               help="Write every input record's verdict to this file, one JSON object per line, in input order.")
 @click.option("--compact/--no-compact", default=True, show_default=True,
@@ -423,11 +444,12 @@ def ingest(database_url, schema, data_dir, paths, input_format, id_field, text_f
 
     Exit status: 0 done; 1 error (what the batch keeps, and how to resume it, is
     said); 2 usage; 3 done, but some records were rejected (--on-error skip).
+    The seconds in the summary are the whole command's, from its process's start.
     """
-    started = time.perf_counter()
+    started = command_started()
     options = IngestOptions(batch=batch_name, source=" ".join(paths), on_error=on_error, rejects=rejects,
                             max_chars=max_chars, chunk_size=chunk_size, workers=workers, resume=resume,
-                            verdicts=verdicts_path, compact=compact)
+                            verdicts=verdicts_path, compact=compact, spell=flag)
     files = input_files(paths, input_format)
     check_paths(files)
     skipped_to = options.rejects_file(batch_name) if on_error == "skip" and (rejects or batch_name) else None
@@ -489,7 +511,7 @@ def check_command(database_url, schema, data_dir, paths, input_format, id_field,
         simdb check new-batch.jsonl > verdicts.jsonl
         simdb check new-batch.jsonl | jq -c 'select(.status == "new")'
     """
-    started = time.perf_counter()
+    started = command_started()
     files = input_files(paths, input_format)
     check_paths(files)
     outputs.refuse_aliases({}, files, stdout=True)
@@ -501,7 +523,7 @@ def check_command(database_url, schema, data_dir, paths, input_format, id_field,
         with open_index(database_url, schema, data_dir) as index:
             method = index.settings.method
             for verdict in index.check(documents, batch=batch_name, workers=workers, max_chars=max_chars):
-                click.echo(jsonlines.dumps(verdict.to_json(method)))
+                click.echo(jsonlines.dumps(verdict.to_json(method, flag)))
                 counts["records"] += 1
                 counts[verdict.status] += 1
                 progress.add_documents(1)
@@ -537,7 +559,7 @@ def verdicts(database_url, schema, data_dir, batch_name, status):
     with open_index(database_url, schema, data_dir) as index:
         method = index.settings.method
         for verdict in index.verdicts(batch_name, status=status):
-            click.echo(jsonlines.dumps(verdict.to_json(method)))
+            click.echo(jsonlines.dumps(verdict.to_json(method, flag)))
 
 
 @cli.command()
@@ -686,26 +708,33 @@ def show(database_url, schema, data_dir, first_id, second_id, context, as_json):
 @database_options
 @click.option("--batch", "batch_name", default=None, help="Only the documents of this batch.")
 @click.option("--unique", is_flag=True,
-              help="One document per cluster, the earliest (with --batch: the batch's documents that duplicate "
-                   "nothing stored before them).")
+              help="Only the documents that duplicated nothing stored before them when they arrived (their verdict "
+                   "was new; with --batch: the deduplicated batch); later batches and removals do not change it.")
+@click.option("--canonical", is_flag=True,
+              help="Only one document per cluster as the archive stands: its earliest (a later document can link "
+                   "a cluster to an older one, a removal can split one).")
 @click.option("--format", "output_format", type=click.Choice(["jsonl", "csv", "parquet"]), default="jsonl",
               show_default=True, help="csv and parquet have the columns id, simhash (or signature), batch and "
                                       "metadata (JSON).")
 @click.option("--output", "output_path", type=click.Path(dir_okay=False), default=None,
               help="Write to this file [default: standard output; parquet needs a file].")
 @user_errors
-def export(database_url, schema, data_dir, batch_name, unique, output_format, output_path):
+def export(database_url, schema, data_dir, batch_name, unique, canonical, output_format, output_path):
     """Print documents as {"id", "simhash", ...metadata}, in the order stored, streamed.
 
     \b
     Example:
         simdb export > documents.jsonl
         simdb export --batch 2024-07 --unique > deduplicated.jsonl
+        simdb export --canonical > one-per-cluster.jsonl
         simdb export --format parquet --output archive.parquet
     """
+    if unique and canonical:
+        raise click.UsageError("give --unique or --canonical, not both: the documents that were new when they "
+                               "arrived, or the earliest of each cluster")
     writer = exports.Writer(output_format, output_path)
     with open_index(database_url, schema, data_dir) as index:
-        count = writer.write(index, batch=batch_name, unique=unique)
+        count = writer.write(index, batch=batch_name, unique=unique, canonical=canonical)
     if output_path is not None:
         click.echo(f"exported {count:,} documents to {output_path}", err=True)
 
@@ -956,5 +985,5 @@ def calibrate(pairs_path, documents, id_field, text_field, label_field, plot_pat
 
 
 def main() -> None:
-    cli(prog_name="simdb")
+    cli(prog_name="simdb", obj={"started": time.perf_counter() - process_age()})
 

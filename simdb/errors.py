@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 #: How a message names a parameter: «batch». The library shows it as `batch`; the CLI as its flag (--batch).
 _PARAMETER = re.compile("«([a-z_]+)»")
+#: A parameter as the library shows it, in an input error's hint (``InputError.hint``, and as ``records`` keep it).
+_SHOWN = re.compile("`([a-z_]+)`")
 
 
 def parameter(name: str) -> str:
@@ -50,8 +52,17 @@ def place(path: str, line: int | None) -> str:
     return f"{path}, row {line}" if isinstance(line, Row) else f"{path}:{line}"
 
 
+def respell(hint: str | None, spell: Callable[[str], str] | None) -> str | None:
+    """An input error's hint (as ``InputError.hint`` and the ``records`` table have it, each parameter it names
+    shown `name`) with each parameter spelt by ``spell`` (the CLI: its flags); ``spell`` None: as it is."""
+    return hint if hint is None or spell is None else _SHOWN.sub(lambda match: spell(match.group(1)), hint)
+
+
 class InputError(SimdbError):
-    """A document in an input file (or passed to the API) cannot be indexed."""
+    """A document in an input file (or passed to the API) cannot be indexed; ``external_id`` is its id where
+    that could be read (a rejected record keeps it)."""
+
+    external_id: str | None = None
 
     def __init__(self, message: str, *, path: str | None = None, line: int | None = None,
                  hint: str | None = None) -> None:

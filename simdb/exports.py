@@ -42,16 +42,17 @@ class Writer:
         with outputs.written(self.path, "export", target=self.target) as file:
             yield file
 
-    def write(self, index, *, batch: str | None = None, unique: bool = False) -> int:
-        """Write the documents ``index.export`` gives; returns how many. A file appears whole or not at all
-        (by the rules of :mod:`simdb.outputs`)."""
+    def write(self, index, *, batch: str | None = None, unique: bool = False, canonical: bool = False) -> int:
+        """Write the documents ``index.export`` gives (one batch's, the unique or the canonical ones); returns how
+        many. A file appears whole or not at all (by the rules of :mod:`simdb.outputs`)."""
+        chosen = {"batch": batch, "unique": unique, "canonical": canonical}
         if self.format == "jsonl":
             count = 0
             with self._text() as out:
-                for count, record in enumerate(index.export(batch=batch, unique=unique), 1):
+                for count, record in enumerate(index.export(**chosen), 1):
                     out.write(jsonlines.dumps(record, default=str) + "\n")
             return count
-        rows = index.export_rows(batch=batch, unique=unique)
+        rows = index.export_rows(**chosen)
         if self.format == "csv":
             return self._csv(rows, index.settings.method.sketch_column[0])
         return self._parquet(rows, index.settings.method.sketch_column[0])

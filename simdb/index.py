@@ -463,27 +463,34 @@ class Index:
             for row in reads.pairs(connection, condition, params):
                 yield Pair(row.a, row.b, row.distance, method.reported_similarity(row.distance))
 
-    def export(self, *, batch: str | None = None, unique: bool = False) -> Iterator[dict]:
+    def export(self, *, batch: str | None = None, unique: bool = False, canonical: bool = False) -> Iterator[dict]:
         """``{"id", "simhash" | "signature", ...metadata}`` for every document, in the order they were stored.
 
-        ``batch`` keeps one batch's documents; ``unique`` one document per cluster, the earliest (with
-        ``batch``: the batch's documents that are not near-duplicates of anything stored before them).
-        The sketch is the fingerprint's 16 hex digits (SimHash) or the signature's hex (MinHash). A
-        metadata field with the same name as one of these is exported as ``metadata.<name>``.
+        ``batch`` keeps one batch's documents. ``unique`` keeps the documents that duplicated nothing stored
+        before them when they arrived (their verdict was ``new``; with ``batch``: the deduplicated batch); a
+        verdict is history, so neither later batches nor removals change the answer. ``canonical`` keeps
+        one document per cluster as the archive stands, its earliest (a later document can link a cluster to
+        an older one, and a removal can split one). The sketch is the fingerprint's 16 hex digits (SimHash)
+        or the signature's hex (MinHash). A metadata field with the same name as one of these is exported as
+        ``metadata.<name>``.
         """
-        for row in self.export_rows(batch=batch, unique=unique):
+        for row in self.export_rows(batch=batch, unique=unique, canonical=canonical):
             record = {"id": row["id"], row["sketch_name"]: row["sketch"]}
             for key, value in row["metadata"].items():
                 record[f"metadata.{key}" if key in ("id", row["sketch_name"]) else key] = value
             yield record
 
-    def export_rows(self, *, batch: str | None = None, unique: bool = False) -> Iterator[dict]:
+    def export_rows(self, *, batch: str | None = None, unique: bool = False, canonical: bool = False
+                    ) -> Iterator[dict]:
         """The documents :meth:`export` gives, as ``{"id", "sketch_name", "sketch", "batch", "metadata"}``."""
+        if unique and canonical:
+            raise SimdbError("give «unique» or «canonical», not both: the documents that were new when they "
+                             "arrived, or the earliest of each cluster")
         method = self.settings.method
         column = method.sketch_column[0]
         with self.database.engine.connect() as connection:
             chosen = reads.batch_id(connection, batch) if batch is not None else None
-            for row in reads.export(connection, method, batch=chosen, unique=unique):
+            for row in reads.export(connection, method, batch=chosen, unique=unique, canonical=canonical):
                 yield {"id": row.external_id, "sketch_name": column, "sketch": method.format(row.sketch),
                        "batch": row.batch, "metadata": row.metadata}
 

@@ -15,7 +15,10 @@
 A batch that fits in one chunk lands whole or not at all. A larger one is
 committed chunk by chunk; if it is interrupted (even by SIGKILL) every chunk
 is either fully stored or not at all, the batch stays ``running``, and
-``resume`` continues after the last stored chunk. An id that is already
+``resume`` continues after the last stored chunk (of a batch that is complete, it
+only writes the verdicts and rejects files again: a kill after the last commit
+may have cut them). One process stores a batch at a time: a chunk whose batch
+moved on since this process read where it stood is refused. An id that is already
 stored with the same text is skipped (counted as ``already_stored``), so
 re-running an input stores each document once.
 
@@ -41,7 +44,7 @@ from .inputs import DEFAULT_MAX_CHARS, Document, checks
 from .methods import Method
 from .parallel import Fingerprinted, fingerprint_stream, key_rows
 from .pg import reads
-from .pg.chunks import resume_position, store_chunk
+from .pg.chunks import ConcurrentIngest, resume_position, store_chunk
 from .pg.segments import compact
 from .pg.database import translate
 from .verdicts import OutcomeFile, sync_all
@@ -65,6 +68,9 @@ class IngestOptions:
     resume: bool = False
     #: Merge segments after each chunk when the index's policy asks for it (see :mod:`simdb.pg.segments`).
     compact: bool = True
+    #: How the verdicts and rejects files spell a parameter that a reject's hint names: the CLI passes its
+    #: flags (``--text-field``); None keeps the API's `text_field`.
+    spell: Callable[[str], str] | None = None
 
     def __post_init__(self) -> None:
         if self.on_error not in ON_ERROR:
@@ -154,6 +160,8 @@ class BatchSummary:
     #: Why merging segments failed during the batch, if it did: the documents are stored all the same
     #: (every chunk commits before any merge), and ``simdb compact`` merges later.
     merge_failed: str | None = None
+    #: True when a ``resume`` found the batch complete: nothing was stored, its files were written again.
+    already_complete: bool = False
 
     def to_json(self, verdicts: str | Path | None = None) -> dict:
         """The summary a script reads (``simdb ingest --json``)."""
@@ -161,7 +169,8 @@ class BatchSummary:
                 "exact_duplicates": self.exact_duplicates, "near_duplicates": self.near_duplicates,
                 "within_batch": self.within_batch, "already_stored": self.already_stored, "rejected": self.rejected,
                 "rejects": self.rejects_path, "verdicts": None if verdicts is None else str(verdicts),
-                "seconds": round(self.seconds, 3), "compacted": self.compacted, "merge_failed": self.merge_failed}
+                "seconds": round(self.seconds, 3), "compacted": self.compacted, "merge_failed": self.merge_failed,
+                "already_complete": self.already_complete}
 
     def __str__(self) -> str:
         text = (f"batch {self.name!r}: {self.documents:,} documents: {self.new:,} new, "
@@ -177,6 +186,8 @@ class BatchSummary:
                      f"{sum(len(m['replaced']) for m in self.compacted)} segments into {len(self.compacted)}")
         if self.merge_failed:
             text += f"; {self.merge_warning()}"
+        if self.already_complete:
+            text += "; the batch was complete already: nothing was stored, its files were written again"
         return text
 
     def merge_warning(self) -> str:
@@ -206,15 +217,17 @@ def ingest(engine: sa.Engine, schema: str, method: Method,
     position = resumed[0] if resumed else 0
     skip_errors = options.on_error == "skip"
     rejects = OutcomeFile(options.rejects_file(name), engine, method, name, what="rejects",
-                          only_rejected=True) if skip_errors else None
-    verdicts = OutcomeFile(options.verdicts, engine, method, name, what="verdicts") \
+                          only_rejected=True, spell=options.spell) if skip_errors else None
+    verdicts = OutcomeFile(options.verdicts, engine, method, name, what="verdicts", spell=options.spell) \
         if options.verdicts is not None else None
     files = [file for file in (rejects, verdicts) if file is not None]
     first = resumed is None
-    kept = KeptBatch(name, position, resumed[1]) if resumed else None  # what the committed chunks hold
+    kept = KeptBatch(name, position, resumed[1], complete=resumed[2]) if resumed else None  # what is committed
     try:
         if resumed is not None:
             sync_all(files, position)  # the files as the database has them, whatever a kill left behind
+            if resumed[2]:  # complete: nothing to read or store, the files were all it lacked
+                return _summary(engine, name, rejects, started, already_complete=True)
         stream = fingerprint_stream(size_checked(itertools.islice(items, position, None), options.max_chars),
                                     method, workers=options.workers)
         chunk, chunk_errors, seen = FingerprintedBatch(), [], {}
@@ -225,7 +238,8 @@ def ingest(engine: sa.Engine, schema: str, method: Method,
             with engine.begin() as connection:
                 result = store_chunk(connection, schema, method, chunk, name=name, source=options.source,
                                       first=first, final=final, position=consumed, rejects=chunk_errors,
-                                      skip_errors=skip_errors, started_at=started_at)
+                                      skip_errors=skip_errors, started_at=started_at,
+                                      stored_up_to=kept.position if kept else None)
             kept = KeptBatch(name, consumed, (kept.documents if kept else 0) + result.stored, complete=final)
             sync_all(files, consumed)
             first = False
@@ -270,18 +284,24 @@ def ingest(engine: sa.Engine, schema: str, method: Method,
     finally:
         for file in files:
             file.close()
+    return _summary(engine, name, rejects, started, compacted=compacted, merge_failed=merge_failed)
+
+
+def _summary(engine: sa.Engine, name: str, rejects: OutcomeFile | None, started: float, **more) -> BatchSummary:
+    """The stored batch's summary, ``started`` (``time.perf_counter()``) being when the ingest began."""
     with engine.connect() as connection:
         row = reads.batch_row(connection, name)
     return BatchSummary(name=name, documents=row.documents, new=row.new, exact_duplicates=row.exact_duplicates,
                         near_duplicates=row.near_duplicates, within_batch=row.within_batch,
                         already_stored=row.already_stored, rejected=row.rejected,
                         rejects_path=rejects.path if rejects and row.rejected else None,
-                        seconds=time.perf_counter() - started, compacted=compacted, merge_failed=merge_failed)
+                        seconds=time.perf_counter() - started, **more)
 
 
 def _kept(error: SimdbError, kept: KeptBatch | None) -> SimdbError:
-    """The error, saying what its batch keeps when earlier chunks were committed."""
-    if kept is not None and error.kept is None:
+    """The error, saying what its batch keeps when earlier chunks were committed (not when another process is
+    storing the batch: what this one kept is no longer what the batch holds, nor is it this one's to remove)."""
+    if kept is not None and error.kept is None and not isinstance(error, ConcurrentIngest):
         error.kept = kept
         error.args = (f"{error}; {kept.describe()}",)
     return error

@@ -10,12 +10,13 @@ storing anything.
 from __future__ import annotations
 
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import sqlalchemy as sa
 
-from .errors import InputError, OutputError
+from .errors import InputError, OutputError, respell
 from .methods import Method
 from .pg import reads
 from . import jsonlines, outputs
@@ -39,8 +40,9 @@ class Verdict:
     reason: str | None = None
     hint: str | None = None
 
-    def to_json(self, method: Method) -> dict:
-        """The JSON object of a verdicts file: ``distance`` only where the method measures one in bits."""
+    def to_json(self, method: Method, spell: Callable[[str], str] | None = None) -> dict:
+        """The JSON object of a verdicts file: ``distance`` only where the method measures one in bits; a reject's
+        hint names each parameter as ``spell`` spells it (the CLI: its flags), or `name` as the API does."""
         out = {"id": self.id, "status": self.status, "duplicate_of": self.duplicate_of,
                "similarity": self.similarity}
         if method.distance_in_verdicts:
@@ -48,7 +50,7 @@ class Verdict:
         out["batch"] = self.batch
         out["position"] = self.position
         if self.status == "rejected":
-            out.update(reason=self.reason, path=self.path, line=self.line, hint=self.hint)
+            out.update(reason=self.reason, path=self.path, line=self.line, hint=respell(self.hint, spell))
         return out
 
 
@@ -61,7 +63,7 @@ def verdict(method: Method, *, position: int, external_id: str | None, status: s
 
 
 def rejected(position: int, error: InputError, batch: str | None) -> Verdict:
-    return Verdict(position, getattr(error, "external_id", None), "rejected", batch, path=error.path,
+    return Verdict(position, error.external_id, "rejected", batch, path=error.path,
                    line=error.line, reason=error.reason, hint=error.hint)
 
 
@@ -89,9 +91,10 @@ class OutcomeFile:
     """
 
     def __init__(self, path: str | Path, engine: sa.Engine, method: Method, batch: str, *, what: str,
-                 only_rejected: bool = False) -> None:
+                 only_rejected: bool = False, spell: Callable[[str], str] | None = None) -> None:
         self.output = outputs.Appended(path, f"{what} file", "rejects" if only_rejected else "verdicts")
         self.path = self.output.path
+        self.spell = spell  # how a hint names a parameter (see Verdict.to_json)
         self.engine = engine
         self.method = method
         self.batch = batch
@@ -100,9 +103,9 @@ class OutcomeFile:
 
     def line(self, item: Verdict) -> dict:
         if self.only_rejected:
-            return {"path": item.path, "line": item.line, "reason": item.reason, "hint": item.hint,
-                    "position": item.position, "id": item.id}
-        return item.to_json(self.method)
+            return {"path": item.path, "line": item.line, "reason": item.reason,
+                    "hint": respell(item.hint, self.spell), "position": item.position, "id": item.id}
+        return item.to_json(self.method, self.spell)
 
     def sync(self, position: int) -> None:
         """Append the records of input positions up to ``position`` that the file does not hold yet."""

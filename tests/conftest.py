@@ -388,6 +388,10 @@ def assert_records_consistent(engine: sa.Engine, schema: str, max_distance: int 
             # duplicate_of as at ingest: it changes only when that document is removed (and it is re-pointed)
             f"AND (r.duplicate_of IS NOT DISTINCT FROM d.duplicate_of OR (r.duplicate_of IS NOT NULL AND NOT EXISTS "
             f"(SELECT 1 FROM {schema}.documents o WHERE o.id = r.duplicate_of))))")).scalar_one()
+        misnamed = connection.execute(sa.text(  # a verdict names the document it duplicated, stored or not
+            f"SELECT count(*) FROM {schema}.records r LEFT JOIN {schema}.documents o ON o.id = r.duplicate_of "
+            "WHERE (r.duplicate_of IS NULL) <> (r.duplicate_of_external_id IS NULL) "
+            "OR o.external_id <> r.duplicate_of_external_id")).scalar_one()
         far = connection.execute(sa.text(
             f"SELECT count(*) FROM {schema}.records r JOIN {schema}.documents a ON a.id = r.duplicate_of "
             f"JOIN {schema}.documents b ON b.id = r.document_id LEFT JOIN {schema}.near_duplicates p "
@@ -403,6 +407,7 @@ def assert_records_consistent(engine: sa.Engine, schema: str, max_distance: int 
         assert (count("new"), count("exact"), count("near"), count("already_stored"), count("rejected")) == \
             (batch.new, batch.exact_duplicates, batch.near_duplicates, batch.already_stored, batch.rejected)
     assert unmatched == 0
+    assert misnamed == 0
     assert far == 0
     assert_clusters_table(engine, schema)
 
@@ -445,3 +450,71 @@ def explained(engine: sa.Engine):
     finally:
         sa.event.remove(engine, "connect", setup)
         engine.dispose()  # its connections keep auto_explain: drop them
+
+
+def killed(process, done: tuple[int, ...] = (0,)) -> None:
+    """SIGKILL a test's subprocess (a ``subprocess.Popen``) and wait for it. It must have died of the kill, or
+    ended before it with one of the ``done`` exit statuses: an error it met first is raised here, not lost."""
+    import signal
+
+    process.send_signal(signal.SIGKILL)
+    _, err = process.communicate()
+    if process.returncode != -signal.SIGKILL and process.returncode not in done:
+        raise AssertionError(f"{process.args!r} failed before it was killed (exit {process.returncode}): {err}")
+
+
+class Concurrently:
+    """Functions run in threads beside the test, none of whose errors is lost.
+
+    A thread's exception is printed and dropped by ``threading.Thread``; a test that goes on to check
+    the database then checks what the writers that did not fail left. Here every function started is a
+    future: ``results()`` waits for them all and re-raises the first error (leaving the block does the
+    same), and ``outcomes()`` gives each one's result or exception for a test that expects some to fail.
+
+        with Concurrently() as threads:
+            threads.start(index.add_many, documents, batch="a")
+            ...
+    """
+
+    def __init__(self, workers: int = 16) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._pool = ThreadPoolExecutor(max_workers=workers)
+        self._futures: list = []
+
+    def start(self, function, *args, **kwargs):
+        """Run ``function(*args, **kwargs)`` in a thread now; returns its future."""
+        future = self._pool.submit(function, *args, **kwargs)
+        self._futures.append(future)
+        return future
+
+    def results(self, timeout: float = 300) -> list:
+        """What each function started since the last call returned, in the order they were started; the first
+        error any of them raised is raised here, once all have ended."""
+        outcomes = self.outcomes(timeout)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        return outcomes
+
+    def outcomes(self, timeout: float = 300) -> list:
+        """Each function's result, or the exception it raised, once all started since the last call have ended."""
+        from concurrent.futures import wait
+
+        futures, self._futures = self._futures, []
+        done, running = wait(futures, timeout)
+        if running:
+            raise TimeoutError(f"{len(running)} of {len(futures)} threads still running after {timeout} s")
+        return [future.exception() or future.result() for future in futures]
+
+    def __enter__(self) -> "Concurrently":
+        return self
+
+    def __exit__(self, kind, error, traceback) -> None:
+        try:
+            if kind is None:
+                self.results()
+            else:
+                self.outcomes()  # the test failed already: wait for the threads, and report its own error
+        finally:
+            self._pool.shutdown(wait=True)

@@ -1,22 +1,23 @@
 """Clusters are exactly the connected components of the stored pairs, whatever happens to the archive.
 
 Hypothesis draws dense fingerprints (many pairs within k, chains and bridges between clusters),
-splits them into chunks of any size, ingests some chunks concurrently, removes documents, and
-after every step compares cluster_id, duplicate_of and the stored pairs with brute force.
+splits them into chunks of any size, ingests some chunks concurrently (raising any error a thread
+met), removes documents, and after every step checks that the stored documents are the inputs' and
+compares cluster_id, duplicate_of and the stored pairs with brute force over them.
 """
 
 from __future__ import annotations
 
-import threading
 import uuid
 
 import pytest
+import sqlalchemy as sa
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from simdb import Index
-from tests.conftest import assert_consistent
+from simdb import Index, to_signed
+from tests.conftest import Concurrently, assert_consistent
 from tests.test_index import make_batch
 
 #: Fingerprints in a 9-bit space: any two are at most 9 bits apart, so pairs, chains and bridges abound.
@@ -36,36 +37,48 @@ def histories(draw):
     return chunks, concurrent, removals
 
 
+def add_beside(database_url: str, schema: str, batch, name: str) -> None:
+    """Store a batch through a connection of its own, as a concurrent ingest does."""
+    with Index.open(database_url, schema=schema) as other:
+        other.add_fingerprinted(batch, batch=name)
+
+
+def assert_stored(engine, schema: str, expected: dict[str, int]) -> None:
+    """The index holds exactly the documents the history's inputs say, each with its input fingerprint: the
+    oracle's checks then run over the inputs, not over whatever the ingests managed to store."""
+    with engine.connect() as connection:
+        stored = dict(connection.execute(sa.text(f"SELECT external_id, simhash FROM {schema}.documents")).all())
+    assert stored == {name: to_signed(fingerprint) for name, fingerprint in expected.items()}
+
+
 def replay(database_url, admin_engine, schema, index, history, after_chunk=None) -> None:
     """Ingest a drawn history into ``index`` (a chunk drawn ``concurrent`` runs in its own connection beside
-    the next one), call ``after_chunk(number)`` after each chunk, then remove the drawn documents;
-    brute-force checks after every step that waits for all ingests."""
+    the next one, in a thread whose error the test raises), call ``after_chunk(number)`` after each chunk,
+    then remove the drawn documents; after every step that waits for all ingests, the stored documents are
+    the inputs' and pairs, earliest matches and clusters are brute force's over them."""
     chunks, concurrent, removals = history
-    names = []
-    pending: list[threading.Thread] = []
-    for number, (chunk, together) in enumerate(zip(chunks, concurrent)):
-        batch = make_batch(chunk, f"c{number}")
-        names += [f"c{number}-{i}" for i in range(len(chunk))]
-        if together:  # runs beside the next chunk, in its own connection
-            other = Index.open(database_url, schema=schema)
-            thread = threading.Thread(target=lambda o=other, b=batch, n=f"c{number}": (
-                o.add_fingerprinted(b, batch=n), o.close()))
-            thread.start()
-            pending.append(thread)
-        else:
-            index.add_fingerprinted(batch, batch=f"c{number}")
-        if after_chunk is not None:
-            after_chunk(number)
-        if not together:
-            for thread in pending:
-                thread.join()
-            pending.clear()
-            assert_consistent(admin_engine, schema)
-    for thread in pending:
-        thread.join()
+    names, expected = [], {}
+    with Concurrently() as threads:
+        for number, (chunk, together) in enumerate(zip(chunks, concurrent)):
+            batch = make_batch(chunk, f"c{number}")
+            names += [f"c{number}-{i}" for i in range(len(chunk))]
+            expected.update(zip(names[-len(chunk):], chunk))
+            if together:  # runs beside the next chunk, in its own connection
+                threads.start(add_beside, database_url, schema, batch, f"c{number}")
+            else:
+                index.add_fingerprinted(batch, batch=f"c{number}")
+            if after_chunk is not None:
+                after_chunk(number)
+            if not together:
+                threads.results()
+                assert_stored(admin_engine, schema, expected)
+                assert_consistent(admin_engine, schema)
+    assert_stored(admin_engine, schema, expected)
     assert_consistent(admin_engine, schema)
     for position in removals:
         index.remove(ids=[names[position]])
+        del expected[names[position]]
+        assert_stored(admin_engine, schema, expected)
         assert_consistent(admin_engine, schema)
 
 

@@ -103,7 +103,7 @@ def test_the_minhash_recipes_run_and_answer(run, tmp_path, schema, admin_engine)
         {("ref-0012", False), ("ref-0012-drop_sentence", True)}
 
 
-def test_the_recipes_say_what_they_claim(corpus_archive, admin_engine):
+def test_the_recipes_say_what_they_claim(corpus_archive, admin_engine, run):
     archive = corpus_archive
     def answer(start):
         (recipe,) = [r for r in blocks("sql") if r.startswith(start)]
@@ -118,6 +118,9 @@ def test_the_recipes_say_what_they_claim(corpus_archive, admin_engine):
     assert all(row.first_seen_in == "archive" for row in earlier)
     (row,) = answer("SELECT simdb.simdb_hamming(a.simhash, b.simhash)")
     assert row.distance <= 4 and not row.identical
+    unique = {row.name: row.unique_documents for row in answer("SELECT b.name, count(d.id) AS unique_documents")}
+    assert unique == {name: len(run("export", "--batch", name, "--unique").stdout.splitlines())
+                      for name in ("archive", "new")} and all(unique.values())
 
 
 def corpus_text(external_id):
@@ -127,7 +130,8 @@ def corpus_text(external_id):
 @pytest.mark.slow
 def test_the_nightly_ingest_script_runs(database_url, schema, tmp_path):
     """docs/scripts.md's script, as cron would run it: a batch, a batch with a bad record, an interrupted batch
-    resumed, a batch already done, and a second run while another holds the lock."""
+    resumed, a batch already done, one killed after its last commit, and a second run while another holds the
+    lock."""
     import fcntl
     import json
     import os
@@ -158,7 +162,7 @@ def test_the_nightly_ingest_script_runs(database_url, schema, tmp_path):
     assert first.returncode == 0, first.stderr
     verdicts = [json.loads(line) for line in (out / "first.verdicts.jsonl").read_text().splitlines()]
     unique = [json.loads(line)["id"] for line in (out / "first.unique.jsonl").read_text().splitlines()]
-    assert len(verdicts) == 120 and set(unique) <= {v["id"] for v in verdicts if v["status"] == "new"}
+    assert len(verdicts) == 120 and unique == [v["id"] for v in verdicts if v["status"] == "new"]
     assert json.loads((out / "first.summary.json").read_text())["documents"] == 120
 
     second = nightly(write("second", records[120:160], extra="{broken\n"), "second")
@@ -178,6 +182,22 @@ def test_the_nightly_ingest_script_runs(database_url, schema, tmp_path):
         == list(range(1, 601))
     again = nightly(write("third", variants), "third")
     assert again.returncode == 0 and "already in the archive" in again.stderr
+
+    # killed after its last chunk committed, before its files were written: the next run writes them
+    fifth = write("fifth", records[210:240], extra="{broken\n")
+    killed = subprocess.run([sys.executable, "-m", "tests.killpoint", "after-last-commit", "ingest", fifth, "--batch",
+                             "fifth", "--on-error", "skip", "--rejects", str(out / "fifth.rejects.jsonl"),
+                             "--verdicts", str(out / "fifth.verdicts.jsonl")], env={**env, "PYTHONPATH": str(ROOT)},
+                            cwd=ROOT, capture_output=True, text=True)
+    assert killed.returncode == -9 and not (out / "fifth.verdicts.jsonl").exists(), killed.stderr
+    repaired = nightly(fifth, "fifth")
+    assert repaired.returncode == 0 and "already in the archive" in repaired.stderr, repaired.stderr
+    verdicts = [json.loads(line) for line in (out / "fifth.verdicts.jsonl").read_text().splitlines()]
+    assert [v["position"] for v in verdicts] == list(range(1, 32)) and verdicts[-1]["status"] == "rejected"
+    assert [json.loads(line)["line"] for line in (out / "fifth.rejects.jsonl").read_text().splitlines()] == [31]
+    assert [json.loads(line)["id"] for line in (out / "fifth.unique.jsonl").read_text().splitlines()] == \
+        [v["id"] for v in verdicts if v["status"] == "new"]
+    assert json.loads((out / "fifth.summary.json").read_text())["already_complete"] is True
 
     with open(out / ".nightly-ingest.lock", "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -3,7 +3,6 @@
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -20,7 +19,7 @@ from simdb.inputs import Document
 from simdb.parallel import TASK_SIZE, Fingerprinted, fingerprint_stream, key_rows
 from simdb.samples import corpus
 from simdb.methods.simhash.blocks import DEFAULT_MAX_DISTANCE as K
-from tests.conftest import assert_consistent, count_rows, init_options
+from tests.conftest import assert_consistent, count_rows, init_options, killed
 
 CORPUS = list(corpus())
 
@@ -169,8 +168,7 @@ def test_sigkill_at_random_moments_loses_nothing_and_stores_once(database_url, a
                                                  "--chunk-size", str(chunk), "--workers", "1", *resume),
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         time.sleep(rng.uniform(1.0, 4.0))
-        process.send_signal(signal.SIGKILL)
-        process.wait()
+        killed(process)
         wait_for_backends_to_finish(admin_engine)  # a COMMIT sent just before the kill may still be landing
         with admin_engine.connect() as connection:  # one statement: one snapshot
             row = connection.execute(sa.text(
@@ -188,12 +186,12 @@ def test_sigkill_at_random_moments_loses_nothing_and_stores_once(database_url, a
         resume = ["--resume"] if status == "running" else []
         subprocess.run(simdb_command(database_url, schema, "ingest", path, "--batch", "b", "--chunk-size",
                                      str(chunk), *resume), check=True, capture_output=True)
-    killed = state(admin_engine, schema)
+    after_kills = state(admin_engine, schema)
     with admin_engine.begin() as connection:
         connection.exec_driver_sql(f"DROP SCHEMA {schema} CASCADE")
     with Index.create(database_url, schema=schema) as index:
         index.add_many(records, batch="b")
-    assert killed == state(admin_engine, schema)
+    assert after_kills == state(admin_engine, schema)
 
 
 @pytest.mark.citus
@@ -271,8 +269,7 @@ def test_rejects_are_as_durable_as_stored_rows_across_sigkill(database_url, admi
         process = subprocess.Popen(command + (["--resume"] if current == "running" else []),
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         time.sleep(rng.uniform(1.0, 3.0))
-        process.send_signal(signal.SIGKILL)
-        process.wait()
+        killed(process, done=(0, 3))  # done, some records rejected
         wait_for_backends_to_finish(admin_engine)
         in_file = [json.loads(line)["line"] for line in rejects.read_text().splitlines()] if rejects.exists() else []
         in_database = stored_rejects()
@@ -345,14 +342,13 @@ def test_fingerprinting_workers_exit_when_the_ingest_is_killed(database_url, sch
     path = write_jsonl(tmp_path / "in.jsonl", [{**r, "id": f"{r['id']}-{copy}"} for copy in range(60) for r in CORPUS])
     subprocess.run(simdb_command(database_url, schema, "init"), check=True, capture_output=True)
     process = subprocess.Popen(simdb_command(database_url, schema, "ingest", path, "--batch", "b", "--workers", "2"),
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60
     while len(children_of(process.pid)) < 3 and time.monotonic() < deadline:  # 2 workers and the resource tracker
         time.sleep(0.1)
     children = children_of(process.pid)
     assert len(children) >= 2, "the ingest never started its worker pool"
-    process.kill()
-    process.wait()
+    killed(process)
     deadline = time.monotonic() + 10
     while any(alive(child) for child in children) and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -143,3 +143,26 @@ def test_a_minhash_index_matches_the_models_and_cannot_be_downgraded_below_it(da
                 migrate.downgrade(connection, schema, "0003")
     finally:
         database.close()
+
+
+@pytest.mark.citus
+def test_upgrading_to_0011_names_what_each_verdict_duplicated_even_when_it_was_removed(database_url, schema):
+    """Revision 0011 keeps a verdict's duplicate_of as an external id; for the records stored before it the name
+    comes from the document, else from the removed document's own record; a document whose batch was removed
+    has no record left, and its name is lost (what `simdb verdicts` printed before 0011 already)."""
+    from tests.test_index import flip, make_batch
+
+    p, q, r = 0x1111_2222_3333_4444, 0x5555_6666_7777_8888, 0x9999_AAAA_BBBB_CCCC
+    with Index.create(database_url, schema=schema) as index:
+        index.add_fingerprinted(make_batch([p, q], "one"), batch="one")
+        index.add_fingerprinted(make_batch([r], "two"), batch="two")
+        index.add_fingerprinted(make_batch([flip(p, [1]), flip(q, [2]), flip(r, [3])], "three"), batch="three")
+        index.remove(ids=["one-0"])
+        index.remove(batch="two")
+        assert [v.duplicate_of for v in index.verdicts("three")] == ["one-0", "one-1", "two-0"]
+        with index.database.engine.begin() as connection:  # back to the archive as 0010 kept it, and up again
+            migrate.downgrade(connection, schema, "0010")
+            assert "duplicate_of_external_id" not in connection.exec_driver_sql(
+                "SELECT * FROM records LIMIT 0").keys()
+            migrate.upgrade(connection, schema, layout=index.layout)
+        assert [v.duplicate_of for v in index.verdicts("three")] == ["one-0", "one-1", None]

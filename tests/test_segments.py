@@ -7,7 +7,6 @@ import json
 import os
 import random
 import re
-import signal
 import subprocess
 import sys
 import threading
@@ -24,7 +23,7 @@ from simdb.errors import IncompatibleIndex
 from simdb.pg import segments
 from simdb.pg.segments import SegmentPolicy
 from simdb.text import content_hash
-from tests.conftest import assert_consistent
+from tests.conftest import Concurrently, assert_consistent, killed
 from tests.test_clusters import histories, replay
 from tests.test_index import flip, make_batch
 
@@ -265,7 +264,6 @@ def test_an_id_is_stored_once_across_segments_under_concurrent_ingests(database_
 
     with Index.create(database_url, schema=schema, segment_size=5):
         pass
-    errors, stored = [], []
 
     def ingest(number):
         batch = FingerprintedBatch()
@@ -273,16 +271,14 @@ def test_an_id_is_stored_once_across_segments_under_concurrent_ingests(database_
             text = f"text {i}" if number % 2 == 0 else f"other text {i}"  # two texts per id
             batch.append(f"same-{i}", random.getrandbits(64), content_hash(text), 10, {}, f"t{number}:{i + 1}")
         with Index.open(database_url, schema=schema) as other:
-            try:
-                stored.append(other.add_fingerprinted(batch, batch=f"t{number}").documents)
-            except Exception as error:
-                errors.append(error)
+            return other.add_fingerprinted(batch, batch=f"t{number}").documents
 
-    threads = [threading.Thread(target=ingest, args=(number,)) for number in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    with Concurrently() as threads:
+        for number in range(6):
+            threads.start(ingest, number)
+        outcomes = threads.outcomes()  # each one's documents stored, or the error it met
+    stored = [outcome for outcome in outcomes if not isinstance(outcome, BaseException)]
+    errors = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
     with admin_engine.connect() as connection:
         ids = connection.exec_driver_sql(f"SELECT external_id FROM {schema}.documents").scalars().all()
     assert sorted(ids) == sorted(set(ids)) and len(ids) == 12
@@ -360,10 +356,9 @@ def test_a_merge_killed_at_any_moment_leaves_the_old_segments(database_url, sche
     delay, names = 0.4, names_before
     while names != merged:  # kill ever later, until a merge gets through
         process = subprocess.Popen([sys.executable, "-m", "simdb", "compact", "--full"], env=environment,
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         time.sleep(delay)
-        process.send_signal(signal.SIGKILL)
-        process.wait()
+        killed(process)
         for _ in range(50):  # until the server has noticed the lost connection and rolled back
             with admin_engine.connect() as connection:
                 if not connection.execute(sa.text(
@@ -672,10 +667,10 @@ def test_a_shared_lookup_that_would_wait_on_a_queued_lock_gives_way(database_url
                 connection.commit()
 
         real = segments.shared_lookups
+        threads = Concurrently()
 
         def shared_after_a_queued_lock(*args):
-            thread = threading.Thread(target=lock_the_segment)
-            thread.start()
+            threads.start(lock_the_segment)
             for _ in range(100):  # until the exclusive lock waits behind this chunk's share lock
                 with admin_engine.connect() as connection:
                     if locker.get("pid") and connection.execute(sa.text(
@@ -684,15 +679,15 @@ def test_a_shared_lookup_that_would_wait_on_a_queued_lock_gives_way(database_url
                         queued.set()
                         break
                 time.sleep(0.05)
-            locker["thread"] = thread
             return real(*args)
 
         monkeypatch.setattr(segments, "shared_lookups", shared_after_a_queued_lock)
         near = [fp ^ (1 << rng.randrange(64)) for fp in archive[:20]]
-        summary = index.add_fingerprinted(make_batch(near + [rng.getrandbits(64) for _ in range(20)], "new"),
-                                          batch="new")
-        finished = time.monotonic()
-        locker["thread"].join(timeout=30)
+        with threads:  # the locking thread's error, if it met one, is raised here
+            summary = index.add_fingerprinted(make_batch(near + [rng.getrandbits(64) for _ in range(20)], "new"),
+                                              batch="new")
+            finished = time.monotonic()
+            threads.results(timeout=30)
     assert queued.is_set() and locker["got"] >= finished - 0.5  # the lock came after the chunk's commit
     assert summary.near_duplicates == 20
     assert_consistent(admin_engine, schema)

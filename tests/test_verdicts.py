@@ -192,12 +192,13 @@ def test_the_command_line_for_an_ingest_script(run, tmp_path, schema, admin_engi
     assert [json.loads(line)["position"] for line in rejected] == [41]
 
     unique = [json.loads(line)["id"] for line in run("export", "--batch", "new", "--unique").stdout.splitlines()]
+    assert unique == [v["id"] for v in written if v["status"] == "new"] and len(unique) >= 20
+    canonical = [json.loads(line)["id"] for line in run("export", "--batch", "new", "--canonical").stdout.splitlines()]
     with admin_engine.connect() as connection:
         earliest = connection.execute(sa.text(
             f"SELECT d.external_id FROM {schema}.documents d JOIN {schema}.batches b ON b.id = d.batch_id "
             "WHERE b.name = 'new' AND d.id = d.cluster_id ORDER BY d.id")).scalars().all()
-    assert unique == earliest and set(unique) <= {v["id"] for v in written if v["status"] == "new"}
-    assert len(unique) >= 20
+    assert canonical == earliest
     csv_out = run("export", "--batch", "old", "--format", "csv").stdout.splitlines()
     assert csv_out[0] == "id,simhash,batch,metadata" and len(csv_out) == 101
     assert csv_out[1].endswith(',old,"{""source"": ""wire""}"')
@@ -234,3 +235,57 @@ def test_every_line_splitter_sees_one_verdict_per_record(index, tmp_path):
                    verdicts=str(tmp_path / "v.jsonl"))
     lines = (tmp_path / "v.jsonl").read_text(encoding="utf-8").splitlines()
     assert [json.loads(line)["id"] for line in lines] == ids
+
+
+@pytest.mark.citus
+def test_a_verdict_is_history_it_names_the_document_it_duplicated_after_that_is_removed(run, tmp_path):
+    """Issue 34: after `simdb remove`, `simdb verdicts` printed "near" with "duplicate_of": null."""
+    run("init")
+    assert run("ingest", write_jsonl(tmp_path / "one.jsonl", CORPUS[:40]), "--batch", "one").exit_code == 0
+    again = write_jsonl(tmp_path / "two.jsonl", [{"id": f"again-{r['id']}", "text": r["text"]} for r in CORPUS[:40]])
+    written = tmp_path / "two.verdicts.jsonl"
+    assert run("ingest", again, "--batch", "two", "--verdicts", str(written)).exit_code == 0
+    assert run("remove", "--id", CORPUS[0]["id"], "--id", CORPUS[1]["id"]).exit_code == 0
+    assert run("remove", "--batch", "one").exit_code == 0
+    assert run("verdicts", "--batch", "two").stdout == written.read_text()
+    verdicts = [json.loads(line) for line in written.read_text().splitlines()]
+    assert all(v["status"] == "exact" and v["duplicate_of"] for v in verdicts)
+    assert {v["duplicate_of"] for v in verdicts} <= {r["id"] for r in CORPUS[:40]}
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "csv", "txt"])
+def test_a_rejected_record_keeps_the_id_it_had_and_its_hint_names_the_option(kind, run, index, tmp_path,
+                                                                            monkeypatch):
+    """Issue 34: a reject whose id was readable had "id": null, and its hint named `text_field` where the
+    command line's option is --text-field (the Python API keeps the parameter's name)."""
+    if kind == "jsonl":
+        (tmp_path / "in.jsonl").write_text('{"id": "no-text", "body": "x"}\n{"id": "blank", "text": "  "}\n'
+                                           '{"id": "nul", "text": "a\\u0000b"}\n{"id": "meta", "text": "fine", '
+                                           '"m": "a\\u0000b"}\n{"id": "long", "text": "' + "x" * 50 + '"}\n'
+                                           '{"text": "no id"}\n{"id": "good", "text": "a good text"}\n')
+        paths, ids = ["in.jsonl"], ["no-text", "blank", "nul", "meta", "long", None, "good"]
+    elif kind == "csv":
+        (tmp_path / "in.csv").write_text('id,text,m\nblank,  ,x\nlong,' + "x" * 50 + ',y\ngood,a good text,z\n')
+        paths, ids = ["in.csv"], ["blank", "long", "good"]
+    else:
+        (tmp_path / "a.txt").write_bytes(b"caf\xe9")
+        (tmp_path / "b.txt").write_text("   ")
+        (tmp_path / "c.txt").write_text("a good text")
+        paths, ids = ["a.txt", "b.txt", "c.txt"], ["a.txt", "b.txt", "c.txt"]
+    monkeypatch.chdir(tmp_path)
+    result = run("ingest", *paths, "--batch", "b", "--on-error", "skip", "--max-chars", "40", "--verdicts",
+                 "v.jsonl", "--rejects", "r.jsonl")
+    assert result.exit_code == 3, result.output
+    written = [json.loads(line) for line in (tmp_path / "v.jsonl").read_text().splitlines()]
+    assert [v["id"] for v in written] == ids
+    assert [v["id"] for v in written if v["status"] == "rejected"] == \
+        [json.loads(line)["id"] for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert [json.loads(line) for line in run("verdicts", "--batch", "b").stdout.splitlines()] == written
+    hints = {v["id"]: v["hint"] for v in written if v["status"] == "rejected"}
+    if kind != "txt":
+        assert hints["long"] == "raise --max-chars or split the document"
+        assert [v.hint for v in index.verdicts("b") if v.id == "long"] == ["raise `max_chars` or split the document"]
+    if kind == "jsonl":
+        assert hints["no-text"] == "name the text field with --text-field"
+        checked = [json.loads(line) for line in run("check", *paths, "--max-chars", "40").stdout.splitlines()]
+        assert [(v["id"], v.get("hint")) for v in checked] == [(v["id"], v.get("hint")) for v in written]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from contextlib import contextmanager
 
 from ..errors import InputError, Row
 
@@ -49,6 +50,17 @@ def external_id(value: object, id_field: str, path: str | None, line: int | None
     if not text.strip():
         raise InputError(f"the id field {id_field!r} is empty", path=path, line=line)
     return check_string(text, path, line, what="id")
+
+
+@contextmanager
+def about(external_id: str):
+    """An input error raised inside is about the record with this id, which a reject keeps."""
+    try:
+        yield
+    except InputError as error:
+        if error.external_id is None:
+            error.external_id = external_id
+        raise
 
 
 def metadata(record: dict, id_field: str | None, text_field: str | None, path: str | None, line: int | None) -> dict:

@@ -204,10 +204,11 @@ def read_delimited(path: str, id_field: str, text_field: str, delimiter: str, sk
                 if problem:
                     raise Malformed(problem, record.lines)
                 values = dict(zip(names, record.fields))
-                document = Document(checks.external_id(values[id_field], id_field, path, record.first),
-                                    checks.check_text(values[text_field], path, record.first),
-                                    checks.metadata(values, id_field, text_field, path, record.first),
-                                    path, record.first)
+                external_id = checks.external_id(values[id_field], id_field, path, record.first)
+                with checks.about(external_id):
+                    document = Document(external_id, checks.check_text(values[text_field], path, record.first),
+                                        checks.metadata(values, id_field, text_field, path, record.first),
+                                        path, record.first)
             except BadQuote as exc:
                 pending.extendleft(reversed(exc.lines[1:]))  # read on at the line after the record's first
                 error = _error(str(exc), path, exc.lines[:1])

@@ -59,11 +59,12 @@ def _document(raw: bytes, path: str, line: int, id_field: str, text_field: str) 
         return None
     if id_field not in record:
         raise _missing(id_field, "id", record, path, line, "«id_field»")
-    if text_field not in record:
-        raise _missing(text_field, "text", record, path, line, "«text_field»")
-    return Document(checks.external_id(record[id_field], id_field, path, line),
-                    checks.check_text(record[text_field], path, line),
-                    checks.metadata(record, id_field, text_field, path, line), path, line)
+    external_id = checks.external_id(record[id_field], id_field, path, line)
+    with checks.about(external_id):
+        if text_field not in record:
+            raise _missing(text_field, "text", record, path, line, "«text_field»")
+        return Document(external_id, checks.check_text(record[text_field], path, line),
+                        checks.metadata(record, id_field, text_field, path, line), path, line)
 
 
 def read_jsonl(path: str, id_field: str, text_field: str, skip_errors: bool = False,

@@ -17,7 +17,7 @@ many input records it has consumed.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -48,10 +48,15 @@ def create_staging(connection: sa.Connection, method: Method, texts: bool = Fals
     return columns
 
 
+class ConcurrentIngest(BatchError):
+    """Another ingest (or resume) of the batch stored chunks since this one read where the batch stood."""
+
+
 def open_batch(connection: sa.Connection, name: str, source: str, first: bool,
-               started_at: datetime | None = None) -> int:
+               started_at: datetime | None = None, stored_up_to: int | None = None) -> int:
     """The batch's id: a new batch when ``first`` (started at ``started_at``, when its reading began; default
-    now), else the running batch of that name."""
+    now), else the running batch of that name, which must have consumed ``stored_up_to`` input records
+    (where this process's last chunk, or its resume, left it) unless that is None."""
     if first:
         batch_id = connection.execute(sa.text(
             "INSERT INTO batches (name, source, status, started_at) "
@@ -62,11 +67,17 @@ def open_batch(connection: sa.Connection, name: str, source: str, first: bool,
             raise BatchError(f"a batch named {name!r} already exists; choose another «batch» name "
                              "(or «resume» it if it was interrupted)")
         return batch_id
-    batch_id = connection.execute(sa.text(
-        "SELECT id FROM batches WHERE name = :name AND status = 'running' FOR UPDATE"), {"name": name}).scalar()
-    if batch_id is None:
+    row = connection.execute(sa.text(
+        "SELECT id, position FROM batches WHERE name = :name AND status = 'running' FOR UPDATE"),
+        {"name": name}).first()
+    if row is None:
         raise BatchError(f"batch {name!r} was removed or completed by another process during this ingest")
-    return batch_id
+    if stored_up_to is not None and row.position != stored_up_to:
+        raise ConcurrentIngest(
+            f"another ingest or resume of batch {name!r} stored its input records {stored_up_to + 1:,} to "
+            f"{row.position:,} while this one was reading them, so this one stopped there; let the other finish, "
+            "and «resume» the batch again only if it is still running after that")
+    return row.id
 
 
 @dataclass
@@ -78,13 +89,14 @@ class ChunkResult:
 def store_chunk(connection: sa.Connection, schema: str, method: Method, chunk, *,
                  name: str, source: str, first: bool, final: bool, position: int,
                  rejects: list[tuple[int, InputError]] = (), skip_errors: bool,
-                 started_at: datetime | None = None) -> ChunkResult:
+                 started_at: datetime | None = None, stored_up_to: int | None = None) -> ChunkResult:
     """Match and insert one chunk inside the caller's transaction; record every input record's outcome
-    (``rejects`` are the reader's, by position) and update the batch's counts."""
+    (``rejects`` are the reader's, by position) and update the batch's counts. A chunk that is not the
+    batch's first follows its records ``stored_up_to`` (checked: see :func:`open_batch`)."""
     lock(connection, schema, "ingest")
     check_layout(connection, method)
     record_segmenter(connection, method)
-    batch_id = open_batch(connection, name, source, first, started_at)
+    batch_id = open_batch(connection, name, source, first, started_at, stored_up_to)
     count = len(chunk)
     ids, bulk_segment, sealed = place_chunk(connection, count)
     keys, stored_sketches = chunk.key_rows(method), method.stored(chunk.sketches)
@@ -120,13 +132,16 @@ def store_chunk(connection: sa.Connection, schema: str, method: Method, chunk, *
                       probe_rows=lambda: _probe_rows(ids, stored_sketches, keys, set(unstored)),
                       memory_probes=lambda: MemoryProbes.of(method, staged_ids, staged_sketches, staged_keys)),
         [method.pairs_within(staged_ids, staged_sketches, staged_keys, wide)])),  # the chunk's own pairs, from memory
-        lambda wanted: chunk_and_stored_texts(connection, ids, texts, wanted), k)
+        lambda wanted: chunk_or_stored(connection, ids, wanted, "text",  # UTF-8 in the chunk
+                                       None if texts is None else lambda at: texts[at].decode("utf-8")), k)
     duplicates = earliest(pairs)
     clusters = merge_clusters(connection, pairs, ids)
     exact = exact_duplicates(connection, chunk, ids, pairs)
     copy_in(connection, "staging_exact (id)", ["int8"], ((i,) for i in exact), create=True)
-    copy_in(connection, "staging_duplicates (id, duplicate_of, distance)", ["int8", "int8", "int2"],
-            duplicates.tolist(), create=True)
+    # the name of each one's earliest near-duplicate, which its verdict keeps whatever is removed later
+    names = chunk_or_stored(connection, ids, duplicates[:, 1], "external_id", chunk.external_ids.__getitem__)
+    copy_in(connection, "staging_duplicates (id, duplicate_of, distance, duplicate_of_external_id)",
+            ["int8", "int8", "int2", "text"], ((*row, names[row[1]]) for row in duplicates.tolist()), create=True)
     # every new document a pair touches gets its merged cluster, including one that is only the earlier
     # side of its pairs (it has no duplicate_of, yet a later document may link it to another cluster)
     copy_in(connection, "staging_clusters (id, cluster_id)", ["int8", "int8"], clusters.items(), create=True)
@@ -150,16 +165,16 @@ def store_chunk(connection: sa.Connection, schema: str, method: Method, chunk, *
 
     # what became of every input record of the chunk, in the same transaction as the documents
     connection.exec_driver_sql(
-        "INSERT INTO records (batch_id, position, status, external_id, document_id, duplicate_of, distance) "
-        f"SELECT {int(batch_id)}, s.position, CASE WHEN e.id IS NOT NULL THEN 'exact' "
-        "WHEN m.id IS NOT NULL THEN 'near' ELSE 'new' END, s.external_id, s.id, m.duplicate_of, m.distance "
-        "FROM staging s LEFT JOIN staging_duplicates m USING (id) LEFT JOIN staging_exact e USING (id)")
+        "INSERT INTO records (batch_id, position, status, external_id, document_id, duplicate_of, distance, "
+        f"duplicate_of_external_id) SELECT {int(batch_id)}, s.position, CASE WHEN e.id IS NOT NULL THEN 'exact' "
+        "WHEN m.id IS NOT NULL THEN 'near' ELSE 'new' END, s.external_id, s.id, m.duplicate_of, m.distance, "
+        "m.duplicate_of_external_id FROM staging s LEFT JOIN staging_duplicates m USING (id) LEFT JOIN staging_exact e USING (id)")
     rejected = sorted([*rejects, *errors], key=lambda pair: pair[0])
     copy_in(connection, "records (batch_id, position, status, external_id, document_id, path, line, reason, hint)",
             ["int4", "int8", "text", "text", "int8", "text", "int8", "text", "text"],
             [*((batch_id, chunk.positions[i], "already_stored", chunk.external_ids[i], document, None, None, None,
                 None) for i, document in already),
-             *((batch_id, at, "rejected", getattr(error, "external_id", None), None, error.path, error.line,
+             *((batch_id, at, "rejected", error.external_id, None, error.path, error.line,
                 error.reason, error.hint) for at, error in rejected)])
 
     stored = count - len(unstored)
@@ -194,21 +209,28 @@ def _from_staging(column: str) -> str:
     return "convert_from(s.text, 'UTF8')" if column == "text" else f"s.{column}"
 
 
-def chunk_and_stored_texts(connection: sa.Connection, ids: np.ndarray, texts: list[bytes] | None,
-                           wanted: np.ndarray) -> dict[int, str]:
-    """The texts of the ``wanted`` ids: the chunk's from memory (UTF-8), the stored ones' from ``documents.text``."""
+def chunk_or_stored(connection: sa.Connection, ids: np.ndarray, wanted: np.ndarray, column: str,
+                    in_chunk: Callable[[int], object] | None) -> dict[int, object]:
+    """{id: value} of the ``wanted`` ids: ``in_chunk(i)`` for the chunk's ``i``-th document (``ids[i]``), and
+    ``column`` of ``documents`` for the stored ones (``in_chunk`` None: every one is read from there)."""
     found, stored = {}, []
-    for i in wanted.tolist():
+    for i in np.unique(wanted).tolist():
         at = int(np.searchsorted(ids, i))
-        if texts is not None and at < len(ids) and ids[at] == i:
-            found[int(i)] = texts[at].decode("utf-8")
+        if in_chunk is not None and at < len(ids) and ids[at] == i:
+            found[i] = in_chunk(at)
         else:
-            stored.append(int(i))
-    if stored:
-        found.update(connection.exec_driver_sql(
-            f"SELECT d.id, d.text FROM documents d JOIN {id_table(connection, 'texts_wanted', stored)} USING (id)"
-        ).all())
-        connection.exec_driver_sql("DROP TABLE texts_wanted")
+            stored.append(i)
+    found.update(stored_column(connection, column, stored))
+    return found
+
+
+def stored_column(connection: sa.Connection, column: str, ids: list[int]) -> dict[int, object]:
+    """{id: ``column``} of the stored documents ``ids``, joined with them by id (co-located on Citus)."""
+    if not ids:
+        return {}
+    found = dict(connection.exec_driver_sql(
+        f"SELECT d.id, d.{column} FROM documents d JOIN {id_table(connection, 'wanted_ids', ids)} USING (id)").all())
+    connection.exec_driver_sql("DROP TABLE wanted_ids")
     return found
 
 
@@ -224,11 +246,8 @@ def exact_duplicates(connection: sa.Connection, chunk, ids: np.ndarray, pairs: n
     if not len(same):
         return []
     hashes = {int(i): h for i, h in zip(ids.tolist(), chunk.content_hashes)}
-    stored = [int(t) for t in np.unique(same[:, 1]).tolist() if t not in hashes]
-    if stored:
-        hashes.update(connection.exec_driver_sql(
-            f"SELECT d.id, d.content_hash FROM documents d JOIN {id_table(connection, 'same_stored', stored)} "
-            "USING (id)").all())
+    hashes.update(stored_column(connection, "content_hash",
+                                [int(t) for t in np.unique(same[:, 1]).tolist() if t not in hashes]))
     return sorted({int(p) for p, t in same[:, :2].tolist() if hashes[p] == hashes[t]})
 
 
@@ -262,19 +281,19 @@ def _stored_ids(connection: sa.Connection, chunk, ids: np.ndarray, batch_id: int
 
 # -- the whole batch ---------------------------------------------------------------------------------
 
-def resume_position(connection: sa.Connection, name: str, resume: bool) -> tuple[int, int] | None:
-    """(records consumed, documents stored) of an interrupted batch to resume, or None for a new batch."""
+def resume_position(connection: sa.Connection, name: str, resume: bool) -> tuple[int, int, bool] | None:
+    """(records consumed, documents stored, complete) of a batch to resume, or None for a new batch. A complete
+    batch is resumed only to write its files again (a kill after its last chunk committed may have cut them)."""
     row = connection.execute(sa.text("SELECT status, position, documents FROM batches WHERE name = :name"),
                              {"name": name}).first()
     if row is None:
         if resume:
             raise BatchError(f"there is no batch {name!r} to resume; run without «resume» to start it")
         return None
-    if row.status == "complete":
-        raise BatchError(f"batch {name!r} is already complete; choose another name with «batch»")
+    if row.status == "complete" and not resume:
+        raise BatchError(f"batch {name!r} is already complete; choose another name with «batch» (or «resume» it to "
+                         "write its verdicts and rejects files again)")
     if not resume:
         raise BatchError(f"batch {name!r} was interrupted after {row.position:,} input records; continue it "
                          f"with «resume», or remove what it stored with `simdb remove --batch {name}`")
-    return row.position, row.documents
-
-
+    return row.position, row.documents, row.status == "complete"

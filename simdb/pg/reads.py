@@ -49,21 +49,17 @@ def document_count(connection: sa.Connection) -> int:
 def records(connection: sa.Connection, batch: str, *, after: int = 0, upto: int | None = None,
             status: str | None = None) -> Iterator[sa.Row]:
     """The records of a batch at input positions in ``(after, upto]`` (and of one ``status``), in input order,
-    with the external id of the document each duplicates; read 10,000 at a time, the external ids of each
-    part's duplicates looked up by their document ids (a join of records with documents is not co-located on
-    a distributed index)."""
+    with the external id of the document each duplicated when it arrived (kept with the record: the document
+    may have been removed since); read 10,000 at a time."""
     batch_id = connection.execute(sa.text("SELECT id FROM batches WHERE name = :batch"), {"batch": batch}).scalar()
     while batch_id is not None:
         part = connection.execute(sa.text(
-            "SELECT r.position, r.status, r.external_id, r.distance, r.duplicate_of, r.path, r.line, r.reason, "
-            "r.hint FROM records r WHERE r.batch_id = :batch AND r.position > :after "
+            "SELECT r.position, r.status, r.external_id, r.distance, r.duplicate_of_external_id, r.path, r.line, "
+            "r.reason, r.hint FROM records r WHERE r.batch_id = :batch AND r.position > :after "
             "AND (CAST(:upto AS bigint) IS NULL OR r.position <= :upto) "
             "AND (CAST(:status AS text) IS NULL OR r.status = :status) ORDER BY r.position LIMIT 10000"),
             {"batch": batch_id, "after": after, "upto": upto, "status": status}).all()
-        names = external_ids(connection, {row.duplicate_of for row in part if row.duplicate_of is not None})
-        for row in part:
-            yield Record(row.position, row.status, row.external_id, row.distance, names.get(row.duplicate_of),
-                         row.path, row.line, row.reason, row.hint)
+        yield from (Record(*row) for row in part)
         if len(part) < 10000:
             return
         after = part[-1].position
@@ -244,15 +240,34 @@ def pairs(connection: sa.Connection, condition: str, params: dict) -> Iterator[s
         f"WHERE {condition} ORDER BY p.a_id, p.b_id"), params)
 
 
-def export(connection: sa.Connection, method: Method, *, batch: int | None = None,
-           unique: bool = False) -> Iterator[sa.Row]:
-    """Documents' ``(external_id, sketch, metadata, batch)`` in the order stored, streamed: all of them, or
-    those of one batch, and with ``unique`` only the earliest of each cluster (``id = cluster_id``)."""
-    conditions = [*(["d.batch_id = :batch"] if batch is not None else []), *(["d.id = d.cluster_id"] if unique else [])]
-    yield from connection.execution_options(yield_per=10_000).execute(sa.text(
-        f"SELECT d.external_id, d.{method.sketch_column[0]} AS sketch, d.metadata, b.name AS batch "
-        "FROM documents d JOIN batches b ON b.id = d.batch_id "
-        + (f"WHERE {' AND '.join(conditions)} " if conditions else "") + "ORDER BY d.id"), {"batch": batch})
+def export(connection: sa.Connection, method: Method, *, batch: int | None = None, unique: bool = False,
+           canonical: bool = False) -> Iterator[sa.Row]:
+    """Documents' ``(external_id, sketch, metadata, batch)`` in the order stored, streamed: all of them, or those
+    of one batch; with ``unique`` those whose verdict was ``new`` when they arrived (they duplicated nothing
+    stored before them), with ``canonical`` the earliest of each cluster as the archive stands (``id =
+    cluster_id``).
+
+    A verdict is history: the record's status, which no later batch or removal changes (``duplicate_of`` is
+    re-pointed, or cleared, when the document it names is removed). Documents stored before verdicts were
+    kept (revision 0005) have no record; they are unique when they point at no earlier document. Ids only
+    grow, so they all come before the first document with a record, and the two parts are read in turn.
+    """
+    select = (f"SELECT d.external_id, d.{method.sketch_column[0]} AS sketch, d.metadata, b.name AS batch "
+              "FROM documents d JOIN batches b ON b.id = d.batch_id WHERE ")
+    scope = ["d.batch_id = :batch"] if batch is not None else []
+    in_batch = " AND batch_id = :batch" if batch is not None else ""
+    params = {"batch": batch}
+    parts = [[*scope, *(["d.id = d.cluster_id"] if canonical else [])]]
+    if unique:
+        params["first"] = connection.execute(sa.text(  # the first document stored with a record
+            f"SELECT min(document_id) FROM records WHERE status IN ('new', 'exact', 'near'){in_batch}"),
+            params).scalar()
+        parts = [[*scope, "d.duplicate_of IS NULL", *(["d.id < :first"] if params["first"] is not None else [])]]
+        if params["first"] is not None:  # a subquery, not a join: records and documents are not co-located on Citus
+            parts.append([*scope, f"d.id IN (SELECT document_id FROM records WHERE status = 'new'{in_batch})"])
+    for conditions in parts:
+        yield from connection.execution_options(yield_per=10_000).execute(sa.text(
+            select + (" AND ".join(conditions) or "true") + " ORDER BY d.id"), params)
 
 
 #: Documents ``stats`` samples to measure the key buckets of a large archive; an archive of at most 50 times

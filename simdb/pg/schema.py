@@ -120,6 +120,7 @@ def build_metadata(key_columns: tuple[str, ...]) -> sa.MetaData:
         sa.Column("line", sa.BigInteger),
         sa.Column("reason", sa.Text),
         sa.Column("hint", sa.Text),
+        sa.Column("duplicate_of_external_id", sa.Text),  # duplicate_of's name, kept when it is removed (0011)
         sa.CheckConstraint(sa.text("status IN ('new', 'exact', 'near', 'already_stored', 'rejected')"),
                            name="status"),
         comment="One row per input record of a batch, in input order: what became of it (new, exact, near, "
