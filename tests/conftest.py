@@ -25,8 +25,10 @@ from click.testing import CliRunner
 
 from simdb import Index
 from simdb.cli import cli
-from simdb.pg import citus
-from simdb.pg.database import postgres_url, redact, start_embedded
+from simdb.pg import citus, migrate
+from simdb.pg.database import Database, postgres_url, redact, start_embedded
+from simdb.pg.functions import create_functions, create_views, drop_functions_and_views
+from simdb.settings import IndexSettings
 
 LOCAL_SERVER = "postgresql://postgres@127.0.0.1:5432/test"
 #: The labelled devset of real text (beside the checkout in ../shared/devset, or SIMDB_DEVSET).
@@ -274,6 +276,25 @@ def _distributed(engine: sa.Engine, schema: str) -> bool:
 
 def _has_citus(connection) -> bool:
     return connection.execute(sa.text("SELECT count(*) FROM pg_extension WHERE extname = 'citus'")).scalar_one() > 0
+
+
+def migrated_index(database_url: str, schema: str, settings: IndexSettings) -> None:
+    """An index with ``settings`` made by every migration from 0001 to head, as simdb made new indexes before it
+    created them at the head revision directly (and as it still upgrades old ones); distributed afterwards
+    where ``settings`` say, as it was then."""
+    database = Database.connect(database_url, schema=schema)
+    try:
+        with database.engine.begin() as connection:
+            connection.exec_driver_sql(f"CREATE SCHEMA {schema}")
+            migrate.upgrade(connection, schema, layout=settings.layout, new_index_settings=settings.to_rows(),
+                            new_index_idf_terms=settings.method.side_tables().get("idf_terms"))
+            if settings.distributed is not None:
+                drop_functions_and_views(connection, schema)
+                citus.distribute(connection, schema, settings.distributed["shards"])
+                create_functions(connection, schema, settings.method)
+                create_views(connection, schema, settings.method)
+    finally:
+        database.close()
 
 
 #: The tables a brute-force check reads, with their primary keys.

@@ -19,6 +19,8 @@ import sqlalchemy as sa
 
 from simdb import Index
 from simdb.pg.functions import create_functions, create_views, drop_functions_and_views
+from simdb.settings import IndexSettings
+from tests.conftest import migrated_index
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "simdb"
@@ -129,7 +131,8 @@ def definitions(connection: sa.Connection, schema: str) -> dict[str, tuple[str, 
                                       {"method": "minhash", "verify": "exact"}],
                          ids=["simhash", "simhash-5-blocks", "minhash", "minhash-exact"])
 def test_the_migrations_create_what_todays_code_creates(settings, database_url, schema):
-    with Index.create(database_url, schema=schema, **settings) as index:
+    migrated_index(database_url, schema, IndexSettings.new(**settings))  # Index.create would make today's
+    with Index.open(database_url, schema=schema) as index:
         with index.database.engine.begin() as connection:  # one transaction, rolled back: the index stays as it was
             migrated = definitions(connection, schema)
             drop_functions_and_views(connection, schema)
