@@ -1,10 +1,14 @@
-"""Real PostgreSQL for every test; nothing is mocked.
+"""Real PostgreSQL for every test that needs one; nothing is mocked.
 
 The database is ``SIMDB_TEST_DATABASE_URL`` when set; otherwise the local
 server at 127.0.0.1:5432 (database ``test``) if it answers; otherwise an
 embedded PostgreSQL (pgserver) in a temporary directory, removed afterwards.
 Each test gets its own schema, dropped when the test ends, so tests are
 isolated and leave nothing behind.
+
+A test that asks for no database fixture is marked ``unit``: ``-m unit`` runs
+them without PostgreSQL, and nothing here connects to one (or starts one)
+unless a selected test needs it.
 """
 
 from __future__ import annotations
@@ -55,7 +59,25 @@ def _database() -> tuple[str, str, object]:
     return server.get_uri(), f"embedded PostgreSQL in {directory}", server
 
 
-def pytest_report_header(config):
+#: Every fixture that reaches a database asks for one of these.
+DATABASE_FIXTURES = {"server_url", "database_url", "backend"}
+
+
+def needs_database(item: pytest.Item) -> bool:
+    return bool(DATABASE_FIXTURES.intersection(getattr(item, "fixturenames", ())))
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects by marker
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if not needs_database(item):
+            item.add_marker(pytest.mark.unit)
+
+
+def pytest_report_collectionfinish(config, start_path, items):
+    """The test database, once the selected tests are known: none is reached where none of them needs it."""
+    if not any(needs_database(item) for item in items):
+        return "simdb test database: none (no selected test needs PostgreSQL)"
     url, origin, _ = _database()
     with psycopg.connect(url) as connection:
         version = connection.execute("SHOW server_version").fetchone()[0]

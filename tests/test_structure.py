@@ -11,7 +11,10 @@
 from __future__ import annotations
 
 import ast
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -166,3 +169,16 @@ def test_only_the_postgresql_layer_and_the_methods_speak_sql():
              if not {"pg", "methods"} & set(path.relative_to(PACKAGE).parts)
              for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if pattern.search(line)]
     assert found == []
+
+
+def test_the_unit_lane_needs_no_database():
+    """``-m unit`` selects the tests that ask for no database fixture, and then nothing connects to one (nor
+    starts an embedded one): here the test database is a closed port, and collecting says so and succeeds."""
+    env = {**os.environ, "SIMDB_TEST_DATABASE_URL": "postgresql://postgres@127.0.0.1:1/closed"}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-m", "unit", "--collect-only", "-q", "-p",
+                           "no:cacheprovider"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "simdb test database: none" in done.stdout
+    collected = [line for line in done.stdout.splitlines() if "::" in line]
+    assert len(collected) > 150 and any("test_fast_paths.py" in line for line in collected)
+    assert not any("test_segments.py::test_segments_merges" in line for line in collected)
