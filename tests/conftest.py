@@ -407,6 +407,51 @@ def fresh_index(database_url, admin_engine, schema):
     return fresh
 
 
+class ReadOnlyArchives:
+    """Archives that a module's tests only read (:func:`read_only_archives`): each built once per database and
+    kind, in a schema of its own, by the first test that asks; a test that writes to one fails."""
+
+    def __init__(self) -> None:
+        self.built: dict = {}
+        self.stack = contextlib.ExitStack()
+
+    @contextlib.contextmanager
+    def use(self, key, engine: sa.Engine, backend: str, build):
+        """``build(schema, stack)`` makes the archive (entering what must be closed into ``stack``) where ``key``
+        has none yet; yields it, then checks that its rows are as they were."""
+        if key not in self.built:
+            schema = f"simdb_test_{uuid.uuid4().hex[:12]}"
+            self.stack.callback(_drop_schema, engine, schema)
+            self.built[key] = (schema, build(schema, self.stack))
+            if backend == "citus":
+                assert _distributed(engine, schema), f"the archive in {schema} is not distributed"
+        schema, archive = self.built[key]
+        before = _rows_of(engine, schema)
+        yield archive
+        assert _rows_of(engine, schema) == before, "a test wrote to an archive shared by the module's tests"
+
+
+def _rows_of(engine: sa.Engine, schema: str) -> list:
+    with engine.connect() as connection:
+        return [connection.exec_driver_sql(f"SELECT count(*), md5(string_agg(CAST(t AS text), ',' ORDER BY "
+                                           f"CAST(t AS text))) FROM {schema}.{table} t").one()
+                for table in ("settings", *GATHERING_TABLES)]
+
+
+def _drop_schema(engine: sa.Engine, schema: str) -> None:
+    with engine.begin() as connection:
+        connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+@pytest.fixture(scope="module")
+def read_only_archives():
+    """Archives shared by a module's tests that only read them, dropped when the module is done (see
+    :class:`ReadOnlyArchives`)."""
+    archives = ReadOnlyArchives()
+    with archives.stack:
+        yield archives
+
+
 #: The tables whose rows an index gathers (settings, idf_terms and alembic_version hold what it was created with).
 GATHERING_TABLES = ("batches", "documents", "near_duplicates", "clusters", "records")
 
