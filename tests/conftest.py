@@ -1,10 +1,14 @@
-"""Real PostgreSQL for every test; nothing is mocked.
+"""Real PostgreSQL for every test that needs one; nothing is mocked.
 
 The database is ``SIMDB_TEST_DATABASE_URL`` when set; otherwise the local
 server at 127.0.0.1:5432 (database ``test``) if it answers; otherwise an
 embedded PostgreSQL (pgserver) in a temporary directory, removed afterwards.
 Each test gets its own schema, dropped when the test ends, so tests are
 isolated and leave nothing behind.
+
+A test that asks for no database fixture is marked ``unit``: ``-m unit`` runs
+them without PostgreSQL, and nothing here connects to one (or starts one)
+unless a selected test needs it.
 """
 
 from __future__ import annotations
@@ -25,8 +29,10 @@ from click.testing import CliRunner
 
 from simdb import Index
 from simdb.cli import cli
-from simdb.pg import citus
-from simdb.pg.database import postgres_url, redact, start_embedded
+from simdb.pg import citus, migrate
+from simdb.pg.database import Database, postgres_url, redact, start_embedded
+from simdb.pg.functions import create_functions, create_views, drop_functions_and_views
+from simdb.settings import IndexSettings
 
 LOCAL_SERVER = "postgresql://postgres@127.0.0.1:5432/test"
 #: The labelled devset of real text (beside the checkout in ../shared/devset, or SIMDB_DEVSET).
@@ -53,7 +59,25 @@ def _database() -> tuple[str, str, object]:
     return server.get_uri(), f"embedded PostgreSQL in {directory}", server
 
 
-def pytest_report_header(config):
+#: Every fixture that reaches a database asks for one of these.
+DATABASE_FIXTURES = {"server_url", "database_url", "backend"}
+
+
+def needs_database(item: pytest.Item) -> bool:
+    return bool(DATABASE_FIXTURES.intersection(getattr(item, "fixturenames", ())))
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects by marker
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if not needs_database(item):
+            item.add_marker(pytest.mark.unit)
+
+
+def pytest_report_collectionfinish(config, start_path, items):
+    """The test database, once the selected tests are known: none is reached where none of them needs it."""
+    if not any(needs_database(item) for item in items):
+        return "simdb test database: none (no selected test needs PostgreSQL)"
     url, origin, _ = _database()
     with psycopg.connect(url) as connection:
         version = connection.execute("SHOW server_version").fetchone()[0]
@@ -274,6 +298,178 @@ def _distributed(engine: sa.Engine, schema: str) -> bool:
 
 def _has_citus(connection) -> bool:
     return connection.execute(sa.text("SELECT count(*) FROM pg_extension WHERE extname = 'citus'")).scalar_one() > 0
+
+
+def migrated_index(database_url: str, schema: str, settings: IndexSettings) -> None:
+    """An index with ``settings`` made by every migration from 0001 to head, as simdb made new indexes before it
+    created them at the head revision directly (and as it still upgrades old ones); distributed afterwards
+    where ``settings`` say, as it was then."""
+    database = Database.connect(database_url, schema=schema)
+    try:
+        with database.engine.begin() as connection:
+            connection.exec_driver_sql(f"CREATE SCHEMA {schema}")
+            migrate.upgrade(connection, schema, layout=settings.layout, new_index_settings=settings.to_rows(),
+                            new_index_idf_terms=settings.method.side_tables().get("idf_terms"))
+            if settings.distributed is not None:
+                drop_functions_and_views(connection, schema)
+                citus.distribute(connection, schema, settings.distributed["shards"])
+                create_functions(connection, schema, settings.method)
+                create_views(connection, schema, settings.method)
+    finally:
+        database.close()
+
+
+def catalog(connection: sa.Connection, schema: str) -> dict[str, list[tuple]]:
+    """What PostgreSQL (and Citus, where it is there) holds of the index in ``schema``: its relations, columns and
+    their types, defaults and storage, constraints, indexes, sequences and what owns them, functions' and views'
+    definitions, comments, grants, triggers and types; the rows of its settings, side tables and version table;
+    how its tables are distributed. Definitions are printed schema-qualified and the schema's name is
+    replaced by ``S``, so that two indexes compare."""
+    connection.exec_driver_sql("SET LOCAL search_path TO pg_catalog")  # every name printed qualified
+    citus = connection.exec_driver_sql("SELECT to_regclass('pg_dist_partition')").scalar() is not None
+    shards = [str(shard) for shard in connection.execute(sa.text(  # a shard's id is in its tables' names
+        "SELECT s.shardid FROM pg_dist_shard s JOIN pg_class c ON c.oid = s.logicalrelid JOIN pg_namespace n "
+        "ON n.oid = c.relnamespace WHERE n.nspname = :s"), {"s": schema}).scalars()] if citus else []
+
+    def rows(statement: str) -> list[tuple]:
+        def named(value) -> str:
+            value = str(value).replace(schema, "S")
+            for shard in shards:
+                value = value.replace(f"_{shard}", "_<shard>")
+            return value
+        return sorted(tuple(named(value) for value in row)
+                      for row in connection.execute(sa.text(statement), {"s": schema}).all())
+
+    in_schema = "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = :s"
+    found = {
+        "schema": rows("SELECT nspacl, obj_description(oid, 'pg_namespace') FROM pg_namespace WHERE nspname = :s"),
+        "relations": rows("SELECT c.relname, c.relkind, c.relpersistence, c.relispartition, pg_get_partkeydef(c.oid), "
+                          "c.reloptions, c.relacl, obj_description(c.oid, 'pg_class'), c.relreplident, "
+                          f"c.relrowsecurity, c.relhasindex, c.relnatts FROM pg_class c {in_schema} ORDER BY 1"),
+        "columns": rows("SELECT c.relname, a.attnum, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull, "
+                        "pg_get_expr(d.adbin, d.adrelid), a.attidentity, a.attgenerated, a.attcompression, "
+                        "a.attstorage, a.attcollation, col_description(c.oid, a.attnum), a.attacl, a.attisdropped "
+                        "FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid LEFT JOIN pg_attrdef d "
+                        f"ON d.adrelid = a.attrelid AND d.adnum = a.attnum {in_schema} AND a.attnum > 0 ORDER BY 1, 2"),
+        "constraints": rows("SELECT c.relname, k.conname, k.contype, pg_get_constraintdef(k.oid), k.condeferrable, "
+                            "k.condeferred, k.convalidated, k.conislocal, k.coninhcount FROM pg_constraint k "
+                            f"JOIN pg_class c ON c.oid = k.conrelid {in_schema} ORDER BY 1, 2"),
+        "indexes": rows("SELECT c.relname, i.relname, pg_get_indexdef(i.oid), x.indisunique, x.indisprimary, "
+                        "x.indisvalid, x.indisready FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid "
+                        f"JOIN pg_class c ON c.oid = x.indrelid {in_schema} ORDER BY 1, 2"),
+        "sequences": rows("SELECT c.relname, format_type(s.seqtypid, NULL), s.seqstart, s.seqincrement, s.seqmax, "
+                          "s.seqmin, s.seqcache, s.seqcycle, t.relname, a.attname, d.deptype FROM pg_sequence s "
+                          "JOIN pg_class c ON c.oid = s.seqrelid LEFT JOIN pg_depend d ON d.objid = c.oid "
+                          "AND d.classid = 'pg_class'::regclass AND d.refclassid = 'pg_class'::regclass "
+                          "AND d.deptype IN ('a', 'i') LEFT JOIN pg_class t ON t.oid = d.refobjid LEFT JOIN "
+                          "pg_attribute a ON a.attrelid = d.refobjid AND a.attnum = d.refobjsubid "
+                          f"{in_schema} ORDER BY 1"),
+        "functions": rows("SELECT p.proname || '(' || pg_get_function_identity_arguments(p.oid) || ')', "
+                          "pg_get_functiondef(p.oid), obj_description(p.oid, 'pg_proc'), p.proacl FROM pg_proc p "
+                          "JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = :s ORDER BY 1"),
+        "views": rows(f"SELECT c.relname, pg_get_viewdef(c.oid) FROM pg_class c {in_schema} AND c.relkind = 'v' "
+                      "ORDER BY 1"),
+        "triggers": rows("SELECT c.relname, t.tgname, pg_get_triggerdef(t.oid) FROM pg_trigger t "
+                         f"JOIN pg_class c ON c.oid = t.tgrelid {in_schema} AND NOT t.tgisinternal ORDER BY 1, 2"),
+        "types": rows("SELECT t.typname, t.typtype FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace "
+                      "WHERE n.nspname = :s ORDER BY 1"),
+        **{table: rows(f"SELECT * FROM {schema}.{table} ORDER BY 1") for table in
+           ("settings", "idf_terms", "alembic_version")},
+    }
+    if citus:
+        found["distribution"] = rows(  # each table's distribution, shards and the first table it is co-located with
+            "SELECT c.relname, p.partmethod, column_to_column_name(p.logicalrelid, p.partkey), p.repmodel, "
+            "(SELECT count(*) FROM pg_dist_shard s WHERE s.logicalrelid = p.logicalrelid), "
+            "(SELECT min(o.relname) FROM pg_dist_partition q JOIN pg_class o ON o.oid = q.logicalrelid "
+            " WHERE q.colocationid = p.colocationid AND o.relnamespace = c.relnamespace) "
+            f"FROM pg_dist_partition p JOIN pg_class c ON c.oid = p.logicalrelid {in_schema} ORDER BY 1")
+    return found
+
+
+@pytest.fixture
+def fresh_index(database_url, admin_engine, schema):
+    """For Hypothesis tests, whose examples share the test's fixtures: ``fresh_index(**settings)`` opens an index
+    in ``schema`` that is as if just created with ``settings``. The first call creates it; later ones empty it
+    (:func:`empty_index`) instead of creating another, which takes seconds on Citus."""
+    created: dict = {}
+
+    def fresh(**settings) -> Index:
+        if not created:
+            Index.create(database_url, schema=schema, **settings).close()
+            with admin_engine.connect() as connection:
+                created.update(settings=settings, rows=connection.execute(sa.text(
+                    f"SELECT name, CAST(value AS text) FROM {schema}.settings")).all())
+        else:
+            assert settings == created["settings"], "one test, one kind of index"
+            empty_index(admin_engine, schema, created["rows"])
+        return Index.open(database_url, schema=schema)
+
+    return fresh
+
+
+class ReadOnlyArchives:
+    """Archives that a module's tests only read (:func:`read_only_archives`): each built once per database and
+    kind, in a schema of its own, by the first test that asks; a test that writes to one fails."""
+
+    def __init__(self) -> None:
+        self.built: dict = {}
+        self.stack = contextlib.ExitStack()
+
+    @contextlib.contextmanager
+    def use(self, key, engine: sa.Engine, backend: str, build):
+        """``build(schema, stack)`` makes the archive (entering what must be closed into ``stack``) where ``key``
+        has none yet; yields it, then checks that its rows are as they were."""
+        if key not in self.built:
+            schema = f"simdb_test_{uuid.uuid4().hex[:12]}"
+            self.stack.callback(_drop_schema, engine, schema)
+            self.built[key] = (schema, build(schema, self.stack))
+            if backend == "citus":
+                assert _distributed(engine, schema), f"the archive in {schema} is not distributed"
+        schema, archive = self.built[key]
+        before = _rows_of(engine, schema)
+        yield archive
+        assert _rows_of(engine, schema) == before, "a test wrote to an archive shared by the module's tests"
+
+
+def _rows_of(engine: sa.Engine, schema: str) -> list:
+    with engine.connect() as connection:
+        return [connection.exec_driver_sql(f"SELECT count(*), md5(string_agg(CAST(t AS text), ',' ORDER BY "
+                                           f"CAST(t AS text))) FROM {schema}.{table} t").one()
+                for table in ("settings", *GATHERING_TABLES)]
+
+
+def _drop_schema(engine: sa.Engine, schema: str) -> None:
+    with engine.begin() as connection:
+        connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+@pytest.fixture(scope="module")
+def read_only_archives():
+    """Archives shared by a module's tests that only read them, dropped when the module is done (see
+    :class:`ReadOnlyArchives`)."""
+    archives = ReadOnlyArchives()
+    with archives.stack:
+        yield archives
+
+
+#: The tables whose rows an index gathers (settings, idf_terms and alembic_version hold what it was created with).
+GATHERING_TABLES = ("batches", "documents", "near_duplicates", "clusters", "records")
+
+
+def empty_index(engine: sa.Engine, schema: str, settings_rows) -> None:
+    """Make the index in ``schema`` as it was created (tests/test_clusters.py checks that it is): no segments, no
+    rows, ids from 1 again, the settings rows it was created with. Not after a relayout, which changes its
+    columns (opening it would then fail on the key columns its settings name)."""
+    with engine.begin() as connection:
+        for segment in connection.execute(sa.text(
+                "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+                "WHERE i.inhparent = CAST(:t AS regclass)"), {"t": f"{schema}.documents"}).scalars().all():
+            connection.exec_driver_sql(f'DROP TABLE {schema}."{segment}"')
+        connection.exec_driver_sql(f"TRUNCATE {', '.join(f'{schema}.{t}' for t in GATHERING_TABLES)} RESTART IDENTITY")
+        connection.exec_driver_sql(f"DELETE FROM {schema}.settings")
+        connection.execute(sa.text(f"INSERT INTO {schema}.settings (name, value) "
+                                   "VALUES (:name, CAST(:value AS jsonb))"),
+                           [{"name": name, "value": value} for name, value in settings_rows])
 
 
 #: The tables a brute-force check reads, with their primary keys.

@@ -8,7 +8,6 @@ compares cluster_id, duplicate_of and the stored pairs with brute force over the
 
 from __future__ import annotations
 
-import uuid
 
 import pytest
 import sqlalchemy as sa
@@ -17,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from simdb import Index, to_signed
-from tests.conftest import Concurrently, assert_consistent
+from tests.conftest import GATHERING_TABLES, Concurrently, assert_consistent, catalog
 from tests.test_index import make_batch
 
 #: Fingerprints in a 9-bit space: any two are at most 9 bits apart, so pairs, chains and bridges abound.
@@ -86,11 +85,32 @@ def replay(database_url, admin_engine, schema, index, history, after_chunk=None)
                                                                  HealthCheck.too_slow])
 @pytest.mark.citus
 @given(history=histories())
-def test_clusters_are_the_connected_components_of_the_pairs(database_url, admin_engine, history):
-    schema = f"simdb_test_{uuid.uuid4().hex[:12]}"
-    try:
-        with Index.create(database_url, schema=schema) as index:
-            replay(database_url, admin_engine, schema, index, history)
-    finally:
+def test_clusters_are_the_connected_components_of_the_pairs(database_url, admin_engine, schema, fresh_index,
+                                                           history):
+    with fresh_index() as index:  # each example on an index as created
+        replay(database_url, admin_engine, schema, index, history)
+
+
+@pytest.mark.citus
+def test_an_emptied_index_is_the_index_as_created(database_url, admin_engine, schema, fresh_index):
+    """The Hypothesis tests reuse one index, emptied between examples: it must be exactly as created, segments,
+    rows, ids and settings included, whatever the example did (merged segments, removals, concurrent chunks)."""
+    def state() -> dict:
         with admin_engine.begin() as connection:
-            connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+            found = catalog(connection, schema)
+            found["rows"] = [connection.exec_driver_sql(f"SELECT count(*) FROM {schema}.{table}").scalar_one()
+                             for table in GATHERING_TABLES]
+            found["ids"] = [tuple(connection.exec_driver_sql(f"SELECT last_value, is_called FROM {sequence}").one())
+                            for sequence in (f"{schema}.batches_id_seq", f"{schema}.documents_id_seq")]
+            return found
+
+    fingerprints = [0xA5A5_0000_0000_0000 | low for low in range(0, 512, 7)]
+    history = ([fingerprints[i:i + size] for i, size in zip(range(0, 70, 10), (1, 3, 10, 2, 5, 12, 4))],
+               [False, True, False, False, True, False, False], [0, 5, 17, 30])
+    with fresh_index(segment_size=4, merge_factor=2, bulk_chunk=3) as index:
+        created = state()
+        replay(database_url, admin_engine, schema, index, history, after_chunk=lambda number: index.compact())
+        assert state()["rows"] != created["rows"] and len(index.segments()) > 1
+    with fresh_index(segment_size=4, merge_factor=2, bulk_chunk=3):
+        emptied = state()
+    assert emptied == created and len(created["relations"]) > 20 and created["ids"] == [(1, False), (1, False)]

@@ -1,8 +1,10 @@
-"""Migrations: empty database -> head -> base and back; the models match; wheels carry them."""
+"""Migrations: empty database -> head -> base and back; the models match; wheels carry them; a new index, made at
+the head revision directly, is exactly what the migrations make."""
 
 import os
 import subprocess
 import sys
+import uuid
 import zipfile
 from pathlib import Path
 
@@ -14,6 +16,7 @@ from simdb import Index
 from simdb.pg import migrate
 from simdb.pg.database import Database
 from simdb.settings import IndexSettings
+from tests.conftest import catalog, migrated_index
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -166,3 +169,40 @@ def test_upgrading_to_0011_names_what_each_verdict_duplicated_even_when_it_was_r
                 "SELECT * FROM records LIMIT 0").keys()
             migrate.upgrade(connection, schema, layout=index.layout)
         assert [v.duplicate_of for v in index.verdicts("three")] == ["one-0", "one-1", None]
+
+
+def learned_idf():
+    from simdb.methods.simhash.fingerprint import learn_idf
+    from simdb.samples import corpus
+
+    return learn_idf(record["text"] for record in corpus())
+
+
+@pytest.mark.citus
+@pytest.mark.parametrize("options", [
+    {}, {"blocks": 5, "max_distance": 3}, {"idf": "learned", "store_text": True},
+    {"method": "minhash", "threshold": 0.7}, {"method": "minhash", "verify": "exact"},
+    {"segment_size": 1000, "merge_factor": 3, "bulk_chunk": 5000}],
+    ids=["simhash", "simhash-5-blocks", "simhash-tfidf-texts", "minhash", "minhash-exact", "storage"])
+def test_a_new_index_is_exactly_what_the_migrations_make(options, database_url, schema, admin_engine, backend):
+    """Index.create makes a new index at the head revision without running the migrations: its catalog is the
+    one that creating it at revision 0001 and upgrading it to head gives (on Citus, distributed both ways)."""
+    if options.get("idf") == "learned":
+        options = {**options, "idf": learned_idf()}
+    with Index.create(database_url, schema=schema, **options) as index:
+        settings = index.settings
+    migrated = f"simdb_test_{uuid.uuid4().hex[:12]}"
+    try:
+        migrated_index(database_url, migrated, settings)
+        with admin_engine.begin() as connection:
+            created, upgraded = catalog(connection, schema), catalog(connection, migrated)
+    finally:
+        with admin_engine.begin() as connection:
+            connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {migrated} CASCADE")
+    for part in created:
+        assert created[part] == upgraded[part], part
+    assert created.keys() == upgraded.keys()
+    assert len(created["relations"]) >= 20 and len(created["functions"]) >= 7 and len(created["views"]) == 5
+    assert created["alembic_version"] == [(migrate.head_revision(),)]
+    assert (len(created["idf_terms"]) > 100) == ("idf" in options)
+    assert ("distribution" in created and len(created["distribution"]) == 7) == (backend == "citus")

@@ -239,21 +239,17 @@ def test_a_merge_that_fails_mid_batch_leaves_the_batch_to_finish(database_url, s
                                                                  HealthCheck.too_slow])
 @pytest.mark.citus
 @given(history=histories(), merge_after=st.lists(st.booleans(), min_size=20, max_size=20))
-def test_segments_merges_and_removals_keep_pairs_and_clusters_exact(database_url, admin_engine, history,
-                                                                   merge_after):
-    schema = f"simdb_test_{uuid.uuid4().hex[:12]}"
-    try:
-        # chunks of three or more documents are bulk-loaded into segments of their own, smaller ones are not
-        with Index.create(database_url, schema=schema, segment_size=4, merge_factor=2, bulk_chunk=3) as index:
-            # a merge after some chunks, beside a concurrent ingest when one runs
-            replay(database_url, admin_engine, schema, index, history,
-                   after_chunk=lambda number: merge_after[number % 20] and index.compact())
-            index.compact(full=True)
-            assert_consistent(admin_engine, schema)
-            assert len([s for s in segment_rows(admin_engine, schema) if not s.active]) <= 1
-    finally:
-        with admin_engine.begin() as connection:
-            connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+def test_segments_merges_and_removals_keep_pairs_and_clusters_exact(database_url, admin_engine, schema, fresh_index,
+                                                                   history, merge_after):
+    # chunks of three or more documents are bulk-loaded into segments of their own, smaller ones are not; each
+    # example on an index as created
+    with fresh_index(segment_size=4, merge_factor=2, bulk_chunk=3) as index:
+        # a merge after some chunks, beside a concurrent ingest when one runs
+        replay(database_url, admin_engine, schema, index, history,
+               after_chunk=lambda number: merge_after[number % 20] and index.compact())
+        index.compact(full=True)
+        assert_consistent(admin_engine, schema)
+        assert len([s for s in segment_rows(admin_engine, schema) if not s.active]) <= 1
 
 
 @pytest.mark.citus

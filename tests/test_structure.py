@@ -11,7 +11,10 @@
 from __future__ import annotations
 
 import ast
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +22,8 @@ import sqlalchemy as sa
 
 from simdb import Index
 from simdb.pg.functions import create_functions, create_views, drop_functions_and_views
+from simdb.settings import IndexSettings
+from tests.conftest import migrated_index
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "simdb"
@@ -129,7 +134,8 @@ def definitions(connection: sa.Connection, schema: str) -> dict[str, tuple[str, 
                                       {"method": "minhash", "verify": "exact"}],
                          ids=["simhash", "simhash-5-blocks", "minhash", "minhash-exact"])
 def test_the_migrations_create_what_todays_code_creates(settings, database_url, schema):
-    with Index.create(database_url, schema=schema, **settings) as index:
+    migrated_index(database_url, schema, IndexSettings.new(**settings))  # Index.create would make today's
+    with Index.open(database_url, schema=schema) as index:
         with index.database.engine.begin() as connection:  # one transaction, rolled back: the index stays as it was
             migrated = definitions(connection, schema)
             drop_functions_and_views(connection, schema)
@@ -163,3 +169,16 @@ def test_only_the_postgresql_layer_and_the_methods_speak_sql():
              if not {"pg", "methods"} & set(path.relative_to(PACKAGE).parts)
              for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if pattern.search(line)]
     assert found == []
+
+
+def test_the_unit_lane_needs_no_database():
+    """``-m unit`` selects the tests that ask for no database fixture, and then nothing connects to one (nor
+    starts an embedded one): here the test database is a closed port, and collecting says so and succeeds."""
+    env = {**os.environ, "SIMDB_TEST_DATABASE_URL": "postgresql://postgres@127.0.0.1:1/closed"}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-m", "unit", "--collect-only", "-q", "-p",
+                           "no:cacheprovider"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "simdb test database: none" in done.stdout
+    collected = [line for line in done.stdout.splitlines() if "::" in line]
+    assert len(collected) > 150 and any("test_fast_paths.py" in line for line in collected)
+    assert not any("test_segments.py::test_segments_merges" in line for line in collected)

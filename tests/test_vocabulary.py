@@ -24,14 +24,19 @@ SETTINGS = {"simhash": {"store_text": True}, "minhash": {"method": "minhash"},
 
 
 @pytest.fixture(params=list(SETTINGS))
-def archive(request, database_url, schema):
-    """An index of each kind with two batches; yields (index, its documents as ingested)."""
-    documents = list(corpus()) if request.param == "simhash" else generated(seed=3, bases=20)
-    with Index.create(database_url, schema=schema, **SETTINGS[request.param]) as index:
+def archive(request, database_url, backend, admin_engine, read_only_archives):
+    """An index of each kind with two batches, built once per backend and kind for the tests that read it;
+    yields (index, its documents as ingested)."""
+    def build(schema, stack):
+        documents = list(corpus()) if request.param == "simhash" else generated(seed=3, bases=20)
+        index = stack.enter_context(Index.create(database_url, schema=schema, **SETTINGS[request.param]))
         half = len(documents) // 2
         index.add_many(documents[:half], batch="first", chunk_size=50)
         index.add_many(documents[half:], batch="second", chunk_size=50)
-        yield index, documents
+        return index, documents
+
+    with read_only_archives.use((database_url, request.param), admin_engine, backend, build) as built:
+        yield built
 
 
 def signed(fingerprint: int) -> int:

@@ -2,7 +2,7 @@
 
 Citus is distributed PostgreSQL: a coordinator holds the catalog and plans every statement, workers
 hold the rows in shards. simdb's tables keep their shape; :func:`distribute` makes them Citus tables
-right after the migrations create them, in the same transaction:
+right after :func:`simdb.pg.catalog.create_index` creates them, in the same transaction:
 
 - ``documents`` (partitioned into segments) is hash-distributed by ``id``: every segment, present or
   future, is split into the same ``shards`` by the same hash, each shard with its own key indexes. A
@@ -16,8 +16,8 @@ right after the migrations create them, in the same transaction:
 - ``settings``, ``batches`` and ``idf_terms`` are small and read by every statement: reference tables,
   a copy on every node.
 
-The analysts' functions and views are dropped before and made again after, as Citus distributes only
-tables nothing depends on. Writes run in ``citus.multi_shard_modify_mode = sequential`` (one
+The analysts' functions and views are made after, as Citus distributes only tables nothing depends
+on. Writes run in ``citus.multi_shard_modify_mode = sequential`` (one
 connection per worker): the tables keep their foreign keys to ``batches``, and Citus can keep those
 consistent only over one connection per node. Joins of a pair with its earlier document (not co-located:
 ``a_id`` is not the pair's distribution column) are repartition joins, which Citus runs only when
@@ -78,7 +78,7 @@ def require_citus(connection: sa.Connection, where: str) -> str:
 
 def distribute(connection: sa.Connection, schema: str, shards: int) -> None:
     """Make a new index's tables Citus tables (see the module's docstring), inside the transaction that
-    created them, which has dropped the functions and views and makes them again afterwards."""
+    created them, before the functions and views that read them are made."""
     set_session(connection)
     tables = [*REFERENCE_TABLES, *(t for t, _ in COLOCATED_TABLES + OTHER_TABLES)]
     comments = dict(connection.execute(sa.text(  # Citus drops some tables' comments as it distributes them

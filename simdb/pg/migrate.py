@@ -7,6 +7,7 @@ checkout and inside the package (``simdb/migrations``) in an installed wheel;
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -39,7 +40,9 @@ def alembic_config(connection: sa.Connection, schema: str, *, layout=None, new_i
     return config
 
 
+@functools.cache
 def script_directory() -> ScriptDirectory:
+    """The migration scripts, read once per process (alembic compiles every script each time it reads them)."""
     config = Config()
     config.set_main_option("script_location", str(migrations_path()))
     return ScriptDirectory.from_config(config)
@@ -62,6 +65,12 @@ def upgrade(connection: sa.Connection, schema: str, *, layout=None, new_index_se
             new_index_idf_terms: dict | None = None, revision: str = "head") -> None:
     command.upgrade(alembic_config(connection, schema, layout=layout, new_index_settings=new_index_settings,
                                    new_index_idf_terms=new_index_idf_terms), revision)
+
+
+def stamp(connection: sa.Connection, schema: str, revision: str = "head") -> None:
+    """Record ``revision`` in the index's version table (made where missing) without running a migration: a
+    new index is created at the head revision directly (:func:`simdb.pg.catalog.create_index`)."""
+    MigrationContext.configure(connection, opts={"version_table_schema": schema}).stamp(script_directory(), revision)
 
 
 def downgrade(connection: sa.Connection, schema: str, revision: str = "base") -> None:

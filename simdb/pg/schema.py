@@ -1,7 +1,9 @@
 """The tables, as SQLAlchemy Core objects.
 
-This is the current shape of the schema that ``migrations/`` builds; a test
-runs alembic's ``check`` to prove the two agree. Tables are created without a
+This is the current shape of the schema that ``migrations/`` builds, and a new
+index is created from it directly (:func:`create_tables`): a test runs
+alembic's ``check`` to prove the two agree, another compares the catalog of a
+new index with one the migrations made. Tables are created without a
 schema name: every connection's ``search_path`` starts with the index's
 PostgreSQL schema (``simdb`` unless chosen otherwise), so one database can
 hold several indexes.
@@ -19,9 +21,11 @@ holds each document's text in an index that keeps them (``simdb init
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.schema import CreateIndex, CreateTable, SetTableComment, conv
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -56,7 +60,9 @@ def build_metadata(key_columns: tuple[str, ...]) -> sa.MetaData:
         sa.Column("position", sa.BigInteger, nullable=False, server_default="0"),
         sa.Column("rejected", sa.Integer, nullable=False, server_default="0"),
         sa.Column("already_stored", sa.Integer, nullable=False, server_default="0"),
-        sa.CheckConstraint(sa.text("status IN ('running', 'complete')"), name="status"),
+        # named as migration 0001 left it (its name went through the naming convention twice), as is the
+        # check of near_duplicates: a new index is made from these tables (create_tables), alike in every detail
+        sa.CheckConstraint(sa.text("status IN ('running', 'complete')"), name=conv("ck_batches_ck_batches_status")),
         comment="One row per ingested batch, with its counts.",
     )
     key_column_objects = [sa.Column(name, sa.BigInteger, nullable=False) for name in key_columns]
@@ -69,7 +75,6 @@ def build_metadata(key_columns: tuple[str, ...]) -> sa.MetaData:
         sa.Column("external_id", sa.Text, nullable=False, index=True),
         sa.Column("batch_id", sa.Integer, sa.ForeignKey("batches.id"), nullable=False, index=True),
         sa.Column("simhash", sa.BigInteger),
-        sa.Column("signature", sa.LargeBinary),
         *key_column_objects,
         sa.Column("content_hash", sa.LargeBinary, nullable=False, index=True),
         sa.Column("length", sa.Integer, nullable=False),
@@ -78,6 +83,7 @@ def build_metadata(key_columns: tuple[str, ...]) -> sa.MetaData:
         sa.Column("duplicate_of", sa.BigInteger, index=True),  # no foreign keys into segments (see 0007)
         sa.Column("duplicate_distance", sa.SmallInteger),
         sa.Column("cluster_id", sa.BigInteger, nullable=False, index=True),
+        sa.Column("signature", sa.LargeBinary),
         sa.Column("text", sa.Text),  # kept by `simdb init --store-text` (lz4 where the server has it), else NULL
         sa.CheckConstraint(sa.text("(simhash IS NULL) <> (signature IS NULL)"), name="one_sketch"),
         comment="One row per document: fingerprint (signed BIGINT), block keys, and the earliest near-duplicate.",
@@ -93,7 +99,7 @@ def build_metadata(key_columns: tuple[str, ...]) -> sa.MetaData:
         sa.Column("batch_id", sa.Integer, sa.ForeignKey("batches.id", ondelete="CASCADE"), nullable=False,
                   index=True),
         sa.Column("found_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
-        sa.CheckConstraint(sa.text("a_id < b_id"), name="ordered"),
+        sa.CheckConstraint(sa.text("a_id < b_id"), name=conv("ck_near_duplicates_ck_near_duplicates_ordered")),
         comment="Every near-duplicate pair found at ingest: a was stored before b; batch is b's.",
     )
     clusters = sa.Table(
@@ -134,3 +140,21 @@ def build_metadata(key_columns: tuple[str, ...]) -> sa.MetaData:
                 "(digest in settings.idf).",
     )
     return metadata
+
+
+def create_tables(connection: sa.Connection, key_columns: Sequence[str]) -> None:
+    """A new index's tables, in the schema first on the connection's search path, exactly as the migrations
+    leave them at the head revision (``tests/test_migrations.py`` compares the two catalogs): the sequence of
+    ``documents``' ids, the tables with their constraints, indexes and comments, and lz4 for the texts where
+    the server has it (as migration 0008 decides). One script, one round trip."""
+    dialect = connection.dialect
+    statements = ["CREATE SEQUENCE documents_id_seq AS bigint START WITH 1"]
+    for table in build_metadata(tuple(key_columns)).sorted_tables:
+        statements += [str(CreateTable(table).compile(dialect=dialect)),
+                       *(str(CreateIndex(index).compile(dialect=dialect)) for index in table.indexes),
+                       str(SetTableComment(table).compile(dialect=dialect))]
+    statements.append("ALTER SEQUENCE documents_id_seq OWNED BY documents.id")
+    if connection.exec_driver_sql("SELECT 'lz4' = ANY(enumvals) FROM pg_settings "
+                                  "WHERE name = 'default_toast_compression'").scalar():
+        statements.append("ALTER TABLE documents ALTER COLUMN text SET COMPRESSION lz4")
+    connection.connection.dbapi_connection.execute(";\n".join(statements))  # DDL as written: no parameters
