@@ -10,7 +10,10 @@ import subprocess
 import numpy as np
 import pytest
 import sqlalchemy as sa
+from hypothesis import given
+from hypothesis import strategies as st
 
+from simdb.diff import changes, diff
 from simdb.report import COLORS
 from simdb.samples import corpus
 
@@ -212,3 +215,20 @@ def test_chinese_labels_are_drawn_with_a_cjk_font_where_one_is_installed():
     fonts = [get_font(findfont(FontProperties(family=name), fallback_to_default=False)) for name in families]
     for character in "批次中文简体繁體":
         assert any(font.get_char_index(ord(character)) for font in fonts), character
+
+
+@given(st.text("ab\n中", max_size=30), st.text("ab\n中", max_size=30), st.integers(0, 3))
+def test_each_change_is_where_it_says_in_both_texts(a, b, join):
+    found = changes(diff(a, b), context=4, join=join)
+    assert all(c.removed or c.added for c in found)
+    rebuilt, end = "", 0
+    for change in found:
+        assert a[change.a_offset:change.a_offset + len(change.removed)] == change.removed
+        assert b[change.b_offset:change.b_offset + len(change.added)] == change.added
+        assert change.a_line == a[:change.a_offset].count("\n") + 1
+        assert change.b_line == b[:change.b_offset].count("\n") + 1
+        assert a[:change.a_offset].endswith(change.before) and len(change.before) <= 4
+        assert a[change.a_offset + len(change.removed):].startswith(change.after) and len(change.after) <= 4
+        rebuilt += a[end:change.a_offset] + change.added
+        end = change.a_offset + len(change.removed)
+    assert rebuilt + a[end:] == b  # the changes, applied to the earlier text, give the later one
