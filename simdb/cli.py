@@ -716,34 +716,83 @@ def stats(database_url, schema, data_dir, as_json, exact):
 @database_options
 @click.option("--batch", "batch_name", default=None,
               help="Focus on this batch: distances and clusters of its documents; marked in the charts.")
+@click.option("--by", "by", metavar="FIELD", default=None,
+              help="Also give the duplicate rate for each value of this metadata field (the 20 most frequent; "
+                   "the rest together; (none) for documents without it).")
+@click.option("--clusters-csv", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Also write every cluster's members to this CSV file, linked from the page (which opens "
+                   "without it).")
 @click.option("--output", required=True, type=click.Path(dir_okay=False, writable=True),
               help="The HTML file to write (self-contained: opens without a network).")
 @user_errors
-def report(database_url, schema, data_dir, batch_name, output):
-    """Write an HTML report: growth, duplicates per batch, distances, clusters.
+def report(database_url, schema, data_dir, batch_name, by, clusters_csv, output):
+    """Write an HTML report: duplicate rates, where duplicates come from, clusters, pairs.
 
-    The page shows the archive's growth by batch, the duplicates each batch
-    brought, the Hamming distances between a sample of documents and their
-    block-key candidates (with the threshold), the cluster sizes and the
-    largest clusters with sample members. Charts are embedded, so the file
-    opens anywhere without a network.
+    The page shows the share of each batch that duplicates earlier documents
+    and which batches they duplicate (with --by, for each value of a metadata
+    field too), the archive's growth, the duplicates each batch brought, the
+    similarity of the stored pairs, a sample's lookup candidates (with the
+    threshold), the cluster sizes and the largest clusters with sample
+    members, and (where the index keeps texts) pairs whose texts differ,
+    change by change. Charts are embedded, so the file opens anywhere
+    without a network.
 
     \b
     Example:
         simdb report --output report.html
-        simdb report --batch 2024-05 --output report-2024-05.html
+        simdb report --batch 2024-05 --by source --output report-2024-05.html
+        simdb report --output report.html --clusters-csv clusters.csv
     """
+    from urllib.request import pathname2url
+
     from .report import build_report
 
+    if by is not None and not by.strip():
+        raise click.BadParameter("give the name of a metadata field, e.g. --by source", param_hint="--by")
+    if clusters_csv is not None and os.path.abspath(clusters_csv) == os.path.abspath(output):
+        raise click.UsageError("--clusters-csv and --output name the same file; give the CSV a name of its own")
+    link = None if clusters_csv is None else pathname2url(
+        os.path.relpath(os.path.abspath(clusters_csv), os.path.dirname(os.path.abspath(output))))
+
+    def warn(line: str) -> None:
+        click.echo(f"warning: {line}", err=True)
+
     with open_index(database_url, schema, data_dir) as index:
-        page = build_report(index, batch_name)
+        if clusters_csv is None:
+            page = build_report(index, batch_name, by=by, warn=warn)
+        else:
+            page = _report_with_clusters(index, batch_name, by, clusters_csv, link, warn)
     data = page.encode("utf-8")
     try:
         with open(output, "wb") as file:
             file.write(data)
     except OSError as exc:
+        if clusters_csv is not None:
+            os.remove(clusters_csv)  # no CSV beside a page that is not there
         raise click.ClickException(f"cannot write {output}: {exc.strerror}; choose another --output") from None
     click.echo(f"wrote {output} ({max(1, round(len(data) / 1024)):,} KB)")
+    if clusters_csv is not None:
+        click.echo(f"wrote {clusters_csv} ({max(1, round(os.path.getsize(clusters_csv) / 1024)):,} KB)")
+
+
+def _report_with_clusters(index, batch_name, by, path, link, warn) -> str:
+    """The report's page, and its clusters CSV written at ``path`` from the same snapshot; a CSV the report
+    could not be finished with is removed."""
+    from .report import build_report
+
+    try:
+        file = open(path, "w", encoding="utf-8", newline="")
+    except OSError as exc:
+        raise click.ClickException(f"cannot write {path}: {exc.strerror}; choose another --clusters-csv") from None
+    try:
+        with file:
+            return build_report(index, batch_name, by=by, clusters_csv=file, clusters_link=link, warn=warn)
+    except OSError as exc:
+        os.remove(path)
+        raise click.ClickException(f"cannot write {path}: {exc.strerror}; choose another --clusters-csv") from None
+    except BaseException:
+        os.remove(path)
+        raise
 
 
 @cli.command(name="remove")

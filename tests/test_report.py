@@ -1,11 +1,16 @@
 """`simdb report`: one self-contained HTML page, checked as text and rendered by headless Chromium."""
 
 import base64
+import csv
 import html
 import json
+import math
+import random
 import re
 import shutil
 import subprocess
+from collections import Counter, defaultdict
+from html.parser import HTMLParser
 
 import numpy as np
 import pytest
@@ -13,12 +18,14 @@ import sqlalchemy as sa
 from hypothesis import given
 from hypothesis import strategies as st
 
+from simdb import Index
 from simdb.diff import changes, diff
-from simdb.report import COLORS
+from simdb.report import COLORS, CSV_COLUMNS
 from simdb.samples import corpus
 
-HEADINGS = ["Growth by batch", "Duplicates per batch", "Hamming distances among candidate pairs", "Cluster sizes",
-            "Largest clusters", "Pairs side by side"]
+HEADINGS = ["Duplicate rate per batch", "Where each batch's duplicates come from", "Growth by batch",
+            "Duplicates per batch", "Similarity of the stored pairs", "Lookup candidates of a sample", "Cluster sizes",
+            "Largest clusters", "Pairs whose texts differ"]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 NO_CHROMIUM = ("headless Chromium is not installed: install the Debian packages chromium and chromium-driver "
                "(apt-get install chromium chromium-driver; scripts/test does it when run as root)")
@@ -79,34 +86,58 @@ def test_report_is_one_self_contained_page(run, tmp_path, admin_engine, schema):
     total = ingest_two_batches(run, tmp_path)
     page = write_report(run, tmp_path / "report.html")
     assert external_references(page) == []
-    assert len(embedded_svgs(page)) == 4
+    assert len(embedded_svgs(page)) == 6
     assert all(svg.startswith("<svg") and 'xmlns="http://www.w3.org/2000/svg"' in svg for svg in embedded_svgs(page))
     for heading in HEADINGS:
-        assert f"<h2>{heading}</h2>" in page
+        assert f"<h2>{html.escape(heading)}</h2>" in page
     assert f"<dt>documents</dt><dd>{total:,}</dd><dt>batches</dt><dd>2</dd>" in page
-    assert f"A random sample of {min(total, 2000):,} documents," in page
-    assert "within k = 4 (left of the dashed line)" in page
+    assert f"a random sample of {min(total, 2000):,} documents," in page
+    assert "of them near-duplicates by the sketches (left of the dashed line)" in page
+    assert "Not the stored pairs, but what a lookup reads" in page
     canonical = largest_cluster(admin_engine, schema)
     table = page[page.index("<h2>Largest clusters</h2>"):]
     assert table.index(f"<code>{html.escape(canonical)}</code>") < table.index("</tr>", table.index("<tbody>"))
     assert "&quot;source&quot;:&quot;python-reference:" in table  # metadata as compact, escaped JSON
 
 
-def test_a_minhash_report_speaks_of_signature_positions(run, tmp_path):
-    """It said "bits" everywhere: SimHash's unit, not MinHash's."""
+def test_a_minhash_report_speaks_of_estimated_jaccard_similarity(run, tmp_path):
+    """It said "bits" everywhere: SimHash's unit, not MinHash's; then "5 of 128 signature positions"."""
     ingest_two_batches(run, tmp_path, "--method", "minhash")
     page = write_report(run, tmp_path / "minhash.html")
     text = re.sub(r"<svg.*?</svg>|data:[^\"']*", "", page, flags=re.S)
     assert "bits" not in text
-    assert "near-duplicates are within 25 of 128 signature positions of an earlier document" in text
-    assert " of 128 signature positions) <code>" in text  # a cluster member's distance
+    assert ("near-duplicates have an estimated Jaccard similarity of at least 0.805 (at most 25 of 128 signature "
+            "positions differ) with an earlier document") in text
+    assert re.search(r"; to its earliest near-duplicate: estimated Jaccard similarity (1\.000|0\.[89]\d\d)\) <code>",
+                     text)  # a cluster member's
+
+
+def test_an_exact_minhash_report_gives_the_jaccard_similarity_of_the_texts(database_url, schema):
+    """It said "979 ten-thousandths of Jaccard distance": now "Jaccard similarity 0.9021", the texts' own,
+    held to the shingles of the inputs (lower-case words: a shingle is three consecutive words)."""
+    from simdb.report import build_report
+    from tests.test_texts import generated, jaccard, shingles
+
+    documents = generated(bases=6, variants=3)
+    with Index.create(database_url, schema=schema, method="minhash", verify="exact") as index:
+        index.add_many(documents, batch="one")
+        page = build_report(index)
+    text = re.sub(r"<svg.*?</svg>|data:[^\"']*", "", page, flags=re.S)
+    assert "ten-thousandths" not in text
+    assert "near-duplicates have a Jaccard similarity of at least 0.8 with an earlier document" in text
+    sets = {d["id"]: shingles(d["text"]) for d in documents}
+    shown = re.findall(r"<code>([^<]+)</code> \(earlier\) and <code>([^<]+)</code>: Jaccard similarity (0\.\d{4});",
+                       text)
+    assert len(shown) == 6
+    for a, b, similarity in shown:  # exact to four decimals, rounded down (the stored distance is rounded up)
+        assert similarity == f"{math.floor(jaccard(sets[a], sets[b]) * 10_000) / 10_000:.4f}", (a, b)
 
 
 def test_report_for_one_batch(run, tmp_path, admin_engine, schema):
     ingest_two_batches(run, tmp_path)
     page = write_report(run, tmp_path / "second.html", "--batch", "second")
     assert "<dt>batch</dt><dd>second</dd>" in page
-    assert "A random sample of " in page and " documents of batch <b>second</b>," in page
+    assert "a random sample of " in page and " documents of batch <b>second</b>," in page
     assert "Clusters that include a document of batch <b>second</b>" in page
     assert f"<code>{html.escape(largest_cluster(admin_engine, schema, 'second'))}</code>" in page
     rows = re.findall(r"<tr><td class=\"num\">.*?</tr>", page)
@@ -129,6 +160,34 @@ def test_unknown_batch_is_a_one_line_error(run, tmp_path):
     assert result.output == "Error: no batch named 'nope'; `simdb stats` lists the batches\n"
     assert not (tmp_path / "report.html").exists()
     assert run("report", "--batch", "one").exit_code == 2  # --output is required
+    result = run("report", "--batch", "nope", "--clusters-csv", str(tmp_path / "c.csv"),
+                 "--output", str(tmp_path / "report.html"))
+    assert result.exit_code == 1 and not (tmp_path / "c.csv").exists()  # nothing half-written
+
+
+def test_report_options_that_cannot_work_are_one_line_errors_and_a_field_no_document_has_is_said(run, tmp_path):
+    run("init")
+    run("ingest", write_jsonl(tmp_path / "a.jsonl", [{"id": "a", "text": "some text", "source": "x"},
+                                                     {"id": "b", "text": "some text", "lang": "en"}]), "--batch", "one")
+    page = tmp_path / "report.html"
+    result = run("report", "--clusters-csv", str(page), "--output", str(page))
+    assert result.exit_code == 2 and "Error: --clusters-csv and --output name the same file; give the CSV a name " \
+                                      "of its own\n" in result.output
+    result = run("report", "--by", " ", "--output", str(page))
+    assert result.exit_code == 2 and "Invalid value for --by: give the name of a metadata field, e.g. --by source" \
+                                      in result.output
+    assert not page.exists()
+    (tmp_path / "out").mkdir()
+    result = run("report", "--by", "sorce", "--clusters-csv", str(tmp_path / "every cluster.csv"),
+                 "--output", str(tmp_path / "out" / "report.html"))
+    assert result.exit_code == 0
+    assert result.stderr == ("warning: no document has the metadata field 'sorce' (fields of the first stored "
+                             "documents: lang, source)\n")
+    shown = (tmp_path / "out" / "report.html").read_text(encoding="utf-8")
+    assert "No document has the metadata field <code>sorce</code>." in shown
+    assert '<a href="../every%20cluster.csv">' in shown  # relative to the page, as a URL
+    rows = list(csv.reader((tmp_path / "every cluster.csv").open(encoding="utf-8", newline="")))
+    assert rows[0] == list(CSV_COLUMNS) and [row[3] for row in rows[1:]] == ["a", "b"]
 
 
 def chromium(tmp_path, *arguments) -> subprocess.CompletedProcess:
@@ -152,8 +211,8 @@ def test_report_renders_in_headless_chromium(run, tmp_path):
 
     dom = chromium(tmp_path, "--dump-dom", path.as_uri()).stdout
     assert [html.unescape(h) for h in re.findall(r"<h2>(.*?)</h2>", dom)] == HEADINGS
-    assert len(re.findall(r'<img alt="[^"]+" src="data:image/svg\+xml;base64,', dom)) == 4
-    assert "<table>" in dom
+    assert len(re.findall(r'<img alt="[^"]+" src="data:image/svg\+xml;base64,', dom)) == 6
+    assert '<table class="clusters">' in dom
 
     screenshot = tmp_path / "report.png"
     chromium(tmp_path, f"--screenshot={screenshot}", "--window-size=1200,3000", path.as_uri())
@@ -217,6 +276,249 @@ def test_chinese_labels_are_drawn_with_a_cjk_font_where_one_is_installed():
         assert any(font.get_char_index(ord(character)) for font in fonts), character
 
 
+# -- what a lead asks first: rates, where duplicates come from, a breakdown, every cluster ----------------------
+
+
+class Cells(HTMLParser):
+    """The rows of every table of a page, by the table's class: each row its cells' text, headers included."""
+
+    def __init__(self, page: str):
+        super().__init__()
+        self.tables: dict[str, list[list[str]]] = {}
+        self.rows: list[list[str]] | None = None
+        self.cell: list[str] | None = None
+        self.feed(page)
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "table":
+            self.rows = self.tables.setdefault(dict(attrs).get("class") or "", [])
+        elif tag == "tr" and self.rows is not None:
+            self.rows.append([])
+        elif tag in ("td", "th") and self.rows is not None:
+            self.cell = []
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th") and self.cell is not None:
+            self.rows[-1].append("".join(self.cell).strip())
+            self.cell = None
+        elif tag == "table":
+            self.rows = None
+
+    def handle_data(self, data):
+        if self.cell is not None:
+            self.cell.append(data)
+
+
+def table(page: str, css_class: str) -> list[dict[str, str]]:
+    """A table of the page as {header: cell} rows."""
+    header, *rows = Cells(page).tables[css_class]
+    return [dict(zip(header, row)) for row in rows]
+
+
+def planted_archive(seed: int = 38) -> list[tuple[str, str, int, dict]]:
+    """(batch, external id, fingerprint, metadata) in input order: random fingerprints, and copies of earlier
+    ones (of this batch or an earlier one) with 0 to 6 bits flipped, so that some are within k = 4 and some
+    not; a "source" field with many values (one of them Chinese), missing or null in some documents."""
+    rng = random.Random(seed)
+    documents, number = [], 0
+    for batch, size in (("first", 120), ("第二批", 90), ("third", 90)):
+        for _ in range(size):
+            if documents and rng.random() < 0.45:
+                original = rng.choice(documents)[2]
+                fingerprint = original
+                for bit in rng.sample(range(64), rng.randint(0, 6)):
+                    fingerprint ^= 1 << bit
+            else:
+                fingerprint = rng.getrandbits(64)
+            draw = rng.random()
+            metadata = ({} if draw < 0.1 else {"source": None} if draw < 0.15
+                        else {"source": rng.choice(["feed-a", "feed-b", "新闻", "feed-c", "feed-d"])} if draw < 0.8
+                        else {"source": f"rare-{number}"})
+            documents.append((batch, f"doc-{number:03d}", fingerprint, metadata))
+            number += 1
+    return documents
+
+
+def planted_oracle(documents, k: int) -> dict:
+    """What the report must say, from the inputs alone: each document's earliest earlier document within k
+    (in input order), the pairs by distance, and the clusters (connected components, canonical = earliest)."""
+    earliest, pairs, parent = {}, Counter(), list(range(len(documents)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            i = parent[i]
+        return i
+
+    for j, (_, _, fingerprint, _) in enumerate(documents):
+        for i in range(j):
+            distance = bin(documents[i][2] ^ fingerprint).count("1")
+            if distance <= k:
+                earliest.setdefault(j, (i, distance))
+                pairs[(documents[j][0], distance)] += 1
+                ri, rj = root(i), root(j)
+                parent[max(ri, rj)] = min(ri, rj)
+    clusters = defaultdict(list)
+    for i in range(len(documents)):
+        clusters[root(i)].append(i)
+    return {"earliest": earliest, "pairs": pairs, "clusters": {c: m for c, m in clusters.items() if len(m) > 1}}
+
+
+@pytest.mark.citus
+def test_rates_sources_breakdown_pairs_and_clusters_csv_are_the_oracles(run, tmp_path, database_url, schema,
+                                                                       monkeypatch):
+    """The numbers a lead asks for first, each held to what the inputs say: the duplicate rate per batch, the
+    batches each batch duplicated, the rate by a metadata field (top values, other, none), the stored pairs
+    by distance, and every cluster member in the CSV; and again for one batch."""
+    from simdb import report
+    from simdb.ingest import FingerprintedBatch
+    from simdb.text import content_hash
+
+    monkeypatch.setattr(report, "BY_VALUES", 3)
+    monkeypatch.setattr(report, "SOURCE_COLUMNS", 1)  # the third batch's duplicates of the first are "other"
+    documents = planted_archive()
+    with Index.create(database_url, schema=schema) as index:
+        k = index.settings.method.max_distance
+        for name in dict.fromkeys(batch for batch, *_ in documents):
+            chunk = FingerprintedBatch()
+            for batch, external_id, fingerprint, metadata in documents:
+                if batch == name:
+                    chunk.append(external_id, fingerprint, content_hash(external_id), 10, metadata, external_id)
+            index.add_fingerprinted(chunk, batch=name)
+    oracle = planted_oracle(documents, k)
+    batches = list(dict.fromkeys(batch for batch, *_ in documents))
+    duplicates = {j for j in oracle["earliest"]}
+
+    path, csv_path = tmp_path / "report.html", tmp_path / "clusters.csv"
+    result = run("report", "--by", "source", "--clusters-csv", str(csv_path), "--output", str(path))
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[1].startswith(f"wrote {csv_path} (")
+    page = path.read_text(encoding="utf-8")
+    assert f"<dt>duplicates</dt><dd>{len(duplicates):,} ({100 * len(duplicates) / len(documents):.1f} % of the " \
+           "documents)</dd>" in page
+
+    # rate per batch and where the duplicates come from: the batch itself, the batch duplicated most, the rest
+    rows = {row["batch"]: row for row in table(page, "batches")}
+    assert list(rows) == batches
+    flows = Counter((documents[j][0], documents[i][0]) for j, (i, _) in oracle["earliest"].items())
+    most = max(Counter({source: n for (batch, source), n in flows.items() if batch != source}).items(),
+               key=lambda item: (item[1], -batches.index(item[0])))[0]
+    for batch in batches:
+        members = [j for j, d in enumerate(documents) if d[0] == batch]
+        found = [j for j in members if j in duplicates]
+        row = rows[batch]
+        assert (row["documents"], row["duplicates"]) == (f"{len(members):,}", f"{len(found):,}")
+        assert row["rate"] == f"{100 * len(found) / len(members):.1f} %"
+        assert row["within the batch"] == (f"{flows[(batch, batch)]:,}" if flows[(batch, batch)] else "")
+        assert row[most] == (f"{flows[(batch, most)]:,}" if batch != most and flows[(batch, most)] else "")
+        rest = sum(n for (b, source), n in flows.items() if b == batch and source not in (batch, most))
+        assert row["other batches"] == (f"{rest:,}" if rest else "")
+
+    # the rate by source: the 3 most frequent values, then the others together, then (none)
+    def by_source(members: list[int]) -> list[list[str]]:
+        values = Counter()
+        for j in members:
+            values[documents[j][3].get("source")] += 1
+        ranked = sorted((value for value in values if value is not None), key=lambda v: (-values[v], v))
+
+        def line(label, group):
+            found = sum(1 for j in group if j in duplicates)
+            return [label, f"{len(group):,}", f"{found:,}", f"{100 * found / len(group):.1f} %"]
+
+        expected = [line(value, [j for j in members if documents[j][3].get("source") == value])
+                    for value in ranked[:3]]
+        if ranked[3:]:
+            expected.append(line(f"other ({len(ranked) - 3:,} values)",
+                                 [j for j in members if documents[j][3].get("source") in ranked[3:]]))
+        if values[None]:
+            expected.append(line("(none)", [j for j in members if documents[j][3].get("source") is None]))
+        return expected
+
+    def shown_by_source(page: str) -> list[list[str]]:
+        return [[row["source"], row["documents"], row["duplicates"], row["rate"]]
+                for row in table(page, "breakdown")]
+
+    assert shown_by_source(page) == by_source(list(range(len(documents))))
+
+    # the stored pairs by distance (in the chart's text alternative) and in all
+    def pairs_shown(page: str) -> dict[int, int]:
+        alt = re.search(r'<img alt="stored pairs: ([^"]*)"', page).group(1)
+        return {int(d): int(n.replace(",", "")) for d, n in re.findall(r"(\d+) bits apart: ([\d,]+)", alt)}
+
+    assert pairs_shown(page) == {d: sum(n for (_, dd), n in oracle["pairs"].items() if dd == d)
+                                 for d in range(k + 1) if any(dd == d for _, dd in oracle["pairs"])}
+    assert f"Every stored pair ({sum(oracle['pairs'].values()):,}: " in page
+
+    # every cluster member, largest cluster first, with its earliest near-duplicate
+    def members_shown() -> list[tuple]:
+        with csv_path.open(encoding="utf-8", newline="") as file:
+            shown = list(csv.DictReader(file))
+        assert all(float(r["similarity"]) == pytest.approx(1 - int(r["distance"]) / 64, abs=5e-5)
+                   for r in shown if r["distance"])
+        return [(r["cluster"], r["cluster_size"], r["canonical_id"], r["id"], r["batch"], r["duplicate_of"],
+                 r["distance"], r["metadata"]) for r in shown]
+
+    def members(batch: str | None = None) -> list[tuple]:
+        ranked = sorted(((canonical, members) for canonical, members in oracle["clusters"].items()
+                         if batch is None or any(documents[j][0] == batch for j in members)),
+                        key=lambda c: (-len(c[1]), c[0]))
+        return [(str(rank), str(len(members)), documents[canonical][1], documents[j][1], documents[j][0],
+                 documents[oracle["earliest"][j][0]][1] if j in oracle["earliest"] else "",
+                 str(oracle["earliest"][j][1]) if j in oracle["earliest"] else "",
+                 json.dumps(documents[j][3], ensure_ascii=False, sort_keys=True, separators=(",", ":")))
+                for rank, (canonical, members) in enumerate(ranked, 1) for j in members]
+
+    assert members_shown() == members()
+    assert '<a href="clusters.csv">clusters.csv</a>' in page
+
+    # one batch: its rows of the breakdown and its pairs; the batch table keeps every batch, this one marked
+    result = run("report", "--batch", "第二批", "--by", "source", "--clusters-csv", str(csv_path),
+                 "--output", str(tmp_path / "second.html"))
+    assert result.exit_code == 0, result.output
+    assert members_shown() == members("第二批")
+    page = (tmp_path / "second.html").read_text(encoding="utf-8")
+    second = [j for j, d in enumerate(documents) if d[0] == "第二批"]
+    assert shown_by_source(page) == by_source(second)
+    assert pairs_shown(page) == {d: n for (batch, d), n in oracle["pairs"].items() if batch == "第二批"}
+    assert '<tr class="selected"><th>第二批</th>' in page and len(table(page, "batches")) == 3
+
+
+# -- pairs whose texts differ, change by change -------------------------------------------------------------------
+
+
+def test_a_one_character_change_at_distance_zero_is_shown_where_it_is(database_url, schema):
+    """SimHash puts a one-character change in a long text at distance 0: the report showed only pairs at a
+    distance above 0, so the pair was never shown though its texts differ; and in a long Chinese text the
+    change could not be found. Pairs are chosen by their texts (content hashes), and each change is listed
+    with its position, marked by colour and by [-…-] / {+…+}."""
+    from simdb.report import build_report
+
+    lines = [f"第{i}行：今天天气很好，我们去公园散步，然后去图书馆看书，晚上回家做饭。" for i in range(120)]
+    text = "\n".join(lines)
+    position = text.index("很好", text.index("第97行"))
+    changed = text[:position] + "不" + text[position + 1:]
+    with Index.create(database_url, schema=schema, store_text=True) as index:
+        method = index.settings.method
+        assert method.sketch(text) == method.sketch(changed)  # the sketches cannot tell them apart
+        index.add_many([{"id": "a", "text": text}, {"id": "a-copy", "text": text}], batch="one")
+        page = build_report(index)
+        assert "No stored pair whose texts differ: every one of them is an exact copy (the same text)." in page
+        index.add_many([{"id": "b", "text": changed}], batch="two")
+        page = build_report(index)
+        only_copies = build_report(index, "one")
+    pairs = page[page.index("<h2>Pairs whose texts differ</h2>"):]
+    assert "<code>a</code> (earlier) and <code>b</code>: 0 bits apart; 1 change, 1 character removed and 1 " \
+           "added." in pairs
+    assert "<code>a</code> (earlier) and <code>a-copy</code>" not in pairs  # an exact copy is no pair to look at
+    line = text[:position].count("\n") + 1
+    assert (f'<td class="where">character {position + 1:,}<br>line {line}</td><td class="change">…'
+            f'{html.escape(text[position - 40:position])}<del><span class="mark">[-</span>很<span class="mark">-]'
+            f'</span></del><ins><span class="mark">{{+</span>不<span class="mark">+}}</span></ins>'
+            f'{html.escape(text[position + 1:position + 41])}…</td>').replace("\n", "↵") in pairs
+    style = page[page.index("<style>"):page.index("</style>")]
+    assert re.search(r"del \{[^}]*text-decoration: line-through", style)  # what the caption says is struck is
+    assert "No stored pair found when batch <b>one</b> was ingested whose texts differ" in only_copies
+
+
 @given(st.text("ab\n中", max_size=30), st.text("ab\n中", max_size=30), st.integers(0, 3))
 def test_each_change_is_where_it_says_in_both_texts(a, b, join):
     found = changes(diff(a, b), context=4, join=join)
@@ -232,3 +534,46 @@ def test_each_change_is_where_it_says_in_both_texts(a, b, join):
         rebuilt += a[end:change.a_offset] + change.added
         end = change.a_offset + len(change.removed)
     assert rebuilt + a[end:] == b  # the changes, applied to the earlier text, give the later one
+
+
+# -- fonts: the page's stack falls back to CJK fonts, and the charts say what they could not draw ---------------
+
+
+def test_characters_the_charts_cannot_draw_are_said_in_the_page_and_on_stderr(run, tmp_path, monkeypatch):
+    """Without a CJK font, a Chinese batch name was drawn as boxes in the charts, silently."""
+    from simdb import charts
+
+    monkeypatch.setattr(charts, "CJK_FONTS", ())  # a machine without any CJK font
+    monkeypatch.setattr(charts, "_fontconfig_cjk", lambda installed: [])
+    run("init")
+    records = list(corpus())[:40]
+    assert run("ingest", write_jsonl(tmp_path / "a.jsonl", records), "--batch", "二月").exit_code == 0
+    result = run("report", "--output", str(tmp_path / "report.html"))
+    assert result.exit_code == 0, result.output
+    warning = ("warning: the charts draw 2 characters as boxes, as no installed font has them: 二 月; install a CJK "
+               "font (Debian: apt-get install fonts-wqy-microhei; or Noto Sans CJK) and write the report again\n")
+    assert result.stderr == warning
+    page = (tmp_path / "report.html").read_text(encoding="utf-8")
+    assert f'<p class="note" role="note">{html.escape(warning[9].upper() + warning[10:-1])}.</p>' in page
+
+
+def test_the_page_names_cjk_fonts_and_its_charts_draw_chinese_where_a_font_exists(run, tmp_path):
+    from simdb.charts import CJK_FONTS, chart_style
+
+    run("init")
+    records = list(corpus())[:40]
+    assert run("ingest", write_jsonl(tmp_path / "a.jsonl", records), "--batch", "二月").exit_code == 0
+    result = run("report", "--output", str(tmp_path / "report.html"))
+    page = (tmp_path / "report.html").read_text(encoding="utf-8")
+    body_fonts = re.search(r"body \{ font-family: ([^;]*);", page).group(1)
+    for font in ("Noto Sans CJK SC", "PingFang SC", "Microsoft YaHei", "WenQuanYi Micro Hei"):
+        assert f'"{font}"' in body_fonts
+    assert body_fonts.endswith("sans-serif")
+    with chart_style():
+        import matplotlib
+
+        drawn_with = set(matplotlib.rcParams["font.family"])
+    if not drawn_with & set(CJK_FONTS):
+        pytest.skip(f"no CJK font installed (one of {', '.join(CJK_FONTS)}; Debian: apt-get install "
+                    "fonts-wqy-microhei, which scripts/test does as root)")
+    assert result.stderr == "" and 'class="note"' not in page
