@@ -577,3 +577,85 @@ def test_the_page_names_cjk_fonts_and_its_charts_draw_chinese_where_a_font_exist
         pytest.skip(f"no CJK font installed (one of {', '.join(CJK_FONTS)}; Debian: apt-get install "
                     "fonts-wqy-microhei, which scripts/test does as root)")
     assert result.stderr == "" and 'class="note"' not in page
+
+
+# -- rendered in Chromium: nothing wider than the page, no boxes for Chinese where a CJK font exists --------------
+
+#: Run in the rendered page (a copy of the report with it added): every <details> opened, then every element
+#: whose box reaches past the page's sides, outside a box that scrolls (a wide table scrolls inside its own box,
+#: which is itself measured), and every Han character of the page's text that its fonts draw as the box of a
+#: character no font has (U+10FFFD), or not at all; written into the DOM for --dump-dom.
+MEASURE = r"""<script>
+for (const d of document.querySelectorAll('details')) d.open = true;
+const page = document.documentElement.clientWidth, wide = [];
+function clipped(el) {
+  for (let p = el.parentElement; p && p !== document.body; p = p.parentElement)
+    if (getComputedStyle(p).overflowX !== 'visible') return true;
+  return false;
+}
+for (const el of document.body.querySelectorAll('*')) {
+  const r = el.getBoundingClientRect();
+  if ((r.width || r.height) && !clipped(el) && (r.left < -0.5 || r.right > page + 0.5))
+    wide.push(`${el.tagName}.${el.className} ${Math.round(r.left)}..${Math.round(r.right)}: `
+              + (el.textContent || '').slice(0, 50));
+}
+function ink(ch, family) {
+  const c = document.createElement('canvas'); c.width = 48; c.height = 48;
+  const x = c.getContext('2d'); x.font = `32px ${family}`; x.textBaseline = 'top'; x.fillText(ch, 4, 4);
+  return Array.from(x.getImageData(0, 0, 48, 48).data.filter((_, i) => i % 4 === 3), a => a > 96 ? 1 : 0).join('');
+}
+const fonts = [...new Set([...document.querySelectorAll('body, code, .text, td, th')].map(
+  el => getComputedStyle(el).fontFamily))];
+const han = [...new Set(document.body.innerText.match(/\p{Script=Han}/gu) || [])], boxes = [];
+for (const family of fonts) {
+  const box = ink('\u{10FFFD}', family);
+  if (ink('\u{10FFFC}', family) !== box) boxes.push('the test cannot tell a box: ' + family);
+  for (const ch of han) { const drawn = ink(ch, family); if (drawn === box || !drawn.includes('1')) boxes.push(ch); }
+}
+document.body.setAttribute('data-measured', JSON.stringify({page, scroll: document.documentElement.scrollWidth,
+                                                            wide, han: han.length, boxes}));
+</script>"""
+
+
+def hard_to_lay_out(corpus_records) -> list[dict]:
+    """Texts that overflowed the page: a line of box-drawing characters and a long token (neither can wrap at
+    a space), long Chinese text with a one-character change, a long metadata value; and Chinese sources."""
+    box = "┌" + "─" * 3000 + "┐\n│ 表格 │\n└" + "─" * 3000 + "┘\n"
+    token = "abc" * 1200
+    chinese = "\n".join(f"第{i}行：今天天气很好，我们去公园散步，然后去图书馆看书，晚上回家做饭。" for i in range(150))
+    position = chinese.index("很好", chinese.index("第97行"))
+    records = [dict(r, source=r["source"].split(":")[0]) for r in corpus_records]
+    return records + [
+        {"id": "box", "text": box + chinese, "source": "新闻"},
+        {"id": "box-changed", "text": box.replace("表格", "表单") + chinese[:position] + "不" + chinese[position + 1:],
+         "source": "微博"},
+        {"id": "token", "text": f"{token}\n{corpus_records[0]['text']}", "source": "s" * 400},
+        {"id": "token-changed", "text": f"{token}x\n{corpus_records[0]['text']}", "source": "新闻"}]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("init", [["--method", "minhash", "--verify", "exact"], ["--store-text"]],
+                         ids=["minhash-exact", "simhash"])
+def test_nothing_is_wider_than_the_page_and_chinese_is_no_boxes_in_chromium(run, tmp_path, init):
+    if CHROMIUM is None:
+        pytest.skip(NO_CHROMIUM)
+    records = hard_to_lay_out([r for r in corpus() if "copy_of" not in r][:60])  # these four are the pairs
+    assert run("init", *init).exit_code == 0
+    for name, part in (("第一批", records[:40]), ("batch-" + "x" * 120, records[40:])):
+        assert run("ingest", write_jsonl(tmp_path / "in.jsonl", part), "--batch", name).exit_code == 0
+    page = write_report(run, tmp_path / "report.html", "--by", "source")
+    assert "<code>box</code> (earlier) and <code>box-changed</code>" in page  # the hard texts are in the page
+    assert "<code>token</code> (earlier) and <code>token-changed</code>" in page
+    measured = tmp_path / "measured.html"
+    measured.write_text(page.replace("</body>", MEASURE + "\n</body>"), encoding="utf-8")
+    for width in (1280, 800):
+        dom = chromium(tmp_path, "--dump-dom", f"--window-size={width},2000", measured.as_uri()).stdout
+        found = json.loads(html.unescape(re.search(r'data-measured="([^"]*)"', dom).group(1)))
+        assert found["page"] > 0.9 * width - 40
+        assert found["wide"] == [] and found["scroll"] <= found["page"], (width, found["wide"])
+        assert found["han"] > 20
+        cjk = subprocess.run(["fc-list", ":lang=zh", "family"], capture_output=True, text=True).stdout.strip() \
+            if shutil.which("fc-list") else ""
+        if cjk:  # where a CJK font exists, no Chinese character is a box: not in the page, not in a chart
+            assert found["boxes"] == [], found["boxes"]
+            assert 'class="note"' not in page
