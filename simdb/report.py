@@ -267,8 +267,9 @@ def _duplicates(batches, batch: str | None, method: Method) -> str:
         _count_axis(axes)
         _legend(axes)
         _mark_batch(axes, names, batch)
-    caption = ("Counted at ingest (batch_summary): exact duplicates share the text; near-duplicates have "
-               f"{_e(method.report_terms()['rule'])} with an earlier document.")
+    caption = ("Counted at ingest (batch_summary): an exact duplicate has the text of an earlier document, a "
+               "near-duplicate is near one. Two documents are near-duplicates when they "
+               f"{_e(method.report_terms()['rule'])}.")
     if batch:
         row = next(row for row in batches if row.name == batch)
         caption += (f" Batch <b>{_e(batch)}</b>: {row.documents:,} documents, {row.new:,} new, "
@@ -337,7 +338,7 @@ def _breakdown(field: str, rows: list[reads.Breakdown], batch: str | None, field
     body = []
     for row in rows:
         if row.kind == "value":
-            label = f"<code>{_e(_short(row.value, VALUE_CHARS))}</code>"
+            label = f"<code>{_e(_short(row.value, VALUE_CHARS) or chr(34) * 2)}</code>"  # "" for the empty text
         elif row.kind == "other":
             label = f"<i>other ({row.values:,} values)</i>"
         else:
@@ -375,6 +376,8 @@ def _histogram(counts: list[int], method: Method, label: str, color: str):
     _log_counts(axes, label)
     axes.set_xlim(-1, top + 1)
     axes.set_ylim(top=max(binned) * 6)  # headroom for a label
+    every = next(n for n in (1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1000, 2000, 2500) if top // n < 12)
+    axes.set_xticks(range(0, top + 1, every))  # distances that exist: none below 0, or above the largest
     axes.xaxis.set_major_formatter(_tick_formatter(method))
     return figure, axes
 
@@ -396,7 +399,8 @@ def _stored_pairs(rows, method: Method, batch: str | None) -> str:
         f"{template.format(distance=row.distance, similarity=method.similarity(row.distance))}: {row.pairs:,}"
         for row in rows)
     caption = (f"Every stored pair{scope} ({total:,}: each pair of near-duplicates, found once, when its later "
-               f"document was ingested), by {_e(terms['measure'])}. Near-duplicates have {_e(terms['rule'])}.")
+               f"document was ingested), by {_e(terms['measure'])}. Two documents are near-duplicates when they "
+               f"{_e(terms['rule'])}.")
     return _section("Similarity of the stored pairs", _embed(figure, _short(alt, 2000)), caption)
 
 
@@ -412,8 +416,8 @@ def _candidates(counts: list[int], sampled: int, method: Method, batch: str | No
         figure, axes = _histogram(counts, method, "candidate pairs (log scale)", COLORS["histogram"])
         axes.axvspan(-1, k + 0.5, color=COLORS["threshold"], alpha=0.08, zorder=0)
         axes.axvline(k + 0.5, color=COLORS["threshold"], linewidth=2, linestyle="--")
-        axes.text(k + 1 + len(counts) / 200, 0.98, f"near-duplicates: {terms['rule']}", color=COLORS["threshold"],
-                  transform=axes.get_xaxis_transform(), va="top", fontsize=10)
+        axes.text(k + 1 + len(counts) / 200, 0.98, f"near-duplicates: {terms['threshold']}",
+                  color=COLORS["threshold"], transform=axes.get_xaxis_transform(), va="top", fontsize=10)
         axes.set_xlabel(f"{terms['estimate']}, between a sampled document and a lookup candidate")
         content = _embed(figure, "histogram of the distances between sampled documents and their lookup candidates")
     near = sum(counts[:k + 1])

@@ -106,8 +106,8 @@ def test_a_minhash_report_speaks_of_estimated_jaccard_similarity(run, tmp_path):
     page = write_report(run, tmp_path / "minhash.html")
     text = re.sub(r"<svg.*?</svg>|data:[^\"']*", "", page, flags=re.S)
     assert "bits" not in text
-    assert ("near-duplicates have an estimated Jaccard similarity of at least 0.805 (at most 25 of 128 signature "
-            "positions differ) with an earlier document") in text
+    assert ("Two documents are near-duplicates when they have an estimated Jaccard similarity of at least 0.805 "
+            "(at most 25 of 128 signature positions differ).") in text
     assert re.search(r"; to its earliest near-duplicate: estimated Jaccard similarity (1\.000|0\.[89]\d\d)\) <code>",
                      text)  # a cluster member's
 
@@ -124,7 +124,7 @@ def test_an_exact_minhash_report_gives_the_jaccard_similarity_of_the_texts(datab
         page = build_report(index)
     text = re.sub(r"<svg.*?</svg>|data:[^\"']*", "", page, flags=re.S)
     assert "ten-thousandths" not in text
-    assert "near-duplicates have a Jaccard similarity of at least 0.8 with an earlier document" in text
+    assert "Two documents are near-duplicates when they have a Jaccard similarity of at least 0.8." in text
     sets = {d["id"]: shingles(d["text"]) for d in documents}
     shown = re.findall(r"<code>([^<]+)</code> \(earlier\) and <code>([^<]+)</code>: Jaccard similarity (0\.\d{4});",
                        text)

@@ -243,11 +243,13 @@ class MinHash(Method):
             return {"key": "band", "measure": "Jaccard similarity", "tick": "{similarity:.3g}",
                     "pair": "Jaccard similarity {similarity:.4f}",
                     "estimate": "Jaccard similarity estimated from the signatures",
-                    "rule": f"a Jaccard similarity of at least {settings.threshold:g}"}
+                    "rule": f"have a Jaccard similarity of at least {settings.threshold:g}",
+                    "threshold": f"Jaccard similarity ≥ {settings.threshold:g}"}
         return {"key": "band", "measure": "estimated Jaccard similarity", "tick": "{similarity:.3g}",
                 "pair": "estimated Jaccard similarity {similarity:.3f}", "estimate": "estimated Jaccard similarity",
-                "rule": f"an estimated Jaccard similarity of at least {self.similarity(self.max_distance):.3f} "
-                        f"(at most {self.max_distance} of {n} signature positions differ)"}
+                "rule": f"have an estimated Jaccard similarity of at least {self.similarity(self.max_distance):.3f} "
+                        f"(at most {self.max_distance} of {n} signature positions differ)",
+                "threshold": f"estimated Jaccard similarity ≥ {self.similarity(self.max_distance):.3f}"}
 
     def relaid_out(self, blocks: int | None, documents: int) -> "MinHash":
         raise SimdbError("a MinHash index's bands are fixed when it is created: create a new index with another "

@@ -249,7 +249,7 @@ class SimHash(Method):
         k, bits = self.layout.max_distance, self.layout.bits
         return {"key": "block", "measure": "bits apart (Hamming distance)", "tick": "{distance}",
                 "pair": "{distance} bits apart", "estimate": "bits apart (Hamming distance)",
-                "rule": f"at most {k} of {bits} bits apart"}
+                "rule": f"are at most {k} of {bits} bits apart", "threshold": f"at most {k} bits apart"}
 
     def creation_notes(self, expected_size: int) -> list[str]:
         lines = []
