@@ -781,7 +781,7 @@ def _report_with_clusters(index, batch_name, by, path, link, warn) -> str:
     from .report import build_report
 
     try:
-        file = open(path, "w", encoding="utf-8", newline="")
+        file = open(path, "wb")
     except OSError as exc:
         raise click.ClickException(f"cannot write {path}: {exc.strerror}; choose another --clusters-csv") from None
     try:

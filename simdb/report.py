@@ -26,7 +26,6 @@ page where asked, holds every cluster's members: the way into the clusters beyon
 from __future__ import annotations
 
 import base64
-import csv
 import html
 import io
 import json
@@ -34,7 +33,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable
 from datetime import datetime, timezone
 from string import Template
-from typing import TextIO
+from typing import BinaryIO
 
 from .charts import chart_style, new_figure
 from .diff import Change, changed_characters, changes, diff, elided
@@ -66,8 +65,6 @@ BATCH_ROWS = 60
 SOURCE_COLUMNS = 10
 #: Characters of each member's text in the clusters CSV.
 CSV_TEXT_CHARS = 200
-CSV_COLUMNS = ("cluster", "cluster_size", "canonical_id", "id", "batch", "stored_at", "duplicate_of", "distance",
-               "similarity", "metadata", "text")
 COLORS = {"before": "#c9d6e3", "added": "#2b6cb0", "new": "#9db4cc", "exact": "#c0392b", "near": "#e67e22",
           "against_archive": "#6c3483", "within_batch": "#27ae60", "histogram": "#2b6cb0", "threshold": "#c0392b",
           "clusters": "#6c3483", "mark": "#111111", "rate": "#d35400", "pairs": "#1f7a8c"}
@@ -587,7 +584,7 @@ def _notes(lines: list[str]) -> str:
     return "".join(f'<p class="note" role="note">{line}</p>' for line in lines)
 
 
-def build_report(index, batch: str | None = None, *, by: str | None = None, clusters_csv: TextIO | None = None,
+def build_report(index, batch: str | None = None, *, by: str | None = None, clusters_csv: BinaryIO | None = None,
                  clusters_link: str | None = None, warn: Warn | None = None) -> str:
     """The report on ``index`` (optionally focused on one batch; with ``by``, the duplicate rate by that metadata
     field) as an HTML page; with ``clusters_csv``, every cluster's members written there as CSV from the same
@@ -602,7 +599,8 @@ def build_report(index, batch: str | None = None, *, by: str | None = None, clus
         fields = reads.metadata_fields(connection) if data.get("by") and all(
             row.kind == "none" for row in data["by"]) else []
         if clusters_csv is not None:
-            _clusters_csv(connection, method, clusters_csv, batch)
+            for chunk in reads.cluster_members_csv(connection, method, batch, CSV_TEXT_CHARS):
+                clusters_csv.write(chunk)
     batches = data["batches"]
     duplicates = sum(row.duplicates for row in batches)
     header = {"index": f"schema {index.database.schema} of {index.database.display_url}",
@@ -641,21 +639,3 @@ def build_report(index, batch: str | None = None, *, by: str | None = None, clus
     header_html = "".join(f"<dt>{_e(key)}</dt><dd>{_e(value)}</dd>" for key, value in header.items())
     return PAGE.substitute(schema=_e(index.database.schema), header=header_html, body=note_html + body,
                            cjk=CJK_STACK)
-
-
-def _clusters_csv(connection, method: Method, file: TextIO, batch: str | None) -> None:
-    """Every member of every cluster of two or more (those that include a document of ``batch``) as CSV,
-    largest cluster first: the cluster's rank, size and canonical (earliest) document, the member's id,
-    batch, time stored (UTC), the id of its earliest near-duplicate with their distance and similarity,
-    its metadata (JSON) and the first characters of its text (where the index keeps texts)."""
-    writer = csv.writer(file, lineterminator="\n")
-    writer.writerow(CSV_COLUMNS)
-    for row in reads.cluster_members(connection, batch, CSV_TEXT_CHARS):
-        distance = row.duplicate_distance
-        writer.writerow([row.cluster, row.size, row.canonical_id, row.external_id, row.batch,
-                         f"{row.created_at.astimezone(timezone.utc):%Y-%m-%dT%H:%M:%SZ}",
-                         row.duplicate_of or "", "" if distance is None else distance,
-                         "" if distance is None else f"{method.similarity(distance):.4f}",
-                         json.dumps(row.metadata, ensure_ascii=False, sort_keys=True, separators=(",", ":"),
-                                    default=str),
-                         " ".join(row.text.split()) if row.text else ""])

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from simdb import Index
 from simdb.diff import changes, diff
-from simdb.report import COLORS, CSV_COLUMNS
+from simdb.report import COLORS
 from simdb.samples import corpus
 
 HEADINGS = ["Duplicate rate per batch", "Where each batch's duplicates come from", "Growth by batch",
@@ -187,7 +187,9 @@ def test_report_options_that_cannot_work_are_one_line_errors_and_a_field_no_docu
     assert "No document has the metadata field <code>sorce</code>." in shown
     assert '<a href="../every%20cluster.csv">' in shown  # relative to the page, as a URL
     rows = list(csv.reader((tmp_path / "every cluster.csv").open(encoding="utf-8", newline="")))
-    assert rows[0] == list(CSV_COLUMNS) and [row[3] for row in rows[1:]] == ["a", "b"]
+    assert rows[0] == ["cluster_size", "canonical_id", "id", "batch", "stored_at", "duplicate_of", "distance",
+                       "similarity", "metadata", "text"]
+    assert [row[2] for row in rows[1:]] == ["a", "b"]
 
 
 def chromium(tmp_path, *arguments) -> subprocess.CompletedProcess:
@@ -454,18 +456,17 @@ def test_rates_sources_breakdown_pairs_and_clusters_csv_are_the_oracles(run, tmp
             shown = list(csv.DictReader(file))
         assert all(float(r["similarity"]) == pytest.approx(1 - int(r["distance"]) / 64, abs=5e-5)
                    for r in shown if r["distance"])
-        return [(r["cluster"], r["cluster_size"], r["canonical_id"], r["id"], r["batch"], r["duplicate_of"],
-                 r["distance"], r["metadata"]) for r in shown]
+        return [(r["cluster_size"], r["canonical_id"], r["id"], r["batch"], r["duplicate_of"], r["distance"],
+                 json.loads(r["metadata"])) for r in shown]
 
     def members(batch: str | None = None) -> list[tuple]:
         ranked = sorted(((canonical, members) for canonical, members in oracle["clusters"].items()
                          if batch is None or any(documents[j][0] == batch for j in members)),
                         key=lambda c: (-len(c[1]), c[0]))
-        return [(str(rank), str(len(members)), documents[canonical][1], documents[j][1], documents[j][0],
+        return [(str(len(members)), documents[canonical][1], documents[j][1], documents[j][0],
                  documents[oracle["earliest"][j][0]][1] if j in oracle["earliest"] else "",
-                 str(oracle["earliest"][j][1]) if j in oracle["earliest"] else "",
-                 json.dumps(documents[j][3], ensure_ascii=False, sort_keys=True, separators=(",", ":")))
-                for rank, (canonical, members) in enumerate(ranked, 1) for j in members]
+                 str(oracle["earliest"][j][1]) if j in oracle["earliest"] else "", documents[j][3])
+                for canonical, members in ranked for j in members]
 
     assert members_shown() == members()
     assert '<a href="clusters.csv">clusters.csv</a>' in page

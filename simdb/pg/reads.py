@@ -461,41 +461,37 @@ def metadata_fields(connection: sa.Connection, sample: int = 1000) -> list[str]:
         f"WHERE jsonb_typeof(metadata) = 'object' LIMIT {int(sample)}) s ORDER BY 1")).scalars())
 
 
-def cluster_members(connection: sa.Connection, batch: str | None, text_chars: int) -> Iterator[ClusterMember]:
-    """Every member of every cluster of two or more (those that include a document of ``batch``), streamed,
-    largest cluster first, each cluster's members in the order stored. The external ids of the canonical
-    documents and of the earliest near-duplicates are looked up by id, 10,000 members at a time (a join on
-    them is not co-located on a distributed index)."""
+def cluster_members_csv(connection: sa.Connection, method: Method, batch: str | None,
+                        text_chars: int) -> Iterator[bytes]:
+    """Every member of every cluster of two or more (those that include a document of ``batch``) as CSV with
+    a header, made by the server and streamed: largest cluster first, each cluster's members in the order
+    stored. Columns: the cluster's size and canonical (earliest) document, the member's id, batch, time
+    stored (UTC), its earliest near-duplicate with their distance and similarity, its metadata (JSON) and
+    its text's first ``text_chars`` characters, whitespace collapsed (where the index keeps texts).
+
+    The members and the external ids they name are read first, each as a whole (a distributed index
+    joins documents with clusters on ``cluster_id`` only so: neither is its distribution column)."""
     chosen = None
     if batch is not None:  # the batch's clusters by id: Citus joins no subquery of documents with the members
         chosen = list(connection.execute(sa.text(
             "SELECT DISTINCT k.cluster_id FROM clusters k JOIN documents d ON d.cluster_id = k.cluster_id "
             "WHERE d.batch_id = :batch"), {"batch": batch_id(connection, batch)}).scalars())
-    result = connection.execution_options(yield_per=10_000).execute(sa.text(
-        "SELECT k.size, k.cluster_id, d.external_id, b.name AS batch, d.created_at, d.duplicate_of, "
-        f"d.duplicate_distance, d.metadata, left(d.text, {int(text_chars)}) AS text FROM clusters k "
-        "JOIN documents d ON d.cluster_id = k.cluster_id JOIN batches b ON b.id = d.batch_id "
-        + ("WHERE k.cluster_id = ANY(:clusters) " if chosen is not None else "")
-        + "ORDER BY k.size DESC, k.cluster_id, d.id"), {"clusters": chosen})
-    rank, last = 0, None
-    for part in result.partitions():
-        names = external_ids(connection, {row.cluster_id for row in part}
-                             | {row.duplicate_of for row in part if row.duplicate_of is not None})
-        for row in part:
-            rank, last = (rank + 1, row.cluster_id) if row.cluster_id != last else (rank, last)
-            yield ClusterMember(rank, row.size, names[row.cluster_id], row.external_id, row.batch, row.created_at,
-                                names.get(row.duplicate_of), row.duplicate_distance, row.metadata, row.text)
-
-
-class ClusterMember(NamedTuple):
-    """A member of a cluster, as :func:`cluster_members` reads it."""
-    cluster: int  #: the cluster's rank: 1 for the largest
-    size: int
-    canonical_id: str  #: the external id of the cluster's earliest document
-    external_id: str
-    batch: str
-    created_at: object
-    duplicate_of: str | None  #: the external id of its earliest near-duplicate
-    duplicate_distance: int | None
-    metadata: dict
-    text: str | None
+    similarity = method.similarity_sql("m.duplicate_distance")
+    sql = (
+        "WITH members AS MATERIALIZED (SELECT k.size, k.cluster_id, d.id, d.external_id, d.batch_id, d.created_at, "
+        f"d.duplicate_of, d.duplicate_distance, d.metadata, left(d.text, {int(text_chars)}) AS text FROM clusters k "
+        "JOIN documents d ON d.cluster_id = k.cluster_id"
+        + (" WHERE k.cluster_id = ANY(CAST(%(clusters)s AS bigint[]))" if chosen is not None else "") + "), "
+        "names AS MATERIALIZED (SELECT id, external_id FROM documents "
+        "WHERE id IN (SELECT cluster_id FROM members UNION SELECT duplicate_of FROM members)) "
+        "SELECT m.size AS cluster_size, c.external_id AS canonical_id, m.external_id AS id, b.name AS batch, "
+        "to_char(m.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') AS stored_at, "
+        "o.external_id AS duplicate_of, m.duplicate_distance AS distance, "
+        f"round(CAST({similarity} AS numeric), 4) AS similarity, m.metadata, "
+        "btrim(regexp_replace(m.text, '\\s+', ' ', 'g')) AS text FROM members m JOIN batches b ON b.id = m.batch_id "
+        "JOIN names c ON c.id = m.cluster_id LEFT JOIN names o ON o.id = m.duplicate_of "
+        "ORDER BY m.size DESC, m.cluster_id, m.id")
+    cursor = connection.connection.dbapi_connection.cursor()
+    with cursor.copy(f"COPY ({sql}) TO STDOUT (FORMAT csv, HEADER)",
+                     {"clusters": chosen} if chosen is not None else None) as copy:
+        yield from copy
