@@ -315,7 +315,7 @@ def _sources(batches, sources, batch: str | None) -> str:
     table = _scrolling(f'<table class="batches"><thead>{head}</thead><tbody>{"".join(rows)}</tbody></table>')
     caption = ("Each row is a batch: its stored documents, those that duplicate an earlier document (exactly or "
                "nearly) and their share; then in which batch each duplicate's earliest near-duplicate is: the batch "
-               f"itself, the {len(columns)} batch{'es' if len(columns) != 1 else ''} duplicated most"
+               f"itself, {f'the {len(columns)} batches' if len(columns) != 1 else 'the batch'} duplicated most"
                + (f", and the {len(rest)} others together" if rest else "")
                + ". A cell's colour is its share of the row's duplicates.")
     if left_out:
