@@ -176,6 +176,9 @@ def test_report_options_that_cannot_work_are_one_line_errors_and_a_field_no_docu
     result = run("report", "--by", " ", "--output", str(page))
     assert result.exit_code == 2 and "Invalid value for --by: give the name of a metadata field, e.g. --by source" \
                                       in result.output
+    result = run("report", "--clusters-csv", str(tmp_path / "no" / "c.csv"), "--output", str(page))
+    assert result.exit_code == 1 and result.output == (f"Error: cannot write {tmp_path / 'no' / 'c.csv'}: No such "
+                                                       "file or directory; choose another --clusters-csv\n")
     assert not page.exists()
     (tmp_path / "out").mkdir()
     result = run("report", "--by", "sorce", "--clusters-csv", str(tmp_path / "every cluster.csv"),
