@@ -800,32 +800,63 @@ def stats(database_url, schema, data_dir, as_json, exact):
 @database_options
 @click.option("--batch", "batch_name", default=None,
               help="Focus on this batch: distances and clusters of its documents; marked in the charts.")
+@click.option("--by", "by", metavar="FIELD", default=None,
+              help="Also give the duplicate rate for each value of this metadata field (the 20 most frequent; "
+                   "the rest together; (none) for documents without it).")
+@click.option("--clusters-csv", type=click.Path(dir_okay=False), default=None,
+              help="Also write every cluster's members to this CSV file, linked from the page (which opens "
+                   "without it).")
 @click.option("--output", required=True, type=click.Path(dir_okay=False),
               help="The HTML file to write (self-contained: opens without a network).")
 @user_errors
-def report(database_url, schema, data_dir, batch_name, output):
-    """Write an HTML report: growth, duplicates per batch, distances, clusters.
+def report(database_url, schema, data_dir, batch_name, by, clusters_csv, output):
+    """Write an HTML report: duplicate rates, where duplicates come from, clusters, pairs.
 
-    The page shows the archive's growth by batch, the duplicates each batch
-    brought, the Hamming distances between a sample of documents and their
-    block-key candidates (with the threshold), the cluster sizes and the
-    largest clusters with sample members. Charts are embedded, so the file
-    opens anywhere without a network.
+    The page shows the share of each batch that duplicates earlier documents
+    and which batches they duplicate (with --by, for each value of a metadata
+    field too), the archive's growth, the duplicates each batch brought, the
+    similarity of the stored pairs, a sample's lookup candidates (with the
+    threshold), the cluster sizes and the largest clusters with sample
+    members, and (where the index keeps texts) pairs whose texts differ,
+    change by change. Charts are embedded, so the file opens anywhere
+    without a network.
 
     \b
     Example:
         simdb report --output report.html
-        simdb report --batch 2024-05 --output report-2024-05.html
+        simdb report --batch 2024-05 --by source --output report-2024-05.html
+        simdb report --output report.html --clusters-csv clusters.csv
     """
+    from urllib.request import pathname2url
+
     from .report import build_report
 
+    if by is not None and not by.strip():
+        raise click.BadParameter("give the name of a metadata field, e.g. --by source", param_hint="--by")
+    outputs.refuse_aliases({"output": output, "clusters_csv": clusters_csv}, [])
     target = outputs.check(output, "report")  # refused before the report is built
+    csv_target = outputs.check(clusters_csv, "clusters CSV", "clusters_csv") if clusters_csv is not None else None
+    link = None if clusters_csv is None else pathname2url(
+        os.path.relpath(os.path.realpath(clusters_csv), os.path.dirname(os.path.realpath(output))))
+
+    def warn(line: str) -> None:
+        click.echo(f"warning: {line}", err=True)
+
     with open_index(database_url, schema, data_dir) as index:
-        page = build_report(index, batch_name)
-    data = page.encode("utf-8")
-    with outputs.written(output, "report", binary=True, target=target) as file:
-        file.write(data)
+        if clusters_csv is None:
+            data = build_report(index, batch_name, by=by, warn=warn).encode("utf-8")
+            with outputs.written(output, "report", binary=True, target=target) as file:
+                file.write(data)
+        else:  # the CSV from the page's snapshot; neither file appears unless both are written
+            with outputs.written(clusters_csv, "clusters CSV", option="clusters_csv", binary=True,
+                                 target=csv_target) as table:
+                data = build_report(index, batch_name, by=by, clusters_csv=table, clusters_link=link,
+                                    warn=warn).encode("utf-8")
+                with outputs.written(output, "report", binary=True, target=target) as file:
+                    file.write(data)
     click.echo(f"wrote {output} ({max(1, round(len(data) / 1024)):,} KB)")
+    if clusters_csv is not None:
+        click.echo(f"wrote {clusters_csv} ({max(1, round(os.path.getsize(clusters_csv) / 1024)):,} KB)")
 
 
 @cli.command(name="remove")

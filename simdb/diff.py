@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from difflib import SequenceMatcher
-from typing import Literal
+from typing import Literal, NamedTuple
 
 Kind = Literal["same", "removed", "added"]
 
@@ -88,3 +88,47 @@ def elided(runs: list[tuple[Kind, str]], context: int = 80) -> list[tuple[Kind, 
         else:
             out.append((kind, text))
     return out
+
+
+class Change(NamedTuple):
+    """One change between two texts, where it is and what surrounds it: offsets count characters from 0,
+    lines from 1; ``before`` and ``after`` are the unchanged characters around it (``context`` at most)."""
+    a_offset: int
+    b_offset: int
+    a_line: int
+    b_line: int
+    removed: str
+    added: str
+    before: str
+    after: str
+
+
+def changes(runs: list[tuple[Kind, str]], context: int = 40, join: int = 0) -> list[Change]:
+    """The changes of ``runs`` (as :func:`diff` gives them), in order, each with its position in both texts
+    and the unchanged text around it. A removal and an addition next to each other are one change, and so
+    are two changes at most ``join`` unchanged characters apart (those characters removed and added again:
+    ``functi[-on-]{+no+}`` reads better than two changes a character apart)."""
+    found: list[Change] = []
+    a_offset = b_offset = 0
+    a_line = b_line = 1
+    removed = added = ""
+    start = None  # (a_offset, b_offset, a_line, b_line, before) where the open change began
+    previous = ""
+    for i, (kind, text) in enumerate(runs):
+        bridges = (kind == "same" and start is not None and len(text) <= join and i + 1 < len(runs))
+        if kind == "same" and not bridges:
+            if start is not None:
+                found.append(Change(*start[:4], removed, added, start[4], text[:context]))
+                start, removed, added = None, "", ""
+            previous = text
+        elif start is None:
+            start = (a_offset, b_offset, a_line, b_line, previous[max(0, len(previous) - context):])
+        if kind != "added":
+            removed += text if kind != "same" or bridges else ""
+            a_offset, a_line = a_offset + len(text), a_line + text.count("\n")
+        if kind != "removed":
+            added += text if kind != "same" or bridges else ""
+            b_offset, b_line = b_offset + len(text), b_line + text.count("\n")
+    if start is not None:
+        found.append(Change(*start[:4], removed, added, start[4], ""))
+    return found

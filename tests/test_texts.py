@@ -260,10 +260,12 @@ def test_the_report_shows_pairs_side_by_side_and_clusters_with_their_texts(datab
         index.add_many([{"id": "a", "text": base}, {"id": "b", "text": base.replace("图书馆", "博物馆<&>", 1)},
                         {"id": "c", "text": base}], batch="one")
         page = build_report(index)
-    pairs = page[page.index("Pairs side by side"):]
-    assert "<del>图书</del>" in pairs and "<ins>博物</ins>" in pairs and "&lt;&amp;&gt;" in pairs
-    assert "<th><code>a</code></th><th><code>c</code>" not in pairs  # an exact copy is no pair to look at
-    assert "今天天气很好，我们去公园散步。" in page[page.index("Largest clusters"):page.index("Pairs side by side")]
+    pairs = page[page.index("Pairs whose texts differ"):]
+    assert ('<del><span class="mark">[-</span>图书<span class="mark">-]</span></del>' in pairs
+            and '<ins><span class="mark">{+</span>博物<span class="mark">+}</span></ins>' in pairs)
+    assert "&lt;&amp;&gt;" in pairs
+    assert "<code>a</code> (earlier) and <code>c</code>" not in pairs  # an exact copy is no pair to look at
+    assert "今天天气很好，我们去公园散步。" in page[page.index("Largest clusters"):page.index("Pairs whose texts differ")]
 
 
 def test_the_report_of_an_index_without_texts_says_how_to_keep_them(index):

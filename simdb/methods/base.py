@@ -295,7 +295,11 @@ class Method(ABC):
 
     @abstractmethod
     def report_terms(self) -> dict[str, str]:
-        """How ``simdb report`` speaks of distances: ``title``, ``axis``, ``unit``, and ``key`` (block/band)."""
+        """How ``simdb report`` speaks of distances, as a person would: ``key`` (block or band); ``measure``, the
+        axis of the stored pairs' distances, and ``estimate``, of the candidates' (what the sketches say);
+        ``tick`` and ``pair``, templates for one distance as a tick label and in a sentence (given
+        ``distance`` and ``similarity``); ``rule``, when two documents are near-duplicates ("Two documents are
+        near-duplicates when they {rule}"), and ``threshold``, the same as a chart's label."""
 
     def creation_notes(self, expected_size: int) -> list[str]:
         """Lines ``simdb init`` prints about a new index of this method, beyond its layout."""

@@ -354,17 +354,18 @@ def _distance_sample(connection: sa.Connection, method: Method, batch: int | Non
 
 
 def report_data(connection: sa.Connection, method: Method, batch: str | None, *, sample_size: int, clusters: int,
-                members: int, pairs: int = 0, text_chars: int = 0, sample_chars: int = 0) -> dict:
+                members: int, pairs: int = 0, text_chars: int = 0, sample_chars: int = 0, by: str | None = None,
+                by_values: int = 20) -> dict:
     """Everything ``simdb report`` shows, read in one read-only snapshot; with ``pairs``, that many stored pairs
-    that are not exact copies, least similar first, with their texts' first ``text_chars`` characters (and
-    cluster members with their first ``sample_chars``)."""
+    whose texts differ, least similar first, with their texts' first ``text_chars`` characters (and cluster
+    members with their first ``sample_chars``); with ``by``, the duplicate rate by that metadata field."""
     read_only_snapshot(connection)
     chosen = batch_id(connection, batch) if batch is not None else None
     data = {"stored": document_count(connection),
             "batches": connection.execute(sa.text(
-                "SELECT s.*, coalesce(d.stored, 0) AS stored FROM batch_summary s LEFT JOIN "
-                "(SELECT batch_id, count(*) AS stored FROM documents GROUP BY batch_id) d USING (batch_id) "
-                "ORDER BY s.batch_id")).all()}
+                "SELECT s.*, coalesce(d.stored, 0) AS stored, coalesce(d.duplicates, 0) AS duplicates "
+                "FROM batch_summary s LEFT JOIN (SELECT batch_id, count(*) AS stored, count(duplicate_of) AS "
+                "duplicates FROM documents GROUP BY batch_id) d USING (batch_id) ORDER BY s.batch_id")).all()}
     if not data["stored"]:
         return data
     if chosen is None:
@@ -377,6 +378,9 @@ def report_data(connection: sa.Connection, method: Method, batch: str | None, *,
         # the batch's documents less those in a cluster of two or more (the clusters table's)
         singletons = (f"SELECT {int(population)} - count(*) FROM documents d JOIN clusters c "
                       "ON c.cluster_id = d.cluster_id WHERE d.batch_id = :batch")
+    data["sources"] = batch_sources(connection)
+    data["pair_distances"] = pair_distances(connection, chosen)
+    data["by"] = metadata_breakdown(connection, by, chosen, by_values) if by is not None else None
     data["counts"], data["sampled"] = _distance_sample(connection, method, chosen, population, sample_size)
     data["sizes"] = connection.execute(sa.text(
         f"SELECT size, count(*) FROM clusters {scope} GROUP BY size ORDER BY size"), params).all()
@@ -393,18 +397,7 @@ def report_data(connection: sa.Connection, method: Method, batch: str | None, *,
             f"WHERE d.cluster_id = ANY(:clusters)) m WHERE n <= {int(members)} ORDER BY cluster_id, n"),
             {"clusters": [c.cluster_id for c in data["clusters"]], "batch": chosen}):
         shown.setdefault(row.cluster_id, []).append(row)
-    # the least similar pairs, where the threshold decides: chosen from near_duplicates alone (a top-N of its rows,
-    # no join per pair), then joined for their texts
-    # (then their documents by id: a join of a pair with both its documents is not co-located when distributed)
-    chosen_pairs = connection.execute(sa.text(
-        "SELECT a_id, b_id, distance FROM near_duplicates WHERE distance > 0 "
-        + ("AND batch_id = :batch " if chosen is not None else "")
-        + f"ORDER BY distance DESC, a_id, b_id LIMIT {int(pairs)}"), params).all() if pairs else []
-    shown = {row.id: row for row in connection.execute(sa.text(
-        f"SELECT id, external_id, left(text, {int(text_chars)}) AS text FROM documents WHERE id = ANY(:ids)"),
-        {"ids": sorted({i for pair in chosen_pairs for i in pair[:2]})})} if chosen_pairs else {}
-    data["pairs"] = [ShownPair(shown[a].external_id, shown[b].external_id, distance, shown[a].text, shown[b].text)
-                     for a, b, distance in chosen_pairs]
+    data["pairs"] = differing_pairs(connection, chosen, pairs, text_chars) if pairs else []
     return data
 
 
@@ -415,3 +408,105 @@ class ShownPair(NamedTuple):
     distance: int
     a_text: str | None
     b_text: str | None
+
+
+def differing_pairs(connection: sa.Connection, batch: int | None, limit: int, text_chars: int) -> list[ShownPair]:
+    """The ``limit`` least similar stored pairs whose texts differ (content hashes: a pair at distance 0 may
+    differ by a character), of those found when batch ``batch`` was ingested (None: all), with their texts'
+    first ``text_chars`` characters."""
+    chosen = connection.execute(sa.text(
+        "SELECT p.a_id, p.b_id, p.distance FROM near_duplicates p JOIN documents a ON a.id = p.a_id "
+        "JOIN documents b ON b.id = p.b_id WHERE a.content_hash <> b.content_hash "
+        + ("AND p.batch_id = :batch " if batch is not None else "")
+        + f"ORDER BY p.distance DESC, p.a_id, p.b_id LIMIT {int(limit)}"), {"batch": batch}).all()
+    # their documents by id (a join of a pair with both its documents' texts is not co-located when distributed)
+    shown = {row.id: row for row in connection.execute(sa.text(
+        f"SELECT id, external_id, left(text, {int(text_chars)}) AS text FROM documents WHERE id = ANY(:ids)"),
+        {"ids": sorted({i for pair in chosen for i in pair[:2]})})} if chosen else {}
+    return [ShownPair(shown[a].external_id, shown[b].external_id, distance, shown[a].text, shown[b].text)
+            for a, b, distance in chosen]
+
+
+def batch_sources(connection: sa.Connection) -> list[sa.Row]:
+    """``(batch_id, source_id, documents)``: how many of each batch's stored documents have their earliest
+    near-duplicate (``duplicate_of``) in each batch, the batch itself included."""
+    return connection.execute(sa.text(
+        "SELECT d.batch_id, o.batch_id AS source_id, count(*) AS documents FROM documents d "
+        "JOIN documents o ON o.id = d.duplicate_of GROUP BY d.batch_id, o.batch_id ORDER BY 1, 2")).all()
+
+
+def pair_distances(connection: sa.Connection, batch: int | None) -> list[sa.Row]:
+    """``(distance, pairs)`` of the stored pairs (those found when batch ``batch`` was ingested; None: all)."""
+    return connection.execute(sa.text(
+        "SELECT distance, count(*) AS pairs FROM near_duplicates "
+        + ("WHERE batch_id = :batch " if batch is not None else "") + "GROUP BY distance ORDER BY distance"),
+        {"batch": batch}).all()
+
+
+class Breakdown(NamedTuple):
+    """One row of the duplicate rate by a metadata field: a value (``kind`` "value"), the documents without
+    the field or with null (``kind`` "none"), or the values beyond the most frequent ones together
+    (``kind`` "other", ``values`` of them)."""
+    kind: str
+    value: str | None
+    documents: int
+    duplicates: int
+    values: int
+
+
+def metadata_breakdown(connection: sa.Connection, field: str, batch: int | None, top: int) -> list[Breakdown]:
+    """Documents, and those with an earlier near-duplicate, for each value of the metadata field ``field`` (as
+    text), the ``top`` most frequent values first, then the rest as one row, then the documents without it."""
+    rows = connection.execute(sa.text(
+        "WITH g AS MATERIALIZED (SELECT metadata ->> :field AS value, count(*) AS documents, "
+        "count(duplicate_of) AS duplicates FROM documents "
+        + ("WHERE batch_id = :batch " if batch is not None else "") + "GROUP BY 1), "
+        "r AS (SELECT *, row_number() OVER (ORDER BY documents DESC, value) AS rank FROM g WHERE value IS NOT NULL) "
+        "SELECT * FROM (SELECT 'value' AS kind, value, documents, duplicates, 1 AS values, rank FROM r "
+        "WHERE rank <= :top UNION ALL SELECT 'other', NULL, sum(documents), sum(duplicates), count(*), :top + 1 "
+        "FROM r WHERE rank > :top HAVING count(*) > 0 UNION ALL SELECT 'none', NULL, documents, duplicates, 1, "
+        ":top + 2 FROM g WHERE value IS NULL) t ORDER BY rank"), {"field": field, "batch": batch, "top": top}).all()
+    return [Breakdown(row.kind, row.value, int(row.documents), int(row.duplicates), int(row.values)) for row in rows]
+
+
+def metadata_fields(connection: sa.Connection, sample: int = 1000) -> list[str]:
+    """The metadata fields of the first ``sample`` stored documents, sorted (to say which exist)."""
+    return list(connection.execute(sa.text(
+        "SELECT DISTINCT jsonb_object_keys(metadata) FROM (SELECT metadata FROM documents "
+        f"WHERE jsonb_typeof(metadata) = 'object' LIMIT {int(sample)}) s ORDER BY 1")).scalars())
+
+
+def cluster_members_csv(connection: sa.Connection, method: Method, batch: str | None,
+                        text_chars: int) -> Iterator[bytes]:
+    """Every member of every cluster of two or more (those that include a document of ``batch``) as CSV with
+    a header, made by the server and streamed: largest cluster first, each cluster's members in the order
+    stored. Columns: the cluster's size and canonical (earliest) document, the member's id, batch, time
+    stored (UTC), its earliest near-duplicate with their distance and similarity, its metadata (JSON) and
+    its text's first ``text_chars`` characters, whitespace collapsed (where the index keeps texts).
+
+    The members and the external ids they name are read first, each as a whole (a distributed index
+    joins documents with clusters on ``cluster_id`` only so: neither is its distribution column)."""
+    chosen = None
+    if batch is not None:  # the batch's clusters by id: Citus joins no subquery of documents with the members
+        chosen = list(connection.execute(sa.text(
+            "SELECT DISTINCT k.cluster_id FROM clusters k JOIN documents d ON d.cluster_id = k.cluster_id "
+            "WHERE d.batch_id = :batch"), {"batch": batch_id(connection, batch)}).scalars())
+    similarity = method.similarity_sql("m.duplicate_distance")
+    sql = (
+        "WITH members AS MATERIALIZED (SELECT k.size, k.cluster_id, d.id, d.external_id, d.batch_id, d.created_at, "
+        f"d.duplicate_of, d.duplicate_distance, d.metadata, left(d.text, {int(text_chars)}) AS text FROM clusters k "
+        "JOIN documents d ON d.cluster_id = k.cluster_id"
+        + (" WHERE k.cluster_id = ANY(CAST(%(clusters)s AS bigint[]))" if chosen is not None else "") + "), "
+        "names AS MATERIALIZED (SELECT id, external_id FROM documents "
+        "WHERE id IN (SELECT cluster_id FROM members UNION SELECT duplicate_of FROM members)) "
+        "SELECT m.size AS cluster_size, c.external_id AS canonical_id, m.external_id AS id, b.name AS batch, "
+        "to_char(m.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') AS stored_at, "
+        "o.external_id AS duplicate_of, m.duplicate_distance AS distance, "
+        f"round(CAST({similarity} AS numeric), 4) AS similarity, m.metadata, "
+        "btrim(regexp_replace(m.text, '\\s+', ' ', 'g')) AS text FROM members m JOIN batches b ON b.id = m.batch_id "
+        "JOIN names c ON c.id = m.cluster_id LEFT JOIN names o ON o.id = m.duplicate_of "
+        "ORDER BY m.size DESC, m.cluster_id, m.id")
+    cursor = connection.connection.dbapi_connection.cursor()
+    with cursor.copy(f"COPY ({sql}) TO STDOUT (FORMAT csv, HEADER)",
+                     {"clusters": chosen} if chosen is not None else None) as copy:
+        yield from copy

@@ -255,14 +255,18 @@ class MinHash(Method):
         return {"method": self.name, "threshold": setting}
 
     def report_terms(self) -> dict[str, str]:
-        n = self.settings.num_perm
-        if self.settings.exact:
-            return {"title": "Distances among candidate pairs", "unit": "ten-thousandths of Jaccard distance",
-                    "key": "band", "axis": "1 - Jaccard similarity between a sampled document and a candidate, "
-                                           "x 10,000 (estimated from the signatures)"}
-        return {"title": "Distances among candidate pairs", "unit": f"of {n} signature positions", "key": "band",
-                "axis": f"Signature positions that differ between a sampled document and a candidate "
-                        f"(1 - estimated Jaccard, x {n})"}
+        settings, n = self.settings, self.settings.num_perm
+        if settings.exact:
+            return {"key": "band", "measure": "Jaccard similarity", "tick": "{similarity:.3g}",
+                    "pair": "Jaccard similarity {similarity:.4f}",
+                    "estimate": "Jaccard similarity estimated from the signatures",
+                    "rule": f"have a Jaccard similarity of at least {settings.threshold:g}",
+                    "threshold": f"Jaccard similarity ≥ {settings.threshold:g}"}
+        return {"key": "band", "measure": "estimated Jaccard similarity", "tick": "{similarity:.3g}",
+                "pair": "estimated Jaccard similarity {similarity:.3f}", "estimate": "estimated Jaccard similarity",
+                "rule": f"have an estimated Jaccard similarity of at least {self.similarity(self.max_distance):.3f} "
+                        f"(at most {self.max_distance} of {n} signature positions differ)",
+                "threshold": f"estimated Jaccard similarity ≥ {self.similarity(self.max_distance):.3f}"}
 
     def relaid_out(self, blocks: int | None, documents: int) -> "MinHash":
         raise SimdbError("a MinHash index's bands are fixed when it is created: create a new index with another "

@@ -246,8 +246,10 @@ class SimHash(Method):
         return {"max_distance": int(setting)}
 
     def report_terms(self) -> dict[str, str]:
-        return {"title": "Hamming distances among candidate pairs", "unit": "bits", "key": "block",
-                "axis": "Hamming distance between a sampled document and a candidate (bits)"}
+        k, bits = self.layout.max_distance, self.layout.bits
+        return {"key": "block", "measure": "bits apart (Hamming distance)", "tick": "{distance}",
+                "pair": "{distance} bits apart", "estimate": "bits apart (Hamming distance)",
+                "rule": f"are at most {k} of {bits} bits apart", "threshold": f"at most {k} bits apart"}
 
     def creation_notes(self, expected_size: int) -> list[str]:
         lines = []
