@@ -4,8 +4,9 @@ Each case runs one CLI command against a prepared archive (a SimHash index with 
 MinHash index, a read-only role) and asserts what a user and an ingest script rely on: exit
 status 2 for a usage error and 1 for any other, one short message on stderr that starts with
 ``Error:`` (click's usage errors add their ``Usage:`` lines), no traceback, and nothing written:
-the archive's tables, the set of schemas in the database and the files in the working
-directory are exactly as before.
+the archives' tables, the schemas and roles the test made or a case names, and the files in the
+working directory are exactly as before. Only those are compared, so that other test runs on the
+same server may create and drop their own schemas and roles meanwhile.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import gzip
 import io
 import json
 import os
+import random
 import uuid
 
 import pyarrow as pa
@@ -36,6 +38,15 @@ def parquet(**columns) -> bytes:
     return out.getvalue()
 
 
+def parquet_repeating(*names: str) -> bytes:
+    """A Parquet file of one row whose schema may name a column twice (``pa.table`` would refuse that)."""
+    out = io.BytesIO()
+    pq.write_table(pa.Table.from_arrays([pa.array([f"{name}-{i}"]) for i, name in enumerate(names)], names=names), out)
+    return out.getvalue()
+
+
+#: An id past the limit of 1,000 bytes, and past the B-tree's 2,704: random hex does not compress
+LONG_ID = "".join(random.Random(34).choice("0123456789abcdef") for _ in range(3000))
 PARQUET = parquet(id=[f"p{i}" for i in range(500)], text=[f"parquet text {i}" for i in range(500)])
 
 #: name -> bytes of the bad input files the cases refer to
@@ -68,6 +79,11 @@ FILES = {
     "quote.csv": b'id,text\n1,"never closed\n2,fine\n',
     "fields.csv": b"id,text\n1,a,b\n",
     "header.csv": b"doc,body\n1,x\n",
+    "repeated.csv": b"id,text,text\n1,first text,second text\n",
+    "repeated.tsv": b"id\ttext\tid\n1\tthe text\t2\n",
+    "repeated.parquet": parquet_repeating("id", "text", "m", "m"),
+    "long-id.jsonl": ('{"id": "' + LONG_ID + '", "text": "a text under an id past the limit"}\n').encode(),
+    "long-id.csv": f"id,text\n{LONG_ID},a text under an id past the limit\n".encode(),
     "bad-utf8.txt": b"caf\xe9 au lait",
     "empty.jsonl": b"",
     "unknown.dat": b"x",
@@ -232,6 +248,24 @@ CASES = [
     ("calibrate-plot-format", "none", ["calibrate", "pairs.svg", "--plot", "plot.txt"], 1,
      "cannot write a plot as .txt"),
     ("export-output-is-folder", "simhash", ["export", "--output", "folder"], 2, "is a directory"),
+    # a full device (ENOSPC) is one line, and the device stays a device
+    ("export-to-dev-full", "simhash", ["export", "--output", "/dev/full"], 1,
+     "/dev/full: cannot write the export: No space left on device"),
+    ("report-to-dev-full", "simhash", ["report", "--output", "/dev/full"], 1,
+     "/dev/full: cannot write the report: No space left on device"),
+    # an id past the limit stops an ingest at its line; a header that names a column twice stops every reader
+    *[(f"ingest-{name}", "simhash", ["ingest", name], 1,
+       "the id is 3,000 bytes of UTF-8, over the limit of 1,000") for name in ("long-id.jsonl", "long-id.csv")],
+    *[(f"{command}-{name}{'-skipping' if skip else ''}", "simhash", [command, name, *skip], 1,
+       f"{name}:1: the header names the column {column!r} twice")
+      for command in ("ingest", "check") for name, column in (("repeated.csv", "text"), ("repeated.tsv", "id"))
+      for skip in ([], ["--on-error", "skip"]) if not (skip and command == "check")],
+    ("ingest-repeated.parquet", "simhash", ["ingest", "repeated.parquet", "--on-error", "skip"], 1,
+     "repeated.parquet: the schema names the column 'm' twice"),
+    ("calibrate-documents-repeated-header", "none", ["calibrate", "labels.jsonl", "--documents", "repeated.csv"], 1,
+     "repeated.csv:1: the header names the column 'text' twice"),
+    # a hint names the option as the command line spells it
+    ("ingest-no-text-hint", "simhash", ["ingest", "no-text.jsonl"], 1, "name the text field with --text-field"),
     ("report-output-is-folder", "simhash", ["report", "--output", "folder"], 2, "is a directory"),
 ]
 
@@ -258,21 +292,23 @@ def archives(server_url):
     engine.dispose()
 
 
-def snapshot(engine: sa.Engine, directory) -> tuple:
-    """Everything a failed command must leave as it was: schemas and every simdb table's content, files."""
+def snapshot(engine: sa.Engine, directory, archives: set[str], schemas: set[str], roles: set[str]) -> tuple:
+    """Everything a failed command must leave as it was: the content of every table of the ``archives`` schemas,
+    which of the ``schemas`` and ``roles`` exist (those this test made or a case names), and the files. Only
+    those: other test runs may create and drop schemas and roles on the same server meanwhile."""
     with engine.connect() as connection:
-        schemas = sorted(connection.exec_driver_sql(
-            "SELECT DISTINCT table_schema FROM information_schema.tables WHERE table_schema NOT IN "
-            "('pg_catalog', 'information_schema') AND table_schema NOT LIKE 'simdb_test_%%'").scalars())
-        tables = connection.exec_driver_sql(
-            "SELECT table_schema, table_name FROM information_schema.tables WHERE table_schema LIKE 'simdb_misuse_%%' "
-            "ORDER BY 1, 2").all()
+        present = sorted(connection.execute(sa.text(
+            "SELECT nspname FROM pg_namespace WHERE nspname = ANY(:names)"), {"names": sorted(archives | schemas)}).scalars())
+        tables = connection.execute(sa.text(
+            "SELECT table_schema, table_name FROM information_schema.tables WHERE table_schema = ANY(:names) "
+            "ORDER BY 1, 2"), {"names": sorted(archives)}).all()
         contents = {f"{s}.{t}": connection.exec_driver_sql(
-            f"SELECT md5(coalesce(string_agg(x::text, ',' ORDER BY x::text), '')) FROM {s}.{t} x").scalar_one()
+            f'SELECT md5(coalesce(string_agg(x::text, \',\' ORDER BY x::text), \'\')) FROM "{s}"."{t}" x').scalar_one()
             for s, t in tables}
-        roles = sorted(connection.exec_driver_sql("SELECT rolname FROM pg_roles").scalars())
+        found = sorted(connection.execute(sa.text(
+            "SELECT rolname, rolcanlogin FROM pg_roles WHERE rolname = ANY(:names)"), {"names": sorted(roles)}).all())
     files = sorted((path, os.path.getsize(os.path.join(directory, path))) for path in os.listdir(directory))
-    return schemas, contents, roles, files
+    return present, contents, found, files
 
 
 @pytest.mark.parametrize("case, archive, arguments, status, fragment", CASES, ids=[c[0] for c in CASES])
@@ -293,9 +329,11 @@ def test_misuse_is_a_short_error_that_writes_nothing(case, archive, arguments, s
     schema = {"simhash": names["simhash"], "reader": names["simhash"], "minhash": names["minhash"],
               "ungranted": names["minhash"]}.get(archive, f"simdb_test_{uuid.uuid4().hex[:12]}")
     env = {"SIMDB_DATABASE_URL": url, "SIMDB_SCHEMA": schema, "SIMDB_DATA_DIR": str(tmp_path / "no-embedded")}
-    before = snapshot(admin_engine, tmp_path)
+    named = set(arguments)  # a schema (--schema, --copy-from) or a role (grant-reader) a case names
+    watched = ({*names.values(), schema}, {"simdb", *named}, {reader, *named})
+    before = snapshot(admin_engine, tmp_path, *watched)
     result = CliRunner().invoke(cli, arguments, env=env)
-    after = snapshot(admin_engine, tmp_path)
+    after = snapshot(admin_engine, tmp_path, *watched)
     if archive == "none":  # a case that needed no index must not have made one
         with admin_engine.connect() as connection:
             assert not connection.execute(sa.text(
