@@ -16,6 +16,7 @@ import io
 import json
 import os
 import random
+import stat
 import uuid
 
 import pyarrow as pa
@@ -277,6 +278,7 @@ def archives(server_url):
     reader = f"simdb_misuse_reader_{uuid.uuid4().hex[:8]}"
     documents = [{"id": f"doc-{i}", "text": f"document number {i} is about topic {i % 5}, at some length"}
                  for i in range(30)]
+    documents.append({"id": "doc-0-copy", "text": documents[0]["text"]})  # a pair, for the commands that print pairs
     with Index.create(server_url, schema=names["simhash"]) as index:
         index.add_many(documents, batch="first")
         index.grant_reader(reader, login=True)
@@ -401,3 +403,115 @@ def test_an_ingest_whose_connection_is_cut_says_what_it_kept_and_how_to_resume(d
     finished = subprocess.run([*base, *resume.split()[1:]], capture_output=True, text=True)
     assert finished.returncode == 0, finished.stderr
     assert "batch 'cut': 20,000 documents" in finished.stdout
+
+
+# -- misuse that must succeed: what a command does with an output it may not replace, a secret, a closed pipe ----
+
+def invoke(url: str, schema: str, *arguments: str):
+    return CliRunner().invoke(cli, list(arguments), env={"SIMDB_DATABASE_URL": url, "SIMDB_SCHEMA": schema})
+
+
+def test_export_unique_keeps_a_new_document_that_a_later_one_links_to_an_older_cluster(index, run):
+    """Issue 34 item 1: ``--unique`` selected ``id = cluster_id`` and dropped the batch's only new document."""
+    from tests.test_exports import minimal_case
+
+    minimal_case(index)  # batch one: P; batch two: X ("two-0", near nothing), then Y (near P and X)
+    result = run("export", "--batch", "two", "--unique")
+    assert [json.loads(line)["id"] for line in result.stdout.splitlines()] == ["two-0"]
+
+
+def test_an_output_at_a_device_a_symlink_or_beside_a_partial_file_is_written_into_and_nothing_else(
+        archives, database_url, tmp_path):
+    """Issue 34 items 3 and 10: ``--output`` renamed a temporary file over a device (``/dev/full``) or a symlink and
+    removed an unrelated ``PATH.partial``; ENOSPC was a traceback."""
+    from tests.test_outputs import device
+
+    names, _ = archives
+    null, full = device(tmp_path / "null", "null"), device(tmp_path / "full", "full")
+    (tmp_path / "target.jsonl").write_text("old\n")
+    os.symlink("target.jsonl", tmp_path / "link.jsonl")
+    (tmp_path / "out.jsonl.partial").write_text("someone else's file\n")
+    for command in (["export"], ["report"]):
+        assert invoke(database_url, names["simhash"], *command, "--output", str(null)).exit_code == 0
+        result = invoke(database_url, names["simhash"], *command, "--output", str(full))
+        assert (result.exit_code, result.stderr) == \
+            (1, f"Error: {full}: cannot write the {command[0]}: No space left on device\n")
+    exported = invoke(database_url, names["simhash"], "export").stdout
+    assert invoke(database_url, names["simhash"], "export", "--output", str(tmp_path / "link.jsonl")).exit_code == 0
+    assert invoke(database_url, names["simhash"], "export", "--output", str(tmp_path / "out.jsonl")).exit_code == 0
+    assert os.readlink(tmp_path / "link.jsonl") == "target.jsonl"
+    assert (tmp_path / "target.jsonl").read_text() == exported == (tmp_path / "out.jsonl").read_text()
+    assert (tmp_path / "out.jsonl.partial").read_text() == "someone else's file\n"
+    assert all(stat.S_ISCHR(os.lstat(path).st_mode) for path in (null, full))
+
+
+def test_a_full_verdicts_file_is_one_line_that_says_the_batch_is_kept(database_url, schema, admin_engine, tmp_path):
+    """Issue 34 item 10: ENOSPC on the verdicts file printed a traceback after the batch had committed."""
+    from tests.test_outputs import device
+
+    full = device(tmp_path / "full", "full")
+    (tmp_path / "in.jsonl").write_text(GOOD)
+    assert invoke(database_url, schema, "init").exit_code == 0
+    result = invoke(database_url, schema, "ingest", str(tmp_path / "in.jsonl"), "--batch", "b", "--verdicts", str(full))
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert result.stderr.splitlines()[-1] == (
+        f"Error: {full}: cannot write the verdicts file: No space left on device; batch 'b' is stored whole (1 "
+        f"documents from the first 1 input records): `simdb verdicts --batch b > {full}` writes the verdicts file "
+        "again")
+    with admin_engine.connect() as connection:
+        assert connection.execute(sa.text(f"SELECT status, documents FROM {schema}.batches")).one() == ("complete", 1)
+
+
+def test_a_password_in_the_url_query_or_a_conninfo_string_is_printed_by_no_command(archives, database_url,
+                                                                                     tmp_path):
+    """Issue 34 item 11: ``?password=`` and libpq ``password=`` were printed by stats, init and the report."""
+    names, _ = archives
+    url = postgres_url(database_url)
+    secret = url.password or "not-a-real-secret-h34b"  # the server may not ask for it (trust): any works then
+    plain = url.set(password=None, drivername="postgresql")
+    spelled = [plain.update_query_dict({"password": secret}).render_as_string(hide_password=False),
+               " ".join(f"{key}={value}" for key, value in [("host", url.host), ("port", url.port or 5432),
+                                                           ("user", url.username), ("password", secret),
+                                                           ("dbname", url.database)] if value is not None)]
+    for given in spelled:
+        for arguments in (["stats"], ["stats", "--json"], ["init"], ["report", "--output", str(tmp_path / "r.html")]):
+            result = invoke(given, names["simhash"], *arguments)
+            assert result.exit_code == 0, result.output
+            assert secret not in result.output
+        assert secret not in (tmp_path / "r.html").read_text()
+
+
+def test_grant_reader_on_a_second_schema_keeps_the_role_s_login(archives, database_url, admin_engine):
+    """Issue 34 item 12: without ``--login`` it took LOGIN from a role that had it."""
+    names, _ = archives
+    role = f"simdb_misuse_login_{uuid.uuid4().hex[:8]}"
+    try:
+        assert invoke(database_url, names["simhash"], "grant-reader", role, "--login").exit_code == 0
+        assert invoke(database_url, names["minhash"], "grant-reader", role).exit_code == 0
+        with admin_engine.connect() as connection:
+            assert connection.execute(sa.text("SELECT rolcanlogin FROM pg_roles WHERE rolname = :r"),
+                                      {"r": role}).scalar_one()
+    finally:
+        with admin_engine.begin() as connection:
+            connection.exec_driver_sql(f"DROP OWNED BY {role}")
+            connection.exec_driver_sql(f"DROP ROLE IF EXISTS {role}")
+
+
+@pytest.mark.parametrize("arguments", [["export"], ["pairs"], ["pairs", "--format", "csv"], ["verdicts", "--batch",
+                                                                                            "first"]])
+def test_a_closed_pipe_is_a_normal_end(archives, database_url, arguments):
+    """Issue 34 item 12: ``simdb pairs | head -n 1`` exited 1. Here the pipe's reader is gone before simdb writes."""
+    import subprocess
+    import sys
+
+    names, _ = archives
+    assert invoke(database_url, names["simhash"], *arguments).stdout  # there is something to write
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        finished = subprocess.run([sys.executable, "-m", "simdb", *arguments, "--database-url", database_url,
+                                   "--schema", names["simhash"]], stdout=write_end, stderr=subprocess.PIPE,
+                                  text=True, timeout=120)
+    finally:
+        os.close(write_end)
+    assert (finished.returncode, finished.stderr) == (0, "")
