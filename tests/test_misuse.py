@@ -299,8 +299,8 @@ def snapshot(engine: sa.Engine, directory, archives: set[str], schemas: set[str]
     which of the ``schemas`` and ``roles`` exist (those this test made or a case names), and the files. Only
     those: other test runs may create and drop schemas and roles on the same server meanwhile."""
     with engine.connect() as connection:
-        present = sorted(connection.execute(sa.text(
-            "SELECT nspname FROM pg_namespace WHERE nspname = ANY(:names)"), {"names": sorted(archives | schemas)}).scalars())
+        present = sorted(connection.execute(sa.text("SELECT nspname FROM pg_namespace WHERE nspname = ANY(:names)"),
+                                            {"names": sorted(archives | schemas)}).scalars())
         tables = connection.execute(sa.text(
             "SELECT table_schema, table_name FROM information_schema.tables WHERE table_schema = ANY(:names) "
             "ORDER BY 1, 2"), {"names": sorted(archives)}).all()
@@ -415,9 +415,29 @@ def test_export_unique_keeps_a_new_document_that_a_later_one_links_to_an_older_c
     """Issue 34 item 1: ``--unique`` selected ``id = cluster_id`` and dropped the batch's only new document."""
     from tests.test_exports import minimal_case
 
-    minimal_case(index)  # batch one: P; batch two: X ("two-0", near nothing), then Y (near P and X)
+    minimal_case(index)  # batch one: P ("one-0"); batch two: X ("two-0", near nothing), then Y (near P and X)
     result = run("export", "--batch", "two", "--unique")
     assert [json.loads(line)["id"] for line in result.stdout.splitlines()] == ["two-0"]
+    # item 5: a verdict is history: it keeps the id it named after that document is removed
+    assert run("remove", "--batch", "one").exit_code == 0
+    assert [(v["id"], v["status"], v["duplicate_of"]) for v in map(json.loads, run(
+        "verdicts", "--batch", "two").stdout.splitlines())] == [("two-0", "new", None), ("two-1", "near", "one-0")]
+
+
+def test_a_reject_keeps_its_readable_id_and_its_hint_names_the_option(run, tmp_path, monkeypatch):
+    """Issue 34 item 12: a rejected record whose id was readable got ``"id": null``; its hint said ``text_field``."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("no-text.jsonl", "empty-text.jsonl", "long-id.jsonl"):
+        (tmp_path / name).write_bytes(FILES[name])
+    assert run("init").exit_code == 0
+    result = run("ingest", "no-text.jsonl", "empty-text.jsonl", "long-id.jsonl", "--on-error", "skip", "--batch", "b",
+                 "--verdicts", "v.jsonl")
+    assert result.exit_code == 3, result.output
+    written = [json.loads(line) for line in (tmp_path / "v.jsonl").read_text().splitlines()]
+    assert [(v["id"], v["status"], v["hint"]) for v in written] == [
+        ("a", "rejected", "name the text field with --text-field"),
+        ("a", "rejected", "drop the document or give it text"),
+        (LONG_ID, "rejected", "give the document a shorter id (a hash of a long one, for instance)")]
 
 
 def test_an_output_at_a_device_a_symlink_or_beside_a_partial_file_is_written_into_and_nothing_else(
