@@ -297,7 +297,8 @@ def test_an_id_over_the_limit_is_a_reject_in_ingest_and_check_and_an_error_in_th
     ``--on-error skip``, and ``check`` called the record new."""
     rng = random.Random(8)
     too_long = "".join(rng.choice("0123456789abcdef") for _ in range(3000))  # incompressible, past the B-tree
-    at_limit, just_over = "中" * 333 + "x", "é" * 500 + "x"  # 1,000 and 1,001 bytes of UTF-8 (334, 501 characters)
+    at_limit = too_long[:1000]  # stored: an incompressible id at the limit fits the B-tree
+    just_over = "é" * 500 + "x"  # 1,001 bytes of UTF-8 in 501 characters: the limit is in bytes
     ids = ["first", too_long, at_limit, just_over, "last"]
     path = write_jsonl(tmp_path / "in.jsonl", [{"id": i, "text": r["text"]} for i, r in zip(ids, CORPUS)])
     run("init")
