@@ -2,8 +2,8 @@
 
 A text or an id is a string PostgreSQL can store: no NUL character, no unpaired surrogate (a
 JSON ``"\\ud800"`` decodes to one, and UTF-8 cannot encode it), and a text is not only
-whitespace; an id is at most ``MAX_ID_BYTES`` bytes of UTF-8 (checked with the text's size, as every
-ingest and check reads it), and a file's columns have distinct names. Metadata is what ``jsonb`` can
+whitespace; an id is at most ``MAX_ID_BYTES`` bytes of UTF-8 (checked beside the text's size, in
+``ingest.size_checked``, which every ingest and check passes), and a file's columns have distinct names. Metadata is what ``jsonb`` can
 store: no NUL, no unpaired surrogate, no NaN or infinite number.
 """
 
