@@ -260,8 +260,8 @@ class Index:
     def add(self, external_id: str, text: str, metadata: dict | None = None, *,
             batch: str | None = None) -> BatchSummary:
         """Add one document (as a batch of one)."""
-        return self.add_many([Document(str(external_id), check_text(text, None, None), metadata or {})],
-                             batch=batch)
+        return self.add_many([Document(checks.external_id(external_id, "id", None, None), check_text(text, None, None),
+                                       metadata or {})], batch=batch)
 
     def add_many(self, documents: Iterable[Document | Mapping], *, batch: str | None = None,
                  source: str = "api", **options) -> BatchSummary:

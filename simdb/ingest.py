@@ -196,12 +196,18 @@ class BatchSummary:
 
 
 def size_checked(items: Iterable[Document | InputError], max_chars: int) -> Iterator[Document | InputError]:
+    """The items, a document whose text or id is too long to store turned into its reject (which keeps the id):
+    every ingest and check, of files or through the API, passes here."""
     for item in items:
-        if isinstance(item, Document) and len(item.text) > max_chars:
-            error = InputError(f"the text is {len(item.text):,} characters, over the limit of {max_chars:,}",
-                               path=item.path, line=item.line, hint="raise «max_chars» or split the document")
-            error.external_id = item.external_id
-            item = error
+        if isinstance(item, Document):
+            try:
+                if len(item.text) > max_chars:
+                    raise InputError(f"the text is {len(item.text):,} characters, over the limit of {max_chars:,}",
+                                     path=item.path, line=item.line, hint="raise «max_chars» or split the document")
+                checks.check_id_size(item.external_id, item.path, item.line)
+            except InputError as error:
+                error.external_id = item.external_id
+                item = error
         yield item
 
 

@@ -2,14 +2,16 @@
 
 Hypothesis writes records as JSON lines, CSV, TSV or a text file (any characters: quotes,
 delimiters, line breaks, CJK, control characters; sometimes gzip- or zstd-compressed, sometimes with a
-byte order mark, CRLF lines or fully quoted fields), then damages the bytes: stray quotes and
+byte order mark, CRLF lines or fully quoted fields, ids about the limit of 1,000 bytes, CSV and TSV headers that
+name a column twice), then damages the bytes: stray quotes and
 delimiters, invalid UTF-8, NUL bytes, deleted and duplicated spans, truncation, another encoding,
 huge fields. An oracle, written here independently of simdb's readers, applies the documented
 rules (simdb.inputs.delimited for CSV and TSV; one object per line for JSON lines; the whole file
 for text) to the damaged bytes and says what each input record is: a document (id and text) or a
 reject (at a line). The ingest, with ``on_error="skip"`` and small chunks, must agree record by
 record: the ``records`` table's positions, statuses and lines, the stored documents' ids and
-exact texts (by their content hash), and the rejects file. Compressed files are also cut short
+exact texts (by their content hash), and the rejects file; ``check`` of the same file, run first,
+rejects the same records. Compressed files are also cut short
 and damaged after compression: the lines a lenient decompressor recovers are read as the oracle
 says, then one reject. Parquet files (NULLs, invalid UTF-8, any row groups, page sizes, encodings
 and codecs) are damaged in their pages, their footer, or cut short: every row is read as written
@@ -48,6 +50,7 @@ from simdb.inputs import read_documents
 from tests.conftest import killed
 
 MAX_CHARS = 300
+MAX_ID_BYTES = 1_000  # the documented limit of an id, in bytes of UTF-8
 BOM = b"\xef\xbb\xbf"
 
 
@@ -76,7 +79,7 @@ def document(external_id, text, metadata, line) -> Expected:
     if isinstance(external_id, bool) or not isinstance(external_id, (str, int)):
         return Expected(line)
     external_id = str(external_id)
-    if not external_id.strip() or not storable(external_id):
+    if not external_id.strip() or not storable(external_id) or len(external_id.encode("utf-8")) > MAX_ID_BYTES:
         return Expected(line)
     if not isinstance(text, str) or not text.strip() or not storable(text) or len(text) > MAX_CHARS:
         return Expected(line)
@@ -188,7 +191,7 @@ def oracle_delimited(data: bytes, delimiter: str) -> list[Expected]:
     except LookupError:
         raise FileError("bad header") from None
     if any(lines[i][2] or "\x00" in lines[i][0] for i in range(index, last + 1)) or \
-            "id" not in header or "text" not in header:
+            "id" not in header or "text" not in header or len(set(header)) < len(header):
         raise FileError("bad header")
     found = []
     index = last + 1
@@ -254,7 +257,12 @@ def oracle(fmt: str, data: bytes, path: str) -> list[Expected]:
 CHARACTERS = st.characters(codec="utf-8", categories=("L", "N", "P", "S", "Zs", "Cc")) | st.sampled_from(
     list(',"\t\n\r ;\'') + ["中", "文", "。", "\u3000", "\ufeff"])
 texts = st.text(CHARACTERS, max_size=40) | st.text(CHARACTERS, min_size=MAX_CHARS - 5, max_size=MAX_CHARS + 20)
-ids = st.text(CHARACTERS, min_size=0, max_size=8) | st.integers(-5, 10**6).map(str)
+#: ids about the limit, of characters of 1 to 4 bytes of UTF-8: a little under it, at it (but for 3 bytes), over it
+long_ids = st.sampled_from(["x", "é", "中", "\U00020000"]).flatmap(
+    lambda c: st.integers(-2, 2).map(lambda more: c * (MAX_ID_BYTES // len(c.encode("utf-8")) + more)))
+ids = st.text(CHARACTERS, min_size=0, max_size=8) | st.integers(-5, 10**6).map(str) | long_ids
+#: CSV and TSV headers: the usual one, and some that name a column twice (an error of the whole file)
+HEADERS = [["id", "text", "tag"]] * 5 + [["id", "text", "text"], ["id", "text", "id"], ["tag", "id", "tag"]]
 
 
 @st.composite
@@ -273,7 +281,7 @@ def files(draw):
             writer = csv.writer(out, delimiter="," if fmt == "csv" else "\t",
                                 lineterminator=draw(st.sampled_from(["\n", "\r\n"])),
                                 quoting=draw(st.sampled_from([csv.QUOTE_MINIMAL, csv.QUOTE_ALL])))
-            writer.writerow(["id", "text", "tag"])
+            writer.writerow(draw(st.sampled_from(HEADERS)))
             writer.writerows(records)
             data = out.getvalue().encode("utf-8", "surrogatepass")
     for _ in range(draw(st.integers(0, 3))):  # damage
@@ -375,13 +383,18 @@ def test_every_record_is_stored_exactly_or_rejected(fuzz_index, admin_engine, tm
     items = read_documents([path], skip_errors=True, max_chars=MAX_CHARS)
     options = IngestOptions(batch="fuzz", on_error="skip", rejects=str(rejects), chunk_size=chunk,
                             max_chars=MAX_CHARS)
+    checked = read_documents([path], skip_errors=True, max_chars=MAX_CHARS)
     if file_error is not None:
+        with pytest.raises(InputError):
+            list(index.check(checked, max_chars=MAX_CHARS))
         with pytest.raises(InputError) as caught:
             index.ingest(items, options)
         assert "header" in str(caught.value) or "field" in str(caught.value)
         with admin_engine.connect() as connection:
             assert connection.execute(sa.text(f"SELECT count(*) FROM {schema}.documents")).scalar_one() == 0
         return
+    assert [v.status == "rejected" for v in index.check(checked, max_chars=MAX_CHARS)] == \
+        [item.external_id is None for item in expected]
     summary = index.ingest(items, options)
     if not expected:
         assert not summary.recorded

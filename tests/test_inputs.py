@@ -92,6 +92,23 @@ def test_a_byte_order_mark_is_not_part_of_the_first_field(tmp_path):
     assert read(tmp_path / "bom.txt")[0].text == "whole file"
 
 
+@pytest.mark.parametrize("name, header, repeated", [("in.csv", "id,tag,text,tag", "tag"),
+                                                     ("in.tsv", "text\tid\ttext", "text")])
+def test_a_header_that_repeats_a_name_is_refused_at_line_1(tmp_path, name, header, repeated):
+    """Issue 34 item 9: the header was accepted and the first column of the name silently lost."""
+    delimiter = "\t" if name.endswith(".tsv") else ","
+    path = tmp_path / name
+    path.write_text(header + "\n" + delimiter.join(["a", "b", "c", "d"][:header.count(delimiter) + 1]) + "\n")
+    for skip_errors in (False, True):  # a header is the whole file's: never one reject
+        with pytest.raises(InputError) as caught:
+            read(path, skip_errors=skip_errors)
+        assert (caught.value.path, caught.value.line) == (str(path), 1)
+        assert str(caught.value) == (f"{path}:1: the header names the column {repeated!r} twice (columns 2 and 4)"
+                                     if name.endswith(".csv") else
+                                     f"{path}:1: the header names the column {repeated!r} twice (columns 1 and 3)") + \
+            " (give every column its own name)"
+
+
 JSON_CASES = [
     ('{"id": "a", "text": "lone \\ud800 surrogate"}',
      "the text contains an unpaired surrogate U+D800 at character 6, which UTF-8 cannot encode"),

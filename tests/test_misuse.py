@@ -4,8 +4,9 @@ Each case runs one CLI command against a prepared archive (a SimHash index with 
 MinHash index, a read-only role) and asserts what a user and an ingest script rely on: exit
 status 2 for a usage error and 1 for any other, one short message on stderr that starts with
 ``Error:`` (click's usage errors add their ``Usage:`` lines), no traceback, and nothing written:
-the archive's tables, the set of schemas in the database and the files in the working
-directory are exactly as before.
+the archives' tables, the schemas and roles the test made or a case names, and the files in the
+working directory are exactly as before. Only those are compared, so that other test runs on the
+same server may create and drop their own schemas and roles meanwhile.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import gzip
 import io
 import json
 import os
+import random
+import stat
 import uuid
 
 import pyarrow as pa
@@ -36,6 +39,15 @@ def parquet(**columns) -> bytes:
     return out.getvalue()
 
 
+def parquet_repeating(*names: str) -> bytes:
+    """A Parquet file of one row whose schema may name a column twice (``pa.table`` would refuse that)."""
+    out = io.BytesIO()
+    pq.write_table(pa.Table.from_arrays([pa.array([f"{name}-{i}"]) for i, name in enumerate(names)], names=names), out)
+    return out.getvalue()
+
+
+#: An id past the limit of 1,000 bytes, and past the B-tree's 2,704: random hex does not compress
+LONG_ID = "".join(random.Random(34).choice("0123456789abcdef") for _ in range(3000))
 PARQUET = parquet(id=[f"p{i}" for i in range(500)], text=[f"parquet text {i}" for i in range(500)])
 
 #: name -> bytes of the bad input files the cases refer to
@@ -68,6 +80,11 @@ FILES = {
     "quote.csv": b'id,text\n1,"never closed\n2,fine\n',
     "fields.csv": b"id,text\n1,a,b\n",
     "header.csv": b"doc,body\n1,x\n",
+    "repeated.csv": b"id,text,text\n1,first text,second text\n",
+    "repeated.tsv": b"id\ttext\tid\n1\tthe text\t2\n",
+    "repeated.parquet": parquet_repeating("id", "text", "m", "m"),
+    "long-id.jsonl": ('{"id": "' + LONG_ID + '", "text": "a text under an id past the limit"}\n').encode(),
+    "long-id.csv": f"id,text\n{LONG_ID},a text under an id past the limit\n".encode(),
     "bad-utf8.txt": b"caf\xe9 au lait",
     "empty.jsonl": b"",
     "unknown.dat": b"x",
@@ -232,6 +249,24 @@ CASES = [
     ("calibrate-plot-format", "none", ["calibrate", "pairs.svg", "--plot", "plot.txt"], 1,
      "cannot write a plot as .txt"),
     ("export-output-is-folder", "simhash", ["export", "--output", "folder"], 2, "is a directory"),
+    # a full device (ENOSPC) is one line, and the device stays a device
+    ("export-to-dev-full", "simhash", ["export", "--output", "/dev/full"], 1,
+     "/dev/full: cannot write the export: No space left on device"),
+    ("report-to-dev-full", "simhash", ["report", "--output", "/dev/full"], 1,
+     "/dev/full: cannot write the report: No space left on device"),
+    # an id past the limit stops an ingest at its line; a header that names a column twice stops every reader
+    *[(f"ingest-{name}", "simhash", ["ingest", name], 1,
+       "the id is 3,000 bytes of UTF-8, over the limit of 1,000") for name in ("long-id.jsonl", "long-id.csv")],
+    *[(f"{command}-{name}{'-skipping' if skip else ''}", "simhash", [command, name, *skip], 1,
+       f"{name}:1: the header names the column {column!r} twice")
+      for command in ("ingest", "check") for name, column in (("repeated.csv", "text"), ("repeated.tsv", "id"))
+      for skip in ([], ["--on-error", "skip"]) if not (skip and command == "check")],
+    ("ingest-repeated.parquet", "simhash", ["ingest", "repeated.parquet", "--on-error", "skip"], 1,
+     "repeated.parquet: the schema names the column 'm' twice"),
+    ("calibrate-documents-repeated-header", "none", ["calibrate", "labels.jsonl", "--documents", "repeated.csv"], 1,
+     "repeated.csv:1: the header names the column 'text' twice"),
+    # a hint names the option as the command line spells it
+    ("ingest-no-text-hint", "simhash", ["ingest", "no-text.jsonl"], 1, "name the text field with --text-field"),
     ("report-output-is-folder", "simhash", ["report", "--output", "folder"], 2, "is a directory"),
 ]
 
@@ -243,6 +278,7 @@ def archives(server_url):
     reader = f"simdb_misuse_reader_{uuid.uuid4().hex[:8]}"
     documents = [{"id": f"doc-{i}", "text": f"document number {i} is about topic {i % 5}, at some length"}
                  for i in range(30)]
+    documents.append({"id": "doc-0-copy", "text": documents[0]["text"]})  # a pair, for the commands that print pairs
     with Index.create(server_url, schema=names["simhash"]) as index:
         index.add_many(documents, batch="first")
         index.grant_reader(reader, login=True)
@@ -258,21 +294,23 @@ def archives(server_url):
     engine.dispose()
 
 
-def snapshot(engine: sa.Engine, directory) -> tuple:
-    """Everything a failed command must leave as it was: schemas and every simdb table's content, files."""
+def snapshot(engine: sa.Engine, directory, archives: set[str], schemas: set[str], roles: set[str]) -> tuple:
+    """Everything a failed command must leave as it was: the content of every table of the ``archives`` schemas,
+    which of the ``schemas`` and ``roles`` exist (those this test made or a case names), and the files. Only
+    those: other test runs may create and drop schemas and roles on the same server meanwhile."""
     with engine.connect() as connection:
-        schemas = sorted(connection.exec_driver_sql(
-            "SELECT DISTINCT table_schema FROM information_schema.tables WHERE table_schema NOT IN "
-            "('pg_catalog', 'information_schema') AND table_schema NOT LIKE 'simdb_test_%%'").scalars())
-        tables = connection.exec_driver_sql(
-            "SELECT table_schema, table_name FROM information_schema.tables WHERE table_schema LIKE 'simdb_misuse_%%' "
-            "ORDER BY 1, 2").all()
+        present = sorted(connection.execute(sa.text("SELECT nspname FROM pg_namespace WHERE nspname = ANY(:names)"),
+                                            {"names": sorted(archives | schemas)}).scalars())
+        tables = connection.execute(sa.text(
+            "SELECT table_schema, table_name FROM information_schema.tables WHERE table_schema = ANY(:names) "
+            "ORDER BY 1, 2"), {"names": sorted(archives)}).all()
         contents = {f"{s}.{t}": connection.exec_driver_sql(
-            f"SELECT md5(coalesce(string_agg(x::text, ',' ORDER BY x::text), '')) FROM {s}.{t} x").scalar_one()
+            f'SELECT md5(coalesce(string_agg(x::text, \',\' ORDER BY x::text), \'\')) FROM "{s}"."{t}" x').scalar_one()
             for s, t in tables}
-        roles = sorted(connection.exec_driver_sql("SELECT rolname FROM pg_roles").scalars())
+        found = sorted(connection.execute(sa.text(
+            "SELECT rolname, rolcanlogin FROM pg_roles WHERE rolname = ANY(:names)"), {"names": sorted(roles)}).all())
     files = sorted((path, os.path.getsize(os.path.join(directory, path))) for path in os.listdir(directory))
-    return schemas, contents, roles, files
+    return present, contents, found, files
 
 
 @pytest.mark.parametrize("case, archive, arguments, status, fragment", CASES, ids=[c[0] for c in CASES])
@@ -293,9 +331,11 @@ def test_misuse_is_a_short_error_that_writes_nothing(case, archive, arguments, s
     schema = {"simhash": names["simhash"], "reader": names["simhash"], "minhash": names["minhash"],
               "ungranted": names["minhash"]}.get(archive, f"simdb_test_{uuid.uuid4().hex[:12]}")
     env = {"SIMDB_DATABASE_URL": url, "SIMDB_SCHEMA": schema, "SIMDB_DATA_DIR": str(tmp_path / "no-embedded")}
-    before = snapshot(admin_engine, tmp_path)
+    named = set(arguments)  # a schema (--schema, --copy-from) or a role (grant-reader) a case names
+    watched = ({*names.values(), schema}, {"simdb", *named}, {reader, *named})
+    before = snapshot(admin_engine, tmp_path, *watched)
     result = CliRunner().invoke(cli, arguments, env=env)
-    after = snapshot(admin_engine, tmp_path)
+    after = snapshot(admin_engine, tmp_path, *watched)
     if archive == "none":  # a case that needed no index must not have made one
         with admin_engine.connect() as connection:
             assert not connection.execute(sa.text(
@@ -363,3 +403,135 @@ def test_an_ingest_whose_connection_is_cut_says_what_it_kept_and_how_to_resume(d
     finished = subprocess.run([*base, *resume.split()[1:]], capture_output=True, text=True)
     assert finished.returncode == 0, finished.stderr
     assert "batch 'cut': 20,000 documents" in finished.stdout
+
+
+# -- misuse that must succeed: what a command does with an output it may not replace, a secret, a closed pipe ----
+
+def invoke(url: str, schema: str, *arguments: str):
+    return CliRunner().invoke(cli, list(arguments), env={"SIMDB_DATABASE_URL": url, "SIMDB_SCHEMA": schema})
+
+
+def test_export_unique_keeps_a_new_document_that_a_later_one_links_to_an_older_cluster(index, run):
+    """Issue 34 item 1: ``--unique`` selected ``id = cluster_id`` and dropped the batch's only new document."""
+    from tests.test_exports import minimal_case
+
+    minimal_case(index)  # batch one: P ("one-0"); batch two: X ("two-0", near nothing), then Y (near P and X)
+    result = run("export", "--batch", "two", "--unique")
+    assert [json.loads(line)["id"] for line in result.stdout.splitlines()] == ["two-0"]
+    # item 5: a verdict is history: it keeps the id it named after that document is removed
+    assert run("remove", "--batch", "one").exit_code == 0
+    assert [(v["id"], v["status"], v["duplicate_of"]) for v in map(json.loads, run(
+        "verdicts", "--batch", "two").stdout.splitlines())] == [("two-0", "new", None), ("two-1", "near", "one-0")]
+
+
+def test_a_reject_keeps_its_readable_id_and_its_hint_names_the_option(run, tmp_path, monkeypatch):
+    """Issue 34 item 12: a rejected record whose id was readable got ``"id": null``; its hint said ``text_field``."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("no-text.jsonl", "empty-text.jsonl", "long-id.jsonl"):
+        (tmp_path / name).write_bytes(FILES[name])
+    assert run("init").exit_code == 0
+    result = run("ingest", "no-text.jsonl", "empty-text.jsonl", "long-id.jsonl", "--on-error", "skip", "--batch", "b",
+                 "--verdicts", "v.jsonl")
+    assert result.exit_code == 3, result.output
+    written = [json.loads(line) for line in (tmp_path / "v.jsonl").read_text().splitlines()]
+    assert [(v["id"], v["status"], v["hint"]) for v in written] == [
+        ("a", "rejected", "name the text field with --text-field"),
+        ("a", "rejected", "drop the document or give it text"),
+        (LONG_ID, "rejected", "give the document a shorter id (a hash of a long one, for instance)")]
+
+
+def test_an_output_at_a_device_a_symlink_or_beside_a_partial_file_is_written_into_and_nothing_else(
+        archives, database_url, tmp_path):
+    """Issue 34 items 3 and 10: ``--output`` renamed a temporary file over a device (``/dev/full``) or a symlink and
+    removed an unrelated ``PATH.partial``; ENOSPC was a traceback."""
+    from tests.test_outputs import device
+
+    names, _ = archives
+    null, full = device(tmp_path / "null", "null"), device(tmp_path / "full", "full")
+    (tmp_path / "target.jsonl").write_text("old\n")
+    os.symlink("target.jsonl", tmp_path / "link.jsonl")
+    (tmp_path / "out.jsonl.partial").write_text("someone else's file\n")
+    for command in (["export"], ["report"]):
+        assert invoke(database_url, names["simhash"], *command, "--output", str(null)).exit_code == 0
+        result = invoke(database_url, names["simhash"], *command, "--output", str(full))
+        assert (result.exit_code, result.stderr) == \
+            (1, f"Error: {full}: cannot write the {command[0]}: No space left on device\n")
+    exported = invoke(database_url, names["simhash"], "export").stdout
+    assert invoke(database_url, names["simhash"], "export", "--output", str(tmp_path / "link.jsonl")).exit_code == 0
+    assert invoke(database_url, names["simhash"], "export", "--output", str(tmp_path / "out.jsonl")).exit_code == 0
+    assert os.readlink(tmp_path / "link.jsonl") == "target.jsonl"
+    assert (tmp_path / "target.jsonl").read_text() == exported == (tmp_path / "out.jsonl").read_text()
+    assert (tmp_path / "out.jsonl.partial").read_text() == "someone else's file\n"
+    assert all(stat.S_ISCHR(os.lstat(path).st_mode) for path in (null, full))
+
+
+def test_a_full_verdicts_file_is_one_line_that_says_the_batch_is_kept(database_url, schema, admin_engine, tmp_path):
+    """Issue 34 item 10: ENOSPC on the verdicts file printed a traceback after the batch had committed."""
+    from tests.test_outputs import device
+
+    full = device(tmp_path / "full", "full")
+    (tmp_path / "in.jsonl").write_text(GOOD)
+    assert invoke(database_url, schema, "init").exit_code == 0
+    result = invoke(database_url, schema, "ingest", str(tmp_path / "in.jsonl"), "--batch", "b", "--verdicts", str(full))
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert result.stderr.splitlines()[-1] == (
+        f"Error: {full}: cannot write the verdicts file: No space left on device; batch 'b' is stored whole (1 "
+        f"documents from the first 1 input records): `simdb verdicts --batch b > {full}` writes the verdicts file "
+        "again")
+    with admin_engine.connect() as connection:
+        assert connection.execute(sa.text(f"SELECT status, documents FROM {schema}.batches")).one() == ("complete", 1)
+
+
+def test_a_password_in_the_url_query_or_a_conninfo_string_is_printed_by_no_command(archives, database_url,
+                                                                                     tmp_path):
+    """Issue 34 item 11: ``?password=`` and libpq ``password=`` were printed by stats, init and the report."""
+    names, _ = archives
+    url = postgres_url(database_url)
+    secret = url.password or "not-a-real-secret-h34b"  # the server may not ask for it (trust): any works then
+    plain = url.set(password=None, drivername="postgresql")
+    spelled = [plain.update_query_dict({"password": secret}).render_as_string(hide_password=False),
+               " ".join(f"{key}={value}" for key, value in [("host", url.host), ("port", url.port or 5432),
+                                                           ("user", url.username), ("password", secret),
+                                                           ("dbname", url.database)] if value is not None)]
+    for given in spelled:
+        for arguments in (["stats"], ["stats", "--json"], ["init"], ["report", "--output", str(tmp_path / "r.html")]):
+            result = invoke(given, names["simhash"], *arguments)
+            assert result.exit_code == 0, result.output
+            assert secret not in result.output
+        assert secret not in (tmp_path / "r.html").read_text()
+
+
+def test_grant_reader_on_a_second_schema_keeps_the_role_s_login(archives, database_url, admin_engine):
+    """Issue 34 item 12: without ``--login`` it took LOGIN from a role that had it."""
+    names, _ = archives
+    role = f"simdb_misuse_login_{uuid.uuid4().hex[:8]}"
+    try:
+        assert invoke(database_url, names["simhash"], "grant-reader", role, "--login").exit_code == 0
+        assert invoke(database_url, names["minhash"], "grant-reader", role).exit_code == 0
+        with admin_engine.connect() as connection:
+            assert connection.execute(sa.text("SELECT rolcanlogin FROM pg_roles WHERE rolname = :r"),
+                                      {"r": role}).scalar_one()
+    finally:
+        with admin_engine.begin() as connection:
+            connection.exec_driver_sql(f"DROP OWNED BY {role}")
+            connection.exec_driver_sql(f"DROP ROLE IF EXISTS {role}")
+
+
+@pytest.mark.parametrize("arguments", [["export"], ["pairs"], ["pairs", "--format", "csv"], ["verdicts", "--batch",
+                                                                                            "first"]])
+def test_a_closed_pipe_is_a_normal_end(archives, database_url, arguments):
+    """Issue 34 item 12: ``simdb pairs | head -n 1`` exited 1. Here the pipe's reader is gone before simdb writes."""
+    import subprocess
+    import sys
+
+    names, _ = archives
+    assert invoke(database_url, names["simhash"], *arguments).stdout  # there is something to write
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        finished = subprocess.run([sys.executable, "-m", "simdb", *arguments, "--database-url", database_url,
+                                   "--schema", names["simhash"]], stdout=write_end, stderr=subprocess.PIPE,
+                                  text=True, timeout=120)
+    finally:
+        os.close(write_end)
+    assert (finished.returncode, finished.stderr) == (0, "")

@@ -155,6 +155,19 @@ def test_a_file_without_usable_columns_is_an_error_even_when_skipping(tmp_path, 
         assert str(caught.value).startswith(f"{path}: {message}")
 
 
+@pytest.mark.parametrize("names, repeated", [(["id", "text", "m", "m"], "'m' twice (columns 3 and 4)"),
+                                             (["text", "id", "text", "m"], "'text' twice (columns 1 and 3)")])
+def test_a_schema_that_repeats_a_column_name_is_an_error_even_when_skipping(tmp_path, names, repeated):
+    """Issue 34 item 9, in Parquet: a repeated metadata column lost a value, a repeated text column raised KeyError."""
+    path = str(tmp_path / "repeated.parquet")
+    pq.write_table(pa.Table.from_arrays([pa.array([f"{name}-{i}"]) for i, name in enumerate(names)], names=names),
+                   path)
+    for skip_errors in (False, True):
+        with pytest.raises(InputError) as caught:
+            read(path, skip_errors=skip_errors)
+        assert str(caught.value) == f"{path}: the schema names the column {repeated} (give every column its own name)"
+
+
 @pytest.mark.parametrize("name, content, message", [
     ("empty.parquet", b"", "not a Parquet file: it is empty (check the file, or give its format with `format`)"),
     ("json.parquet", b'{"id": 1, "text": "x"}\n', "not a Parquet file: it does not begin with PAR1"),

@@ -289,3 +289,38 @@ def test_a_rejected_record_keeps_the_id_it_had_and_its_hint_names_the_option(kin
         assert hints["no-text"] == "name the text field with --text-field"
         checked = [json.loads(line) for line in run("check", *paths, "--max-chars", "40").stdout.splitlines()]
         assert [(v["id"], v.get("hint")) for v in checked] == [(v["id"], v.get("hint")) for v in written]
+
+
+def test_an_id_over_the_limit_is_a_reject_in_ingest_and_check_and_an_error_in_the_api(run, tmp_path, database_url,
+                                                                                      schema, admin_engine):
+    """Issue 34 item 8: an incompressible id over the B-tree limit failed its whole chunk even under
+    ``--on-error skip``, and ``check`` called the record new."""
+    rng = random.Random(8)
+    too_long = "".join(rng.choice("0123456789abcdef") for _ in range(3000))  # incompressible, past the B-tree
+    at_limit = too_long[:1000]  # stored: an incompressible id at the limit fits the B-tree
+    just_over = "é" * 500 + "x"  # 1,001 bytes of UTF-8 in 501 characters: the limit is in bytes
+    ids = ["first", too_long, at_limit, just_over, "last"]
+    path = write_jsonl(tmp_path / "in.jsonl", [{"id": i, "text": r["text"]} for i, r in zip(ids, CORPUS)])
+    run("init")
+    checked = run("check", path, "--batch", "b")
+    assert checked.exit_code == 0, checked.output
+    result = run("ingest", path, "--batch", "b", "--on-error", "skip", "--verdicts", str(tmp_path / "v.jsonl"),
+                 "--rejects", str(tmp_path / "r.jsonl"))
+    assert result.exit_code == 3, result.output
+    written = [json.loads(line) for line in (tmp_path / "v.jsonl").read_text().splitlines()]
+    assert written == [json.loads(line) for line in checked.stdout.splitlines()]
+    assert [json.loads(line)["id"] for line in (tmp_path / "r.jsonl").read_text().splitlines()] == [too_long, just_over]
+    assert [v["status"] for v in written] == ["new", "rejected", "new", "rejected", "new"]
+    assert [(v["line"], v["reason"]) for v in written if v["status"] == "rejected"] == [
+        (2, "the id is 3,000 bytes of UTF-8, over the limit of 1,000"),
+        (4, "the id is 1,001 bytes of UTF-8, over the limit of 1,000")]
+    with admin_engine.connect() as connection:
+        stored = connection.execute(sa.text(f"SELECT external_id FROM {schema}.documents ORDER BY id")).scalars().all()
+    assert stored == ["first", at_limit, "last"]
+    with Index.open(database_url, schema=schema) as index:
+        for add in (lambda: index.add(just_over, "a text"), lambda: index.add_many([{"id": too_long, "text": "a"}]),
+                    lambda: index.add_many([Document(too_long, "a text")], batch="api")):
+            with pytest.raises(InputError, match="bytes of UTF-8, over the limit of 1,000"):
+                add()
+        assert [v.status for v in index.check_many([Document(too_long, "a text")])] == ["rejected"]
+    assert count_rows(admin_engine, schema)[0] == 3

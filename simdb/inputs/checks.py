@@ -2,8 +2,9 @@
 
 A text or an id is a string PostgreSQL can store: no NUL character, no unpaired surrogate (a
 JSON ``"\\ud800"`` decodes to one, and UTF-8 cannot encode it), and a text is not only
-whitespace. Metadata is what ``jsonb`` can store: no NUL, no unpaired surrogate, no NaN or
-infinite number.
+whitespace; an id is at most ``MAX_ID_BYTES`` bytes of UTF-8 (checked beside the text's size, in
+``ingest.size_checked``, which every ingest and check passes), and a file's columns have distinct names. Metadata is what ``jsonb`` can
+store: no NUL, no unpaired surrogate, no NaN or infinite number.
 """
 
 from __future__ import annotations
@@ -31,6 +32,21 @@ def check_string(value: str, path: str | None, line: int | None, what: str) -> s
     return value
 
 
+#: The longest external id, in bytes of UTF-8. PostgreSQL indexes ids with a B-tree (``ix_documents_external_id``,
+#: the only index that holds them), whose entry must fit in a third of a page: 2,704 bytes with the default 8 kB
+#: pages, of an id that does not compress. An id over it failed its whole chunk; this limit keeps well below it.
+MAX_ID_BYTES = 1_000
+
+
+def check_id_size(external_id: str, path: str | None, line: int | None) -> str:
+    """The id, if PostgreSQL can index it (see ``MAX_ID_BYTES``)."""
+    size = len(external_id.encode("utf-8", "surrogatepass"))
+    if size > MAX_ID_BYTES:
+        raise InputError(f"the id is {size:,} bytes of UTF-8, over the limit of {MAX_ID_BYTES:,}", path=path,
+                         line=line, hint="give the document a shorter id (a hash of a long one, for instance)")
+    return external_id
+
+
 def check_text(text: object, path: str | None, line: int | None, what: str = "text") -> str:
     if not isinstance(text, str):
         raise InputError(f"the {what} must be a string, not {type(text).__name__}", path=path, line=line)
@@ -50,6 +66,16 @@ def external_id(value: object, id_field: str, path: str | None, line: int | None
     if not text.strip():
         raise InputError(f"the id field {id_field!r} is empty", path=path, line=line)
     return check_string(text, path, line, what="id")
+
+
+def distinct_columns(names: list[str], what: str, path: str, line: int | None) -> None:
+    """Refuse a header (or a Parquet schema) that names a column twice: a record would keep only one of them."""
+    first_at: dict[str, int] = {}
+    for column, name in enumerate(names, 1):
+        if name in first_at:
+            raise InputError(f"the {what} names the column {name!r} twice (columns {first_at[name]} and {column})",
+                             path=path, line=line, hint="give every column its own name")
+        first_at[name] = column
 
 
 @contextmanager

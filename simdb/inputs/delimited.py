@@ -9,7 +9,7 @@ The rule (docs/cli.md states it for users; tests/test_input_fuzz.py checks it):
 2. A record is malformed when a quoted field is not closed before the end of the file, or holds
    more than ``max_chars`` characters; when a closing quote is followed by anything but the delimiter or
    the end of its line; when it has another number of fields than the header; or when its lines
-   hold invalid UTF-8 or a NUL byte.
+   hold invalid UTF-8 or a NUL byte. A header that names a column twice is an error of the whole file.
 3. A malformed record is an error at the line where it began. When errors are skipped it becomes
    one reject. If its quotes were sound (a wrong number of fields, bad bytes), the reject names
    the lines it spans and reading goes on after them. If a quote went wrong (never closed, past
@@ -187,6 +187,7 @@ def read_delimited(path: str, id_field: str, text_field: str, delimiter: str, sk
         if problem:
             raise _error(f"bad {kind} header: {problem}", path, header.lines)
         names = header.fields
+        checks.distinct_columns(names, "header", path, header.first)
         for name, role, flag in ((id_field, "id", "«id_field»"), (text_field, "text", "«text_field»")):
             if name not in names:
                 listed = ", ".join(repr(n) for n in names) or "none"

@@ -108,6 +108,7 @@ def check_parquet(path: str, id_field: str, text_field: str) -> list[str]:
     pa, _ = _pyarrow()
     schema = open_parquet(path).schema_arrow
     names = schema.names
+    checks.distinct_columns(names, "schema", path, None)
     for name, role, flag in ((id_field, "id", "«id_field»"), (text_field, "text", "«text_field»")):
         if name not in names:
             listed = ", ".join(repr(n) for n in names) or "none"
