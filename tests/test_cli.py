@@ -56,6 +56,26 @@ def test_fingerprint_prints_16_hex_digits():
     assert CliRunner().invoke(cli, ["fingerprint"]).exit_code == 2
 
 
+@pytest.mark.parametrize("arguments", [[], ["--help"], ["init", "--help"], ["fingerprint", SECTION_A],
+                                       ["fingerprint", "--tokens", "Hello, big World"], ["--version"]])
+def test_commands_without_a_database_start_without_its_libraries(arguments):
+    """Issue 38: `import simdb.cli` loaded SQLAlchemy, alembic and psycopg (0.7 s) to fingerprint a string, and a
+    fingerprint loaded the Chinese segmenter's dictionary for English. In a fresh interpreter, neither importing
+    the CLI nor a command that needs no database loads them."""
+    import subprocess
+    import sys
+
+    code = ("import json, sys\nimport simdb.cli\n"
+            "if sys.argv[1:]:\n"
+            "    try:\n        simdb.cli.cli(sys.argv[1:], prog_name='simdb')\n    except SystemExit as exc:\n"
+            "        assert not exc.code, exc.code\n"
+            "print(json.dumps(sorted({name.partition('.')[0] for name in sys.modules} & "
+            "{'sqlalchemy', 'alembic', 'psycopg', 'pgserver', 'jieba', 'rjieba'})))\n")
+    result = subprocess.run([sys.executable, "-c", code, *arguments], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.splitlines()[-1]) == []
+
+
 def test_init_ingest_query_pairs_export(run, tmp_path, database_url, schema):
     result = run("init")
     assert result.exit_code == 0

@@ -30,8 +30,8 @@ from sqlalchemy import event
 from sqlalchemy.engine import URL, make_url
 
 from ..errors import DatabaseUnavailable, PermissionDenied, SimdbError
+from . import DEFAULT_SCHEMA
 
-DEFAULT_SCHEMA = "simdb"
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import sqlalchemy as sa
 
 from ...bits import (BITS, format_fingerprint, hamming_array, to_signed, to_signed_array, to_unsigned,
                      to_unsigned_array)
@@ -24,7 +24,9 @@ from ..base import Method
 from .blocks import DEFAULT_MAX_DISTANCE, BlockLayout, layouts_for
 from .fingerprint import (ALGORITHM, ALGORITHMS, DEFAULT_BIGRAMS, DEFAULT_TOP_FEATURES, FingerprintSettings, IdfTable,
                           fingerprints, tokens_for)
-from .sql import candidate_sql, function_statements, key_expression, verified_pairs
+
+if TYPE_CHECKING:  # the SQL (:mod:`.sql`) loads with the first query, not with a fingerprint
+    import sqlalchemy as sa
 
 #: Mean candidates per lookup above which ``stats`` advises more blocks.
 OUTGROWN_CANDIDATES = 256
@@ -223,6 +225,8 @@ class SimHash(Method):
     def candidate_pairs(self, connection: sa.Connection, probe: str, target: str, max_distance: int, *,
                         where: str | None = None, params: dict | None = None, index_probes: bool = False,
                         columns: Sequence[str] | None = None) -> Iterator[np.ndarray]:
+        from .sql import candidate_sql, verified_pairs
+
         return verified_pairs(connection, candidate_sql(self.layout, probe, target, max_distance, where=where,
                                                         index_probes=index_probes, columns=columns),
                               max_distance, params)
@@ -232,9 +236,13 @@ class SimHash(Method):
                 {"fingerprint": to_signed(sketch), "max_distance": max_distance})
 
     def key_sql(self, sketch: str) -> list[str]:
+        from .sql import key_expression
+
         return [key_expression(self.layout, i, sketch) for i in range(len(self.layout.keys))]
 
     def sql_functions(self, schema: str, one_statement: bool = False) -> list[tuple[str, str, str]]:
+        from .sql import function_statements
+
         return function_statements(schema, self.layout, one_statement)
 
     # -- calibration and creation -------------------------------------------------------------
