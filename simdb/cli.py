@@ -237,13 +237,17 @@ def _discard_stdout() -> None:
 def cli():
     """simdb: a persistent near-duplicate index for text archives, in PostgreSQL.
 
-    Texts become 64-bit SimHash fingerprints; fingerprints within --max-distance
-    bits are near-duplicates. The index lives in a PostgreSQL schema (an embedded
-    server unless --database-url or SIMDB_DATABASE_URL names one).
+    Two methods, chosen by `simdb init` for the index's life: SimHash (the
+    default), 64-bit fingerprints that are near-duplicates within --max-distance
+    bits; and MinHash-LSH (--method minhash), near-duplicates at a Jaccard
+    similarity of shingles of at least --threshold, decided on the texts
+    themselves with --verify exact: the one for short texts (a sentence or a
+    title) and the most accurate. The index lives in a PostgreSQL schema (an
+    embedded server unless --database-url or SIMDB_DATABASE_URL names one).
 
     \b
     Example:
-        simdb init
+        simdb init                       # or: simdb init --method minhash --verify exact
         simdb ingest archive-2024-05.jsonl --batch 2024-05
         simdb query "text to look up"
         simdb pairs > pairs.jsonl
@@ -500,6 +504,8 @@ def ingest(database_url, schema, data_dir, paths, input_format, id_field, text_f
         click.echo(json.dumps(summary.to_json(verdicts=verdicts_path)))
         if summary.merge_failed:
             click.echo(f"warning: {summary.merge_warning()}", err=True)
+    for line in summary.warnings:
+        click.echo(f"warning: {line}", err=True)
     if not summary.recorded:
         click.echo(f"warning: {', '.join(paths)} held no records; nothing was stored and no batch was created",
                    err=True)
@@ -787,11 +793,17 @@ def stats(database_url, schema, data_dir, as_json, exact):
                f"{info['table_bytes'] / 2**20:,.1f} MiB with indexes")
     click.echo(f"layout:     {info['layout']}")
     largest = info["largest_key_buckets"][0]["documents"] if info["largest_key_buckets"] else 0
-    expected = info["expected_candidates_per_lookup"]
+    expected, measured = info["expected_candidates_per_lookup"], info["measured_candidates_per_lookup"]
     sampled = info["measured_from_sample"]
-    click.echo(f"candidates: {info['measured_candidates_per_lookup']:,} per lookup measured"
-               + (f" (from {sampled:,} sampled documents; --exact measures all)" if sampled else "")
-               + (f", {expected:,} expected for random fingerprints" if expected is not None else "")
+    if expected is None:
+        compared = ""
+    elif expected < 1 and measured > 0:  # an index this small shares keys by similarity, not by chance
+        compared = (f"; these are texts similar enough to share a key, near-duplicates among them, which a lookup "
+                    f"must meet (by chance alone, {info['documents']:,} random fingerprints would give {expected:,})")
+    else:
+        compared = f", {expected:,} expected for random fingerprints"
+    click.echo(f"candidates: {measured:,} per lookup measured"
+               + (f" (from {sampled:,} sampled documents; --exact measures all)" if sampled else "") + compared
                + f"; largest key bucket {'the sample met ' if sampled else ''}{largest:,}")
     settings = ", ".join(f"{k}={v}" for k, v in info["settings"].items())
     click.echo(f"settings:   {settings}")

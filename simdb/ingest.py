@@ -50,6 +50,10 @@ from .pg.database import translate
 from .verdicts import OutcomeFile, sync_all
 from .ingest_options import DEFAULT_CHUNK_SIZE, ON_ERROR, IngestOptions  # noqa: F401 -- and re-exported
 
+#: The first documents of a batch whose texts the method judges (too short for it, or not): a few hundred
+#: tokenizations, about 10 ms.
+SHORT_TEXT_SAMPLE = 200
+
 @dataclass
 class FingerprintedBatch:
     """A chunk ready for the database: one entry per document, in input order.
@@ -125,6 +129,8 @@ class BatchSummary:
     merge_failed: str | None = None
     #: True when a ``resume`` found the batch complete: nothing was stored, its files were written again.
     already_complete: bool = False
+    #: What the batch's method says of its texts (:meth:`simdb.methods.Method.short_text_advice`): one line each.
+    warnings: list = field(default_factory=list)
 
     def to_json(self, verdicts: str | Path | None = None) -> dict:
         """The summary a script reads (``simdb ingest --json``)."""
@@ -133,7 +139,7 @@ class BatchSummary:
                 "within_batch": self.within_batch, "already_stored": self.already_stored, "rejected": self.rejected,
                 "rejects": self.rejects_path, "verdicts": None if verdicts is None else str(verdicts),
                 "seconds": round(self.seconds, 3), "compacted": self.compacted, "merge_failed": self.merge_failed,
-                "already_complete": self.already_complete}
+                "already_complete": self.already_complete, "warnings": self.warnings}
 
     def __str__(self) -> str:
         text = (f"batch {self.name!r}: {self.documents:,} documents: {self.new:,} new, "
@@ -195,6 +201,7 @@ def ingest(engine: sa.Engine, schema: str, method: Method,
                                     method, workers=options.workers)
         chunk, chunk_errors, seen = FingerprintedBatch(), [], {}
         consumed, compacted, merge_failed = position, [], None
+        first_texts: list[str] = []  # for the method to say whether they are too short for it
 
         def commit(final: bool) -> None:
             nonlocal chunk, chunk_errors, seen, first, kept, merge_failed
@@ -223,6 +230,8 @@ def ingest(engine: sa.Engine, schema: str, method: Method,
                                               f"first at {seen[document.external_id]}")
                 else:
                     seen[document.external_id] = document.origin
+                    if len(first_texts) < SHORT_TEXT_SAMPLE:
+                        first_texts.append(document.text)
                     chunk.append(document.external_id, item.sketch, item.content_hash, len(document.text),
                                  document.metadata, document.origin, consumed, item.keys,
                                  document.text if store_text else None)
@@ -247,7 +256,9 @@ def ingest(engine: sa.Engine, schema: str, method: Method,
     finally:
         for file in files:
             file.close()
-    return _summary(engine, name, rejects, started, compacted=compacted, merge_failed=merge_failed)
+    advice = method.short_text_advice(first_texts)
+    return _summary(engine, name, rejects, started, compacted=compacted, merge_failed=merge_failed,
+                    warnings=[advice] if advice else [])
 
 
 def _summary(engine: sa.Engine, name: str, rejects: OutcomeFile | None, started: float, **more) -> BatchSummary:

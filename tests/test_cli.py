@@ -48,6 +48,13 @@ def test_version_and_help():
         assert "Example:" in result.output, f"`simdb {command} --help` has no example"
 
 
+def test_the_top_level_help_names_both_methods():
+    """Issue 38: `simdb --help` mentioned SimHash only; a new user learnt of MinHash nowhere before `init --help`."""
+    text = " ".join(CliRunner().invoke(cli, ["--help"]).output.split())
+    assert "SimHash (the default)" in text
+    assert "MinHash-LSH (--method minhash)" in text and "--verify exact" in text
+
+
 def test_fingerprint_prints_16_hex_digits():
     result = CliRunner().invoke(cli, ["fingerprint", SECTION_A])
     assert result.output == f"{fingerprint(SECTION_A):016x}\n"
@@ -233,6 +240,60 @@ def test_ids_already_stored(run, tmp_path, admin_engine, schema):
     result = run("ingest", changed, "--batch", "one")
     assert result.output == ("Error: batch 'one' is already complete; choose another name with --batch (or --resume "
                              "it to write its verdicts and rejects files again)\n")
+
+
+def test_stats_explains_the_candidates_of_a_tiny_index(run, tmp_path):
+    """Issue 38: `stats` printed "6.0 per lookup measured, 0.0 expected for random fingerprints" on the
+    quickstart's index, right after `init` printed 6.20 expected: alarming, though near-duplicates must share
+    keys. Where chance alone would give less than one candidate, the line says where the candidates come from.
+    The figures are computed from the texts: each document's key-mates, summed over the keys."""
+    from collections import Counter
+
+    from simdb.methods import SimHash
+
+    texts = [SECTION_A, SECTION_A.replace("convenient", "convenent"), SECTION_A + " Indeed.",
+             "A wholly different text about gardens, rivers and the weather in spring.", "Another one, on trains."]
+    run("init")
+    run("ingest", write_jsonl(tmp_path / "tiny.jsonl", [{"id": f"d{i}", "text": t} for i, t in enumerate(texts)]))
+    method = SimHash.new()
+    keys = method.keys([method.sketch(text) for text in texts])
+    buckets = [Counter(keys[:, column].tolist()) for column in range(keys.shape[1])]
+    measured = round(sum(sum(n * (n - 1) for n in bucket.values()) / len(texts) for bucket in buckets), 2)
+    largest = max(max(bucket.values()) for bucket in buckets)
+    expected = round(method.expected_candidates(len(texts)), 2)
+    assert measured > 0 and expected < 1
+    line = next(line for line in run("stats").output.splitlines() if line.startswith("candidates:"))
+    assert line == (f"candidates: {measured:,} per lookup measured; these are texts similar enough to share a key, "
+                    "near-duplicates among them, which a lookup must meet (by chance alone, 5 random fingerprints "
+                    f"would give {expected:,}); largest key bucket {largest}")
+
+
+@pytest.mark.parametrize("method", ["simhash", "minhash"])
+def test_an_ingest_of_short_texts_names_the_mode_for_them(run, tmp_path, method):
+    """Issue 38: on short texts the default (SimHash) found 1 of 6 one-typo copies and said nothing of the mode
+    that finds them. An ingest whose first texts are mostly short for SimHash says so once, on standard error
+    and in the JSON summary; MinHash has no such limit, and long texts none either."""
+    from simdb.methods import SimHash
+    from simdb.methods.simhash import SHORT_FEATURES
+
+    short = [f"Review {i}: the room was clean, the staff kind, breakfast {'good' if i % 2 else 'cold'}."
+             for i in range(30)]
+    long = [f"{SECTION_A} {' '.join(f'word{i}x{j}' for j in range(60))}" for i in range(10)]
+    simhash = SimHash.new()
+    assert all(len(set(simhash.tokens(text))) < SHORT_FEATURES for text in short)
+    run("init", "--method", method)
+    records = [{"id": f"s{i}", "text": text} for i, text in enumerate(short)]
+    result = run("ingest", write_jsonl(tmp_path / "short.jsonl", records), "--json")
+    advice = ("30 of the first 30 texts have fewer than 40 distinct tokens, too few for SimHash: on the devset, 59% "
+              "of such texts' near-duplicates (Jaccard >= 0.8) fell within 4 bits, against 84% for texts of 60 "
+              "tokens or more. For short texts, create the index with `simdb init --method minhash --verify "
+              "exact`, which decides on the texts' exact Jaccard similarity (docs/quality.md)")
+    expected = [advice] if method == "simhash" else []
+    assert json.loads(result.stdout)["warnings"] == expected
+    assert result.stderr.splitlines() == [f"warning: {line}" for line in expected]
+    records = [{"id": f"l{i}", "text": text} for i, text in enumerate(long)]
+    result = run("ingest", write_jsonl(tmp_path / "long.jsonl", records))
+    assert result.exit_code == 0 and result.stderr == ""
 
 
 def test_other_settings_are_refused(run, database_url, schema):

@@ -317,6 +317,11 @@ class Method(ABC):
         """What to do when lookups meet ``measured`` candidates on average, or None when all is well."""
         return None
 
+    def short_text_advice(self, texts: Sequence[str]) -> str | None:
+        """When most of ``texts`` (the first of a batch) are too short for this method's guarantees: one line that
+        says so and names the better mode; else None."""
+        return None
+
     def relaid_out(self, blocks: int | None, documents: int) -> "Method":
         """The same method with another key layout (``blocks``, or the best for ``documents``)."""
         from ..errors import SimdbError

@@ -30,6 +30,15 @@ if TYPE_CHECKING:  # the SQL (:mod:`.sql`) loads with the first query, not with 
 
 #: Mean candidates per lookup above which ``stats`` advises more blocks.
 OUTGROWN_CANDIDATES = 256
+#: A text with fewer distinct features (tokens) is short for SimHash: a few changed tokens move many of its 64
+#: bits, so its near-duplicates fall outside the maximum distance (scripts/short_texts.py measures the recall
+#: by features on the devset: docs/quality.md).
+SHORT_FEATURES = 40
+#: What the devset measured of pairs whose shorter text is below :data:`SHORT_FEATURES` (549 pairs at Jaccard >=
+#: 0.8: recall 0.59, against 0.84 from 60 features on; 0.55 to 0.70 in each band of 10 features below 40).
+SHORT_RECALL = "59% of such texts' near-duplicates (Jaccard >= 0.8) fell within"
+#: Texts this long have more than :data:`SHORT_FEATURES` tokens, whatever they say: not tokenized to count them.
+SHORT_CHARACTERS = 2_000
 
 
 @dataclass(frozen=True)
@@ -283,6 +292,16 @@ class SimHash(Method):
         blocks = max(BlockLayout.for_size(self.layout.max_distance, documents).blocks, self.layout.blocks + 1)
         return (f"lookups meet {measured:,.0f} candidates on average: the archive has outgrown its layout; "
                 f"run `simdb relayout --blocks {blocks}`")
+
+    def short_text_advice(self, texts: Sequence[str]) -> str | None:
+        # a text of many characters has many tokens: counted only where it could be short
+        short = sum(len(text) < SHORT_CHARACTERS and len(set(self.tokens(text))) < SHORT_FEATURES for text in texts)
+        if not texts or short * 2 <= len(texts):
+            return None
+        return (f"{short:,} of the first {len(texts):,} texts have fewer than {SHORT_FEATURES} distinct tokens, too "
+                f"few for SimHash: on the devset, {SHORT_RECALL} {self.max_distance} bits, against 84% for texts of "
+                "60 tokens or more. For short texts, create the index with `simdb init --method minhash --verify exact`, "
+                "which decides on the texts' exact Jaccard similarity (docs/quality.md)")
 
     def relaid_out(self, blocks: int | None, documents: int) -> "SimHash":
         if blocks is None:
