@@ -34,11 +34,14 @@ RUN_SIMDB = "import sys; sys.argv[0] = 'simdb'; from simdb.cli import main; main
 
 
 def timed(arguments: list[str], environment: dict[str, str], runs: int, warm_up: bool = True) -> list[float]:
-    """Seconds of each of ``runs`` runs of the command, after one run that is not counted."""
+    """Seconds of each of ``runs`` runs of the command, after one run that is not counted. They run in the
+    temporary directory: ``python -c`` puts the working directory first on the path, where a checkout's simdb
+    would shadow the baseline's."""
     seconds = []
     for run in range(runs + warm_up):
         start = time.perf_counter()
-        done = subprocess.run(arguments, env=environment, capture_output=True, text=True, timeout=600)
+        done = subprocess.run(arguments, env=environment, capture_output=True, text=True, timeout=600,
+                              cwd=environment["SIMDB_DATA_DIR"].rsplit("/", 1)[0])
         elapsed = time.perf_counter() - start
         if done.returncode != 0:
             raise SystemExit(f"{' '.join(arguments)} failed: {done.stderr.strip()}")

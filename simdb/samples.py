@@ -20,7 +20,7 @@ import random
 import re
 import sys
 from . import jsonlines
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 EDITS = ("exact", "typo", "drop_sentence", "boilerplate", "punctuation", "case_whitespace", "rewrite")
 _BOILERPLATE = "Reposted from the Python documentation archive. All rights reserved."
@@ -74,13 +74,21 @@ def edit(text: str, kind: str, rng: random.Random) -> str:
 
 def corpus(seed: int = 2007, copy_fraction: float = 0.3) -> Iterator[dict]:
     """Base sections and edited copies, as ``{"id", "text", "source", ...}`` records."""
+    return _with_copies(sections(), "ref", EDITS, edit, seed, copy_fraction)
+
+
+def _with_copies(bases: Iterable[tuple[str, str]], prefix: str, edits: Sequence[str],
+                 edited: Callable[[str, str, random.Random], str], seed: int,
+                 copy_fraction: float) -> Iterator[dict]:
+    """Each (topic, text) as a record, and a seeded ``copy_fraction`` of them with an edited copy that names its
+    ``copy_of`` and ``edit``."""
     rng = random.Random(seed)
-    for number, (topic, text) in enumerate(sections(), 1):
-        base_id = f"ref-{number:04d}"
+    for number, (topic, text) in enumerate(bases, 1):
+        base_id = f"{prefix}-{number:04d}"
         yield {"id": base_id, "text": text, "source": f"python-reference:{topic}"}
         if rng.random() < copy_fraction:
-            kind = EDITS[rng.randrange(len(EDITS))]
-            yield {"id": f"{base_id}-{kind}", "text": edit(text, kind, rng), "source": f"python-reference:{topic}",
+            kind = edits[rng.randrange(len(edits))]
+            yield {"id": f"{base_id}-{kind}", "text": edited(text, kind, rng), "source": f"python-reference:{topic}",
                    "copy_of": base_id, "edit": kind}
 
 
@@ -121,14 +129,7 @@ def short_edit(text: str, kind: str, rng: random.Random) -> str:
 
 def short_corpus(seed: int = 2007, copy_fraction: float = 0.4) -> Iterator[dict]:
     """Short texts (one sentence each) and edited copies, labelled like :func:`corpus`'s."""
-    rng = random.Random(seed)
-    for number, (topic, text) in enumerate(short_texts(), 1):
-        base_id = f"short-{number:04d}"
-        yield {"id": base_id, "text": text, "source": f"python-reference:{topic}"}
-        if rng.random() < copy_fraction:
-            kind = SHORT_EDITS[rng.randrange(len(SHORT_EDITS))]
-            yield {"id": f"{base_id}-{kind}", "text": short_edit(text, kind, rng),
-                   "source": f"python-reference:{topic}", "copy_of": base_id, "edit": kind}
+    return _with_copies(short_texts(), "short", SHORT_EDITS, short_edit, seed, copy_fraction)
 
 
 def main(argv: list[str] | None = None) -> None:
