@@ -28,7 +28,7 @@ def tables_in(engine, schema):
 def test_the_revisions_read_without_alembic_are_alembics():
     """Issue 38: opening an index imported alembic and read every script (half a second of each command). The
     revisions simdb reads from the scripts' lines are those alembic reads (the version table is compared with
-    alembic's reading at each revision of the next test)."""
+    alembic's reading at head and at base in the next test)."""
     scripts = migrate.script_directory()
     assert migrate.known_revisions() == {script.revision for script in scripts.walk_revisions()}
     assert migrate.head_revision() == scripts.get_current_head()
@@ -49,12 +49,9 @@ def test_upgrade_to_head_then_down_to_base_and_up_again(database_url, schema, ad
             connection.exec_driver_sql(f"CREATE SCHEMA {schema}")
             assert migrate.current_revision(connection, schema) is None
             migrate.upgrade(connection, schema, layout=settings.layout, new_index_settings=settings.to_rows())
-            assert migrate.current_revision(connection, schema) == migrate.head_revision()
-            for revision in ["0005", "0001"]:  # the version table read without alembic, as alembic reads it
-                migrate.downgrade(connection, schema, revision)
-                assert migrate.current_revision(connection, schema) == alembics_revision(connection, schema)
-            migrate.upgrade(connection, schema, layout=settings.layout)
-            assert migrate.current_revision(connection, schema) == alembics_revision(connection, schema)
+            # the version table read without alembic, as alembic reads it (at base too, below)
+            assert migrate.current_revision(connection, schema) == migrate.head_revision() \
+                == alembics_revision(connection, schema)
         assert tables_in(admin_engine, schema) == {"alembic_version", "settings", "batches", "documents",
                                                    "near_duplicates", "idf_terms", "records", "clusters"}
         columns = {c["name"] for c in sa.inspect(admin_engine).get_columns("documents", schema=schema)}
@@ -66,7 +63,7 @@ def test_upgrade_to_head_then_down_to_base_and_up_again(database_url, schema, ad
 
         with database.engine.begin() as connection:
             migrate.downgrade(connection, schema, "base")
-            assert migrate.current_revision(connection, schema) is None
+            assert migrate.current_revision(connection, schema) is None is alembics_revision(connection, schema)
         assert tables_in(admin_engine, schema) == {"alembic_version"}
     finally:
         database.close()
