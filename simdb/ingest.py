@@ -51,8 +51,8 @@ from .verdicts import OutcomeFile, sync_all
 from .ingest_options import DEFAULT_CHUNK_SIZE, ON_ERROR, IngestOptions  # noqa: F401 -- and re-exported
 
 #: The first documents of a batch whose texts the method judges (too short for it, or not): a few hundred
-#: tokenizations, about 10 ms.
-SHORT_TEXT_SAMPLE = 200
+#: tokenizations, about 10 ms; a batch of fewer than SHORT_TEXT_MINIMUM is too small to judge.
+SHORT_TEXT_SAMPLE, SHORT_TEXT_MINIMUM = 200, 20
 
 @dataclass
 class FingerprintedBatch:
@@ -256,7 +256,7 @@ def ingest(engine: sa.Engine, schema: str, method: Method,
     finally:
         for file in files:
             file.close()
-    advice = method.short_text_advice(first_texts)
+    advice = method.short_text_advice(first_texts) if len(first_texts) >= SHORT_TEXT_MINIMUM else None
     return _summary(engine, name, rejects, started, compacted=compacted, merge_failed=merge_failed,
                     warnings=[advice] if advice else [])
 

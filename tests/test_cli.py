@@ -291,8 +291,12 @@ def test_an_ingest_of_short_texts_names_the_mode_for_them(run, tmp_path, method)
     expected = [advice] if method == "simhash" else []
     assert json.loads(result.stdout)["warnings"] == expected
     assert result.stderr.splitlines() == [f"warning: {line}" for line in expected]
-    records = [{"id": f"l{i}", "text": text} for i, text in enumerate(long)]
+    records = [{"id": f"l{i}", "text": text} for i, text in enumerate(long)] * 2
+    records = [{**record, "id": f"{record['id']}-{i}"} for i, record in enumerate(records)]
     result = run("ingest", write_jsonl(tmp_path / "long.jsonl", records))
+    assert result.exit_code == 0 and result.stderr == ""
+    few = [{"id": f"f{i}", "text": text} for i, text in enumerate(short[:19])]  # too few to judge
+    result = run("ingest", write_jsonl(tmp_path / "few.jsonl", few))
     assert result.exit_code == 0 and result.stderr == ""
 
 
