@@ -84,9 +84,15 @@ def start_embedded(data_dir: str | Path | None = None, *, idle: float = 0):
                 "Check the directory is writable and not used by another PostgreSQL version, "
                 "or pass «database_url» to use a server") from exc
     if idle:
-        atexit.register(_used, path)
+        if path not in _MARKED_AT_EXIT:
+            _MARKED_AT_EXIT.add(path)
+            atexit.register(_used, path)
         _ensure_watcher(path, idle)
     return server
+
+
+#: The data directories this process marks as used when it exits (once each, however often it connects).
+_MARKED_AT_EXIT: set[Path] = set()
 
 
 def _lock_file(path: Path) -> Path:
