@@ -56,7 +56,12 @@ class NativeBuildHook(BuildHookInterface):
         build_data["pure_python"] = False
         build_data["infer_tag"] = True
         if version == "editable":  # the checkout is what gets imported: the module goes beside its source
-            shutil.copy2(built, root / "simdb" / built.name)
+            # under a new name, then renamed over the old one: a process that has the old one loaded keeps
+            # its file (copied over in place, it crashed: a test run beside `scripts/quickstart`'s install)
+            target = root / "simdb" / built.name
+            staged = target.with_name(f".{built.name}.{os.getpid()}")
+            shutil.copy2(built, staged)
+            os.replace(staged, target)
             shutil.rmtree(build_dir, ignore_errors=True)
         else:
             build_data["force_include"][str(built)] = f"simdb/{built.name}"

@@ -17,21 +17,17 @@ import time
 from datetime import timezone
 
 import click
-import psycopg
-import sqlalchemy as sa
 
 from . import __version__, exports, jsonlines, native, outputs
 from .bits import format_fingerprint, parse_fingerprint
 from .diff import changed_characters, diff, elided
 from .errors import SimdbError
-from .index import Index
-from .ingest import DEFAULT_CHUNK_SIZE, ON_ERROR, IngestOptions
+from .ingest_options import DEFAULT_CHUNK_SIZE, ON_ERROR, IngestOptions
 from .inputs import DEFAULT_MAX_CHARS, FORMATS, check_paths, input_files, read_documents, total_bytes
 from .methods import Method, SimHash
 from .methods.simhash.blocks import DEFAULT_MAX_DISTANCE, MAX_DISTANCE
 from .methods.simhash.fingerprint import IdfTable
-from .parallel import distinct_tokens
-from .pg.database import DEFAULT_SCHEMA, redact, secrets_in, translate
+from .pg import DEFAULT_SCHEMA
 from .progress import Progress
 from .text.tokenize import TOKENIZERS, TokenizerSettings
 from .verdicts import STATUSES
@@ -75,20 +71,38 @@ def user_errors(function):
     shows a secret the command was given."""
     @functools.wraps(function)
     def wrapper(*args, **kwargs):
+        # the database layer (SQLAlchemy, psycopg) loads with the first command that opens an index, and with an
+        # error to redact: `simdb --help` and `simdb fingerprint` start without it
         try:
             return function(*args, **kwargs)
         except SimdbError as exc:
+            from .pg.database import redact
+
             raise click.ClickException(redact(exc.message(flag), given_secrets(kwargs))) from None
-        except (sa.exc.DBAPIError, psycopg.Error) as exc:
-            raise click.ClickException(redact(str(translate(exc)), given_secrets(kwargs))) from None
         except click.ClickException as exc:
+            from .pg.database import redact
+
             exc.message = redact(exc.message, given_secrets(kwargs))
             raise
+        except Exception as exc:
+            if not database_error(exc):
+                raise
+            from .pg.database import redact, translate
+
+            raise click.ClickException(redact(str(translate(exc)), given_secrets(kwargs))) from None
     return wrapper
+
+
+def database_error(exc: Exception) -> bool:
+    """Whether ``exc`` is the database's (SQLAlchemy's or psycopg's); neither can raise before it is imported."""
+    sa, psycopg = sys.modules.get("sqlalchemy.exc"), sys.modules.get("psycopg")
+    return (sa is not None and isinstance(exc, sa.DBAPIError)) or (psycopg is not None and isinstance(exc, psycopg.Error))
 
 
 def given_secrets(params: dict) -> list[str]:
     """The secrets a command was given: the database URL's passwords, libpq's PGPASSWORD, a role's new password."""
+    from .pg.database import secrets_in
+
     url = params.get("database_url") or os.environ.get("SIMDB_DATABASE_URL")
     found = [*secrets_in(url), os.environ.get("PGPASSWORD", "")]
     if params.get("password_env"):
@@ -116,6 +130,8 @@ OPTION_FLAGS = {"idf_paths": "--idf-from"}
 
 def resume_command(context: click.Context, batch: str) -> str:
     """The exact command that resumes this ingest: its own arguments, ``--batch`` and ``--resume``."""
+    from .pg.database import redact
+
     words = ["simdb", "ingest", *context.params["paths"]]
     for parameter in context.command.params:
         name = parameter.name
@@ -150,13 +166,18 @@ def command_started() -> float:
     return given["started"] if isinstance(given, dict) and "started" in given else time.perf_counter()
 
 
-def open_index(database_url, schema, data_dir) -> Index:
+def open_index(database_url, schema, data_dir):
+    """The index in ``schema``, open (an :class:`simdb.Index`)."""
+    from .index import Index
+
     return Index.open(database_url, schema=schema, data_dir=data_dir)
 
 
 def learn_idf(paths, tokenizer: TokenizerSettings, workers: int | None):
     """IDF weights from the documents in ``paths`` (read like ``simdb ingest`` reads them), tokenized on
     ``workers`` processes."""
+    from .parallel import distinct_tokens
+
     progress = Progress("learning IDF weights", total_bytes(paths))
     try:
         return IdfTable.learn(distinct_tokens((document.text for document in read_documents(
@@ -216,13 +237,17 @@ def _discard_stdout() -> None:
 def cli():
     """simdb: a persistent near-duplicate index for text archives, in PostgreSQL.
 
-    Texts become 64-bit SimHash fingerprints; fingerprints within --max-distance
-    bits are near-duplicates. The index lives in a PostgreSQL schema (an embedded
-    server unless --database-url or SIMDB_DATABASE_URL names one).
+    Two methods, chosen by `simdb init` for the index's life: SimHash (the
+    default), 64-bit fingerprints that are near-duplicates within --max-distance
+    bits; and MinHash-LSH (--method minhash), near-duplicates at a Jaccard
+    similarity of shingles of at least --threshold, decided on the texts
+    themselves with --verify exact: the one for short texts (a sentence or a
+    title) and the most accurate. The index lives in a PostgreSQL schema (an
+    embedded server unless --database-url or SIMDB_DATABASE_URL names one).
 
     \b
     Example:
-        simdb init
+        simdb init                       # or: simdb init --method minhash --verify exact
         simdb ingest archive-2024-05.jsonl --batch 2024-05
         simdb query "text to look up"
         simdb pairs > pairs.jsonl
@@ -352,6 +377,8 @@ def init(database_url, schema, data_dir, max_distance, blocks, tokenizer, jieba_
         simdb init --distributed --database-url postgresql://coordinator/db
         simdb init --distributed --schema archive_citus --copy-from archive
     """
+    from .index import Index
+
     context = click.get_current_context()
     given = {name for name in context.params
              if context.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE}
@@ -477,6 +504,8 @@ def ingest(database_url, schema, data_dir, paths, input_format, id_field, text_f
         click.echo(json.dumps(summary.to_json(verdicts=verdicts_path)))
         if summary.merge_failed:
             click.echo(f"warning: {summary.merge_warning()}", err=True)
+    for line in summary.warnings:
+        click.echo(f"warning: {line}", err=True)
     if not summary.recorded:
         click.echo(f"warning: {', '.join(paths)} held no records; nothing was stored and no batch was created",
                    err=True)
@@ -764,11 +793,17 @@ def stats(database_url, schema, data_dir, as_json, exact):
                f"{info['table_bytes'] / 2**20:,.1f} MiB with indexes")
     click.echo(f"layout:     {info['layout']}")
     largest = info["largest_key_buckets"][0]["documents"] if info["largest_key_buckets"] else 0
-    expected = info["expected_candidates_per_lookup"]
+    expected, measured = info["expected_candidates_per_lookup"], info["measured_candidates_per_lookup"]
     sampled = info["measured_from_sample"]
-    click.echo(f"candidates: {info['measured_candidates_per_lookup']:,} per lookup measured"
-               + (f" (from {sampled:,} sampled documents; --exact measures all)" if sampled else "")
-               + (f", {expected:,} expected for random fingerprints" if expected is not None else "")
+    if expected is None:
+        compared = ""
+    elif expected < 1 and measured > 0:  # an index this small shares keys by similarity, not by chance
+        compared = (f"; these are texts similar enough to share a key, near-duplicates among them, which a lookup "
+                    f"must meet (by chance alone, {info['documents']:,} random fingerprints would give {expected:,})")
+    else:
+        compared = f", {expected:,} expected for random fingerprints"
+    click.echo(f"candidates: {measured:,} per lookup measured"
+               + (f" (from {sampled:,} sampled documents; --exact measures all)" if sampled else "") + compared
                + f"; largest key bucket {'the sample met ' if sampled else ''}{largest:,}")
     settings = ", ".join(f"{k}={v}" for k, v in info["settings"].items())
     click.echo(f"settings:   {settings}")

@@ -40,7 +40,7 @@ import numpy as np
 import sqlalchemy as sa
 
 from .errors import InputError, KeptBatch, SimdbError
-from .inputs import DEFAULT_MAX_CHARS, Document, checks
+from .inputs import Document, checks
 from .methods import Method
 from .parallel import Fingerprinted, fingerprint_stream, key_rows
 from .pg import reads
@@ -48,44 +48,11 @@ from .pg.chunks import ConcurrentIngest, resume_position, store_chunk
 from .pg.segments import compact
 from .pg.database import translate
 from .verdicts import OutcomeFile, sync_all
+from .ingest_options import DEFAULT_CHUNK_SIZE, ON_ERROR, IngestOptions  # noqa: F401 -- and re-exported
 
-DEFAULT_CHUNK_SIZE = 100_000
-ON_ERROR = ("stop", "skip")
-
-
-@dataclass(frozen=True)
-class IngestOptions:
-    batch: str | None = None
-    source: str = "api"
-    #: ``stop`` at the first bad record, or ``skip`` it (written to ``rejects``) and go on.
-    on_error: str = "stop"
-    rejects: str | Path | None = None
-    #: Where to write every record's verdict as JSON lines (see :mod:`simdb.verdicts`), or None.
-    verdicts: str | Path | None = None
-    max_chars: int = DEFAULT_MAX_CHARS
-    chunk_size: int = DEFAULT_CHUNK_SIZE
-    workers: int | None = 1
-    resume: bool = False
-    #: Merge segments after each chunk when the index's policy asks for it (see :mod:`simdb.pg.segments`).
-    compact: bool = True
-    #: How the verdicts and rejects files spell a parameter that a reject's hint names: the CLI passes its
-    #: flags (``--text-field``); None keeps the API's `text_field`.
-    spell: Callable[[str], str] | None = None
-
-    def __post_init__(self) -> None:
-        if self.on_error not in ON_ERROR:
-            raise ValueError(f"on_error must be one of {', '.join(ON_ERROR)}, not {self.on_error!r}")
-        if self.chunk_size < 1 or self.max_chars < 1:
-            raise ValueError("chunk_size and max_chars must be positive")
-
-    @property
-    def batch_name(self) -> str:
-        return self.batch or datetime.now(timezone.utc).strftime("batch-%Y%m%dT%H%M%S.%fZ")
-
-    def rejects_file(self, batch: str) -> str:
-        """Where the rejects of ``batch`` go (with ``on_error="skip"``)."""
-        return str(self.rejects or f"rejects-{batch}.jsonl")
-
+#: The first documents of a batch whose texts the method judges (too short for it, or not): a few hundred
+#: tokenizations, about 10 ms; a batch of fewer than SHORT_TEXT_MINIMUM is too small to judge.
+SHORT_TEXT_SAMPLE, SHORT_TEXT_MINIMUM = 200, 20
 
 @dataclass
 class FingerprintedBatch:
@@ -162,6 +129,8 @@ class BatchSummary:
     merge_failed: str | None = None
     #: True when a ``resume`` found the batch complete: nothing was stored, its files were written again.
     already_complete: bool = False
+    #: What the batch's method says of its texts (:meth:`simdb.methods.Method.short_text_advice`): one line each.
+    warnings: list = field(default_factory=list)
 
     def to_json(self, verdicts: str | Path | None = None) -> dict:
         """The summary a script reads (``simdb ingest --json``)."""
@@ -170,7 +139,7 @@ class BatchSummary:
                 "within_batch": self.within_batch, "already_stored": self.already_stored, "rejected": self.rejected,
                 "rejects": self.rejects_path, "verdicts": None if verdicts is None else str(verdicts),
                 "seconds": round(self.seconds, 3), "compacted": self.compacted, "merge_failed": self.merge_failed,
-                "already_complete": self.already_complete}
+                "already_complete": self.already_complete, "warnings": self.warnings}
 
     def __str__(self) -> str:
         text = (f"batch {self.name!r}: {self.documents:,} documents: {self.new:,} new, "
@@ -238,6 +207,7 @@ def ingest(engine: sa.Engine, schema: str, method: Method,
                                     method, workers=options.workers)
         chunk, chunk_errors, seen = FingerprintedBatch(), [], {}
         consumed, compacted, merge_failed = position, [], None
+        first_texts: list[str] = []  # for the method to say whether they are too short for it
 
         def commit(final: bool) -> None:
             nonlocal chunk, chunk_errors, seen, first, kept, merge_failed
@@ -266,6 +236,8 @@ def ingest(engine: sa.Engine, schema: str, method: Method,
                                               f"first at {seen[document.external_id]}")
                 else:
                     seen[document.external_id] = document.origin
+                    if len(first_texts) < SHORT_TEXT_SAMPLE:
+                        first_texts.append(document.text)
                     chunk.append(document.external_id, item.sketch, item.content_hash, len(document.text),
                                  document.metadata, document.origin, consumed, item.keys,
                                  document.text if store_text else None)
@@ -290,7 +262,9 @@ def ingest(engine: sa.Engine, schema: str, method: Method,
     finally:
         for file in files:
             file.close()
-    return _summary(engine, name, rejects, started, compacted=compacted, merge_failed=merge_failed)
+    advice = method.short_text_advice(first_texts) if len(first_texts) >= SHORT_TEXT_MINIMUM else None
+    return _summary(engine, name, rejects, started, compacted=compacted, merge_failed=merge_failed,
+                    warnings=[advice] if advice else [])
 
 
 def _summary(engine: sa.Engine, name: str, rejects: OutcomeFile | None, started: float, **more) -> BatchSummary:

@@ -16,8 +16,8 @@ the two equal over the devset and over generated text:
 
 The module is built with simdb where a C compiler is at hand (``hatch_build.py``); without it, or with
 ``SIMDB_NATIVE=0`` in the environment, simdb runs the Python twins: the same fingerprints, slower. Its
-tables (what each character folds to, which class of run it belongs to) are built here, once per process,
-from the same definitions the Python twins use (:mod:`simdb.text.characters`).
+tables (what each character folds to, which class of run it belongs to) are set here, once per process,
+from the same definitions the Python twins use (:mod:`simdb.text.characters`, which caches them in a file).
 """
 
 from __future__ import annotations
@@ -50,9 +50,9 @@ def description() -> str:
 def _loaded():
     if _compiled is None or os.environ.get(NATIVE_ENV, "").strip() == "0":
         return None
-    from .text.characters import character_classes, fold_tables
+    from .text.characters import native_tables
 
-    _compiled.set_tables(*fold_tables(), character_classes())
+    _compiled.set_tables(*native_tables())
     return _compiled
 
 

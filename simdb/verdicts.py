@@ -13,13 +13,14 @@ import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-
-import sqlalchemy as sa
+from typing import TYPE_CHECKING
 
 from .errors import InputError, OutputError, respell
 from .methods import Method
-from .pg import reads
 from . import jsonlines, outputs
+
+if TYPE_CHECKING:  # the database layer loads where verdicts are read from it, not for the CLI's --status choices
+    import sqlalchemy as sa
 
 STATUSES = ("new", "exact", "near", "already_stored", "rejected")
 
@@ -70,6 +71,8 @@ def rejected(position: int, error: InputError, batch: str | None) -> Verdict:
 def stored_verdicts(connection: sa.Connection, method: Method, batch: str, *, after: int = 0,
                     upto: int | None = None, status: str | None = None):
     """The verdicts of a stored batch at input positions in ``(after, upto]``, in input order, streamed."""
+    from .pg import reads
+
     for row in reads.records(connection, batch, after=after, upto=upto, status=status):
         if row.status == "rejected":
             yield Verdict(row.position, row.external_id, "rejected", batch, path=row.path, line=row.line,

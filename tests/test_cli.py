@@ -48,12 +48,39 @@ def test_version_and_help():
         assert "Example:" in result.output, f"`simdb {command} --help` has no example"
 
 
+def test_the_top_level_help_names_both_methods():
+    """Issue 38: `simdb --help` mentioned SimHash only; a new user learnt of MinHash nowhere before `init --help`."""
+    text = " ".join(CliRunner().invoke(cli, ["--help"]).output.split())
+    assert "SimHash (the default)" in text
+    assert "MinHash-LSH (--method minhash)" in text and "--verify exact" in text
+
+
 def test_fingerprint_prints_16_hex_digits():
     result = CliRunner().invoke(cli, ["fingerprint", SECTION_A])
     assert result.output == f"{fingerprint(SECTION_A):016x}\n"
     tokens = CliRunner().invoke(cli, ["fingerprint", "--tokens", "Hello, big World"])
     assert tokens.output == f"hello big world\n{fingerprint('Hello, big World'):016x}\n"
     assert CliRunner().invoke(cli, ["fingerprint"]).exit_code == 2
+
+
+@pytest.mark.parametrize("arguments", [[], ["--help"], ["init", "--help"], ["fingerprint", SECTION_A],
+                                       ["fingerprint", "--tokens", "Hello, big World"], ["--version"]])
+def test_commands_without_a_database_start_without_its_libraries(arguments):
+    """Issue 38: `import simdb.cli` loaded SQLAlchemy, alembic and psycopg (0.7 s) to fingerprint a string, and a
+    fingerprint loaded the Chinese segmenter's dictionary for English. In a fresh interpreter, neither importing
+    the CLI nor a command that needs no database loads them."""
+    import subprocess
+    import sys
+
+    code = ("import json, sys\nimport simdb.cli\n"
+            "if sys.argv[1:]:\n"
+            "    try:\n        simdb.cli.cli(sys.argv[1:], prog_name='simdb')\n    except SystemExit as exc:\n"
+            "        assert not exc.code, exc.code\n"
+            "print(json.dumps(sorted({name.partition('.')[0] for name in sys.modules} & "
+            "{'sqlalchemy', 'alembic', 'psycopg', 'pgserver', 'jieba', 'rjieba'})))\n")
+    result = subprocess.run([sys.executable, "-c", code, *arguments], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.splitlines()[-1]) == []
 
 
 def test_init_ingest_query_pairs_export(run, tmp_path, database_url, schema):
@@ -213,6 +240,64 @@ def test_ids_already_stored(run, tmp_path, admin_engine, schema):
     result = run("ingest", changed, "--batch", "one")
     assert result.output == ("Error: batch 'one' is already complete; choose another name with --batch (or --resume "
                              "it to write its verdicts and rejects files again)\n")
+
+
+def test_stats_explains_the_candidates_of_a_tiny_index(run, tmp_path):
+    """Issue 38: `stats` printed "6.0 per lookup measured, 0.0 expected for random fingerprints" on the
+    quickstart's index, right after `init` printed 6.20 expected: alarming, though near-duplicates must share
+    keys. Where chance alone would give less than one candidate, the line says where the candidates come from.
+    The figures are computed from the texts: each document's key-mates, summed over the keys."""
+    from collections import Counter
+
+    from simdb.methods import SimHash
+
+    texts = [SECTION_A, SECTION_A.replace("convenient", "convenent"), SECTION_A + " Indeed.",
+             "A wholly different text about gardens, rivers and the weather in spring.", "Another one, on trains."]
+    run("init")
+    run("ingest", write_jsonl(tmp_path / "tiny.jsonl", [{"id": f"d{i}", "text": t} for i, t in enumerate(texts)]))
+    method = SimHash.new()
+    keys = method.keys([method.sketch(text) for text in texts])
+    buckets = [Counter(keys[:, column].tolist()) for column in range(keys.shape[1])]
+    measured = round(sum(sum(n * (n - 1) for n in bucket.values()) / len(texts) for bucket in buckets), 2)
+    largest = max(max(bucket.values()) for bucket in buckets)
+    expected = round(method.expected_candidates(len(texts)), 2)
+    assert measured > 0 and expected < 1
+    line = next(line for line in run("stats").output.splitlines() if line.startswith("candidates:"))
+    assert line == (f"candidates: {measured:,} per lookup measured; these are texts similar enough to share a key, "
+                    "near-duplicates among them, which a lookup must meet (by chance alone, 5 random fingerprints "
+                    f"would give {expected:,}); largest key bucket {largest}")
+
+
+@pytest.mark.parametrize("method", ["simhash", "minhash"])
+def test_an_ingest_of_short_texts_names_the_mode_for_them(run, tmp_path, method):
+    """Issue 38: on short texts the default (SimHash) found 1 of 6 one-typo copies and said nothing of the mode
+    that finds them. An ingest whose first texts are mostly short for SimHash says so once, on standard error
+    and in the JSON summary; MinHash has no such limit, and long texts none either."""
+    from simdb.methods import SimHash
+    from simdb.methods.simhash import SHORT_FEATURES
+
+    short = [f"Review {i}: the room was clean, the staff kind, breakfast {'good' if i % 2 else 'cold'}."
+             for i in range(30)]
+    long = [f"{SECTION_A} {' '.join(f'word{i}x{j}' for j in range(60))}" for i in range(10)]
+    simhash = SimHash.new()
+    assert all(len(set(simhash.tokens(text))) < SHORT_FEATURES for text in short)
+    run("init", "--method", method)
+    records = [{"id": f"s{i}", "text": text} for i, text in enumerate(short)]
+    result = run("ingest", write_jsonl(tmp_path / "short.jsonl", records), "--json")
+    advice = ("30 of the first 30 texts have fewer than 40 distinct tokens, too few for SimHash: on the devset, 59% "
+              "of such texts' near-duplicates (Jaccard >= 0.8) fell within 4 bits, against 84% for texts of 60 "
+              "tokens or more. For short texts, create the index with `simdb init --method minhash --verify "
+              "exact`, which decides on the texts' exact Jaccard similarity (docs/quality.md)")
+    expected = [advice] if method == "simhash" else []
+    assert json.loads(result.stdout)["warnings"] == expected
+    assert result.stderr.splitlines() == [f"warning: {line}" for line in expected]
+    records = [{"id": f"l{i}", "text": text} for i, text in enumerate(long)] * 2
+    records = [{**record, "id": f"{record['id']}-{i}"} for i, record in enumerate(records)]
+    result = run("ingest", write_jsonl(tmp_path / "long.jsonl", records))
+    assert result.exit_code == 0 and result.stderr == ""
+    few = [{"id": f"f{i}", "text": text} for i, text in enumerate(short[:19])]  # too few to judge
+    result = run("ingest", write_jsonl(tmp_path / "few.jsonl", few))
+    assert result.exit_code == 0 and result.stderr == ""
 
 
 def test_other_settings_are_refused(run, database_url, schema):

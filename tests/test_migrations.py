@@ -25,6 +25,22 @@ def tables_in(engine, schema):
     return set(sa.inspect(engine).get_table_names(schema=schema))
 
 
+def test_the_revisions_read_without_alembic_are_alembics():
+    """Issue 38: opening an index imported alembic and read every script (half a second of each command). The
+    revisions simdb reads from the scripts' lines are those alembic reads (the version table is compared with
+    alembic's reading at head and at base in the next test)."""
+    scripts = migrate.script_directory()
+    assert migrate.known_revisions() == {script.revision for script in scripts.walk_revisions()}
+    assert migrate.head_revision() == scripts.get_current_head()
+    assert migrate.revision_chain() == {script.revision: script.down_revision for script in scripts.walk_revisions()}
+
+
+def alembics_revision(connection, schema):
+    from alembic.runtime.migration import MigrationContext
+
+    return MigrationContext.configure(connection, opts={"version_table_schema": schema}).get_current_revision()
+
+
 def test_upgrade_to_head_then_down_to_base_and_up_again(database_url, schema, admin_engine):
     settings = IndexSettings.new(blocks=5, max_distance=3)
     database = Database.connect(database_url, schema=schema)
@@ -33,7 +49,9 @@ def test_upgrade_to_head_then_down_to_base_and_up_again(database_url, schema, ad
             connection.exec_driver_sql(f"CREATE SCHEMA {schema}")
             assert migrate.current_revision(connection, schema) is None
             migrate.upgrade(connection, schema, layout=settings.layout, new_index_settings=settings.to_rows())
-            assert migrate.current_revision(connection, schema) == migrate.head_revision()
+            # the version table read without alembic, as alembic reads it (at base too, below)
+            assert migrate.current_revision(connection, schema) == migrate.head_revision() \
+                == alembics_revision(connection, schema)
         assert tables_in(admin_engine, schema) == {"alembic_version", "settings", "batches", "documents",
                                                    "near_duplicates", "idf_terms", "records", "clusters"}
         columns = {c["name"] for c in sa.inspect(admin_engine).get_columns("documents", schema=schema)}
@@ -45,7 +63,7 @@ def test_upgrade_to_head_then_down_to_base_and_up_again(database_url, schema, ad
 
         with database.engine.begin() as connection:
             migrate.downgrade(connection, schema, "base")
-            assert migrate.current_revision(connection, schema) is None
+            assert migrate.current_revision(connection, schema) is None is alembics_revision(connection, schema)
         assert tables_in(admin_engine, schema) == {"alembic_version"}
     finally:
         database.close()

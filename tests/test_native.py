@@ -50,6 +50,29 @@ def test_the_compiled_module_is_built_here():
     assert compiled is not None and native.description() == "on"
 
 
+
+def test_the_cached_tables_are_those_built_from_the_definitions(tmp_path, monkeypatch):
+    """Issue 38: every command spent 0.6 s building the compiled paths' character tables. They are cached in a
+    file: what a later process reads is what the definitions build, and a damaged file is built again."""
+    from simdb.text import characters
+
+    built = (*characters.fold_tables(), characters.character_classes())
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert characters.native_tables() == built  # built, and written
+    [cached] = (tmp_path / "simdb").iterdir()
+
+    def no_building():
+        raise AssertionError("built again although the cache file holds the tables")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(characters, "fold_tables", no_building)
+        assert characters.native_tables() == built
+    cached.write_bytes(cached.read_bytes()[:1000])
+    assert characters.native_tables() == built  # built again, and written whole
+    with monkeypatch.context() as patched:
+        patched.setattr(characters, "fold_tables", no_building)
+        assert characters.native_tables() == built
+
 @needs_native
 def test_fold_agrees_with_python_on_every_character_alone():
     for cp in range(0x10000):

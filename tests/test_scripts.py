@@ -36,9 +36,11 @@ RUNS = [
                          "--markdown"], True),
     ("eval_quality.py", ["--categories", "short-zh", "--workers", "1", "--devset", str(DEVSET), "--markdown"], True),
     ("simhash_ceiling.py", ["--categories", "long-en", "--seeds", "1", "--devset", str(DEVSET), "--markdown"], True),
+    ("short_texts.py", ["--limit", "300", "--devset", str(DEVSET), "--markdown"], True),
+    ("bench_cli.py", ["--runs", "1", "--markdown"], False),
 ]
-#: the scripts that do not use PostgreSQL
-NO_DATABASE = {"bench_minhash.py", "simhash_ceiling.py"}
+#: the scripts that do not use PostgreSQL, or only an embedded one of their own
+NO_DATABASE = {"bench_minhash.py", "simhash_ceiling.py", "short_texts.py", "bench_cli.py"}
 
 
 @pytest.mark.slow
@@ -67,3 +69,35 @@ def test_the_citus_benchmark_runs_and_prints_its_table(database_url):
                           env={**os.environ, "SIMDB_CITUS": str(CITUS_TOOLS), "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr[-3000:]
     assert "|---" in done.stdout and "Citus 1 worker: ingest" in done.stdout, done.stdout[-3000:]
+
+
+@pytest.mark.slow
+def test_the_quickstart_says_what_it_does_and_shows_both_methods_on_short_texts(tmp_path):
+    """Issue 38: the quickstart was silent for about a minute on a fresh machine (pip ran quietly), and showed
+    SimHash only, although it misses most near-duplicates of short texts. It says what it does before each
+    step, pip's steps as they come, and ends with the planted copies of short texts each method found."""
+    from simdb.pg import embedded
+
+    data = tmp_path / "quickstart"
+    environment = {name: value for name, value in os.environ.items() if not name.startswith("SIMDB_")}
+    try:
+        done = subprocess.run([str(ROOT / "scripts" / "quickstart")], cwd=ROOT, capture_output=True, text=True,
+                              timeout=1200, env={**environment, "SIMDB_QUICKSTART_DIR": str(data),
+                                                 embedded.IDLE_ENV: "0"})
+    finally:
+        pid = embedded.postmaster_pid(data / "postgres")
+        if pid is not None:
+            embedded.stop(data / "postgres", pid)
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = done.stderr.splitlines()
+    assert said[0].startswith("simdb quickstart: 1) set up .venv  2) a corpus")
+    installing = next(i for i, line in enumerate(said) if line.startswith("simdb: installing simdb"))
+    assert "Successfully installed simdb" in "\n".join(said[installing:])
+    assert any(line.startswith("warning: ") and "--method minhash --verify exact" in line for line in said)
+    table = done.stdout.split("planted copies of short texts found, by method")[1].splitlines()
+    assert table[1].split() == ["edit", "SimHash", "MinHash", "exact"]
+    counts = {line.split()[0]: [int(n) for n in line.split()[1:] if n.isdigit()] for line in table[2:5]}
+    assert set(counts) == {"dropped_ending", "one_typo", "one_word"}
+    found_simhash, planted, found_minhash, _ = map(sum, zip(*counts.values()))
+    assert found_simhash < found_minhash <= planted
+

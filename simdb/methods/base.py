@@ -14,13 +14,15 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-import sqlalchemy as sa
 
 from ..errors import IncompatibleIndex, InputError
 from ..matches import shared_key_candidates
+
+if TYPE_CHECKING:  # SQLAlchemy loads with the first query, not with a fingerprint
+    import sqlalchemy as sa
 
 #: The seed every hash of every method derives from, stored with each index.
 DEFAULT_SEED = 0x51D8_5EED
@@ -313,6 +315,11 @@ class Method(ABC):
 
     def layout_advice(self, measured: float, documents: int) -> str | None:
         """What to do when lookups meet ``measured`` candidates on average, or None when all is well."""
+        return None
+
+    def short_text_advice(self, texts: Sequence[str]) -> str | None:
+        """When most of ``texts`` (the first of a batch) are too short for this method's guarantees: one line that
+        says so and names the better mode; else None."""
         return None
 
     def relaid_out(self, blocks: int | None, documents: int) -> "Method":

@@ -12,3 +12,7 @@
 The methods (:mod:`simdb.methods`) own their candidate SQL and SQL functions and run them
 through this layer.
 """
+
+#: The PostgreSQL schema an index lives in unless told otherwise (here, not in :mod:`.database`, so that the
+#: command line's options are declared without loading SQLAlchemy).
+DEFAULT_SCHEMA = "simdb"

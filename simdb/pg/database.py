@@ -4,8 +4,8 @@
 ``SIMDB_SCHEMA``, default ``simdb``) the PostgreSQL schema of the index. With neither,
 simdb starts an embedded PostgreSQL (the ``pgserver`` package ships real
 PostgreSQL binaries) in a data directory (``data_dir``, ``SIMDB_DATA_DIR``, or
-``~/.local/share/simdb/postgres``), and stops it when the last process using
-it exits.
+``~/.local/share/simdb/postgres``), which stops by itself after a while without
+use (:mod:`.embedded`).
 
 Every connection's ``search_path`` starts with the index's schema, so the
 index's tables are reachable unqualified and one database can hold several
@@ -17,7 +17,6 @@ from __future__ import annotations
 import itertools
 import os
 import re
-import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,8 +29,9 @@ from sqlalchemy import event
 from sqlalchemy.engine import URL, make_url
 
 from ..errors import DatabaseUnavailable, PermissionDenied, SimdbError
+from . import DEFAULT_SCHEMA
+from .embedded import idle_seconds, start_embedded  # noqa: F401 -- start_embedded re-exported
 
-DEFAULT_SCHEMA = "simdb"
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 
@@ -50,13 +50,6 @@ def lock(connection: sa.Connection, schema: str, purpose: str) -> None:
     insert (``ingest``) at once in the same index."""
     connection.execute(sa.text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"),
                        {"key": f"simdb {purpose} {schema}"})
-
-
-def default_data_dir() -> Path:
-    if os.environ.get("SIMDB_DATA_DIR"):
-        return Path(os.environ["SIMDB_DATA_DIR"])
-    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
-    return Path(base) / "simdb" / "postgres"
 
 
 def postgres_url(url: str | URL) -> URL:
@@ -183,27 +176,6 @@ def secrets_in(url: str | URL | None) -> list[str]:
     return [secret for secret in dict.fromkeys(found) if secret and secret != _MASK]
 
 
-def start_embedded(data_dir: str | Path | None = None):
-    """Start (or join) the embedded PostgreSQL in ``data_dir``; returns the server handle."""
-    path = Path(data_dir) if data_dir is not None else default_data_dir()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise DatabaseUnavailable(f"cannot create the data directory {path}: {exc.strerror}; "
-                                  "choose another with «data_dir» or SIMDB_DATA_DIR") from exc
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # platformdirs warns about XDG_RUNTIME_DIR on servers
-        import pgserver
-
-        try:
-            return pgserver.get_server(path, cleanup_mode="stop")
-        except Exception as exc:  # pgserver raises plain exceptions with the postgres log inside
-            raise DatabaseUnavailable(
-                f"could not start the embedded PostgreSQL in {path}: {exc}. "
-                "Check the directory is writable and not used by another PostgreSQL version, "
-                "or pass «database_url» to use a server") from exc
-
-
 @dataclass
 class Database:
     """An engine bound to one index schema, and the embedded server it may run on."""
@@ -226,7 +198,7 @@ class Database:
         database_url = database_url or os.environ.get("SIMDB_DATABASE_URL") or None
         server = None
         if database_url is None:
-            server = start_embedded(data_dir)
+            server = start_embedded(data_dir, idle=idle_seconds())
             database_url = server.get_uri()
         url = postgres_url(database_url)
         engine = sa.create_engine(url, pool_pre_ping=True,

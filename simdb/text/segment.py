@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import importlib.util
 import logging
 import os
 import re
@@ -43,17 +44,22 @@ def _jieba():
 
 
 @functools.cache
+def _rjieba_installed() -> bool:
+    """Whether rjieba is installed, asked without importing it: the import loads its dictionary (~0.15 s), which
+    only a text with Han characters needs, not every command that fingerprints."""
+    return importlib.util.find_spec("rjieba") is not None
+
+
+@functools.cache
 def _rjieba():
-    """The rjieba module, or None where it is not installed (its dictionary loads on first use, ~0.1 s)."""
-    try:
-        import rjieba
-    except ImportError:
-        return None
+    """The rjieba module, imported on first use."""
+    import rjieba
+
     return rjieba
 
 
 def _uses_rjieba(hmm: bool, choice: str) -> bool:
-    return not hmm and choice == "auto" and _rjieba() is not None
+    return not hmm and choice == "auto" and _rjieba_installed()
 
 
 #: Characters jieba-rs segments as Han but jieba does not (CJK Extension A, U+9FD6-U+9FFF, the
@@ -67,9 +73,10 @@ BLOCKS_DIFFER = re.compile("[\u3400-\u4dbf\u9fd6-\u9fff\uf900-\ufaff\U00020000-\
 @functools.cache
 def _cutter(hmm: bool, choice: str) -> Callable[[str, bool | None], list[str]]:
     if _uses_rjieba(hmm, choice):  # jieba's dictionary loads only if a text needs it (~1.4 s per process)
-        fast, differ = _rjieba().cut, BLOCKS_DIFFER.search
+        differ = BLOCKS_DIFFER.search
 
         def cut_fast(text: str, differs: bool | None) -> list[str]:
+            fast = _rjieba().cut
             if differs is None:
                 differs = differ(text) is not None
             return _cut_apart(text, fast) if differs else fast(text, False)

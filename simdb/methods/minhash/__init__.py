@@ -9,16 +9,18 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import sqlalchemy as sa
 import xxhash
 
 from ...errors import IncompatibleIndex, InputError, SimdbError
 from ..base import Method
 from . import signature as sig
 from .signature import ALGORITHM, MinHashSettings
-from .sql import band_candidate_sql, band_key_sql, band_pairs, function_statements
+
+if TYPE_CHECKING:  # the SQL (:mod:`.sql`) loads with the first query, not with a signature
+    import sqlalchemy as sa
 
 
 #: Exact mode: the most texts whose shingle sets are held at once while candidate pairs are decided (a 100k chunk
@@ -229,6 +231,8 @@ class MinHash(Method):
     def candidate_pairs(self, connection: sa.Connection, probe: str, target: str, max_distance: int, *,
                         where: str | None = None, params: dict | None = None, index_probes: bool = False,
                         columns: Sequence[str] | None = None) -> Iterator[np.ndarray]:
+        from .sql import band_candidate_sql, band_pairs
+
         return band_pairs(connection, self.settings, band_candidate_sql(self.settings, probe, target, where=where,
                                                                         index_probes=index_probes, columns=columns),
                           max_distance, params)
@@ -240,9 +244,13 @@ class MinHash(Method):
         return union, {f"band_{i}": key for i, key in enumerate(keys)}
 
     def key_sql(self, sketch: str) -> list[str]:
+        from .sql import band_key_sql
+
         return [band_key_sql(self.settings, i, sketch) for i in range(self.settings.bands)]
 
     def sql_functions(self, schema: str, one_statement: bool = False) -> list[tuple[str, str, str]]:
+        from .sql import function_statements
+
         return function_statements(schema, self.settings, one_statement)
 
     # -- calibration ---------------------------------------------------------------------------

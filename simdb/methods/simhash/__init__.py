@@ -11,9 +11,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import sqlalchemy as sa
 
 from ...bits import (BITS, format_fingerprint, hamming_array, to_signed, to_signed_array, to_unsigned,
                      to_unsigned_array)
@@ -24,10 +24,21 @@ from ..base import Method
 from .blocks import DEFAULT_MAX_DISTANCE, BlockLayout, layouts_for
 from .fingerprint import (ALGORITHM, ALGORITHMS, DEFAULT_BIGRAMS, DEFAULT_TOP_FEATURES, FingerprintSettings, IdfTable,
                           fingerprints, tokens_for)
-from .sql import candidate_sql, function_statements, key_expression, verified_pairs
+
+if TYPE_CHECKING:  # the SQL (:mod:`.sql`) loads with the first query, not with a fingerprint
+    import sqlalchemy as sa
 
 #: Mean candidates per lookup above which ``stats`` advises more blocks.
 OUTGROWN_CANDIDATES = 256
+#: A text with fewer distinct features (tokens) is short for SimHash: a few changed tokens move many of its 64
+#: bits, so its near-duplicates fall outside the maximum distance (scripts/short_texts.py measures the recall
+#: by features on the devset: docs/quality.md).
+SHORT_FEATURES = 40
+#: What the devset measured of pairs whose shorter text is below :data:`SHORT_FEATURES` (549 pairs at Jaccard >=
+#: 0.8: recall 0.59, against 0.84 from 60 features on; 0.55 to 0.70 in each band of 10 features below 40).
+SHORT_RECALL = "59% of such texts' near-duplicates (Jaccard >= 0.8) fell within"
+#: Texts this long have more than :data:`SHORT_FEATURES` tokens, whatever they say: not tokenized to count them.
+SHORT_CHARACTERS = 2_000
 
 
 @dataclass(frozen=True)
@@ -223,6 +234,8 @@ class SimHash(Method):
     def candidate_pairs(self, connection: sa.Connection, probe: str, target: str, max_distance: int, *,
                         where: str | None = None, params: dict | None = None, index_probes: bool = False,
                         columns: Sequence[str] | None = None) -> Iterator[np.ndarray]:
+        from .sql import candidate_sql, verified_pairs
+
         return verified_pairs(connection, candidate_sql(self.layout, probe, target, max_distance, where=where,
                                                         index_probes=index_probes, columns=columns),
                               max_distance, params)
@@ -232,9 +245,13 @@ class SimHash(Method):
                 {"fingerprint": to_signed(sketch), "max_distance": max_distance})
 
     def key_sql(self, sketch: str) -> list[str]:
+        from .sql import key_expression
+
         return [key_expression(self.layout, i, sketch) for i in range(len(self.layout.keys))]
 
     def sql_functions(self, schema: str, one_statement: bool = False) -> list[tuple[str, str, str]]:
+        from .sql import function_statements
+
         return function_statements(schema, self.layout, one_statement)
 
     # -- calibration and creation -------------------------------------------------------------
@@ -275,6 +292,16 @@ class SimHash(Method):
         blocks = max(BlockLayout.for_size(self.layout.max_distance, documents).blocks, self.layout.blocks + 1)
         return (f"lookups meet {measured:,.0f} candidates on average: the archive has outgrown its layout; "
                 f"run `simdb relayout --blocks {blocks}`")
+
+    def short_text_advice(self, texts: Sequence[str]) -> str | None:
+        # a text of many characters has many tokens: counted only where it could be short
+        short = sum(len(text) < SHORT_CHARACTERS and len(set(self.tokens(text))) < SHORT_FEATURES for text in texts)
+        if not texts or short * 2 <= len(texts):
+            return None
+        return (f"{short:,} of the first {len(texts):,} texts have fewer than {SHORT_FEATURES} distinct tokens, too "
+                f"few for SimHash: on the devset, {SHORT_RECALL} {self.max_distance} bits, against 84% for texts of "
+                "60 tokens or more. For short texts, create the index with `simdb init --method minhash --verify exact`, "
+                "which decides on the texts' exact Jaccard similarity (docs/quality.md)")
 
     def relaid_out(self, blocks: int | None, documents: int) -> "SimHash":
         if blocks is None:

@@ -1,0 +1,210 @@
+"""The embedded PostgreSQL (the ``pgserver`` package's binaries) and how long it stays up.
+
+Without a database URL, a command starts the embedded server in its data directory, or joins the one
+running there. Starting and stopping it took about a second of every command on a small index, so a
+command leaves it running when it ends: a watcher process (``python -m simdb.pg.embedded``, one per data
+directory, started by the first command that finds none) stops it once no command has used it and no
+client has been connected for :data:`IDLE_ENV` seconds (default :data:`DEFAULT_IDLE`). ``SIMDB_SERVER_IDLE=0``
+stops it with the last process that uses it, as before.
+
+Two files beside the data directory coordinate the two: ``.<name>.lock``, whose modification time is when a
+command last started or ended (a command takes it shared while it joins the server, the watcher exclusively
+while it stops it, so that no command joins a server that is stopping), and ``.<name>.watcher``, which the
+watcher holds locked for as long as it runs.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+from ..errors import DatabaseUnavailable
+
+#: Seconds the embedded server stays up after its last use; 0 stops it with the last process that uses it.
+IDLE_ENV = "SIMDB_SERVER_IDLE"
+DEFAULT_IDLE = 300.0
+#: How often the watcher looks for clients and commands.
+POLL_SECONDS = 2.0
+
+
+def idle_seconds() -> float:
+    """:data:`IDLE_ENV` from the environment, else :data:`DEFAULT_IDLE`."""
+    raw = os.environ.get(IDLE_ENV, "").strip()
+    if not raw:
+        return DEFAULT_IDLE
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):
+        raise DatabaseUnavailable(f"{IDLE_ENV}={raw!r} is not a number of seconds: set it to how long the embedded "
+                                  "PostgreSQL stays up after its last use (0 stops it with the last simdb process)")
+    return seconds
+
+
+def default_data_dir() -> Path:
+    if os.environ.get("SIMDB_DATA_DIR"):
+        return Path(os.environ["SIMDB_DATA_DIR"])
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return Path(base) / "simdb" / "postgres"
+
+
+def start_embedded(data_dir: str | Path | None = None, *, idle: float = 0):
+    """Start (or join) the embedded PostgreSQL in ``data_dir``; returns the server handle (pgserver's).
+
+    ``idle`` is how many seconds it stays up after its last use (a watcher stops it); 0 stops it when the
+    last process using it exits (or calls the handle's ``cleanup()``), as tests and benchmarks want of a
+    server in a temporary directory."""
+    path = Path(data_dir) if data_dir is not None else default_data_dir()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DatabaseUnavailable(f"cannot create the data directory {path}: {exc.strerror}; "
+                                  "choose another with «data_dir» or SIMDB_DATA_DIR") from exc
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # platformdirs warns about XDG_RUNTIME_DIR on servers
+        import pgserver
+
+        try:
+            with _joining(path, idle):
+                server = pgserver.get_server(path, cleanup_mode=None if idle else "stop")
+        except Exception as exc:  # pgserver raises plain exceptions with the postgres log inside
+            raise DatabaseUnavailable(
+                f"could not start the embedded PostgreSQL in {path}: {exc}. "
+                "Check the directory is writable and not used by another PostgreSQL version, "
+                "or pass «database_url» to use a server") from exc
+    if idle:
+        if path not in _MARKED_AT_EXIT:
+            _MARKED_AT_EXIT.add(path)
+            atexit.register(_used, path)
+        _ensure_watcher(path, idle)
+    return server
+
+
+#: The data directories this process marks as used when it exits (once each, however often it connects).
+_MARKED_AT_EXIT: set[Path] = set()
+
+
+def _lock_file(path: Path) -> Path:
+    return path.with_name(f".{path.name}.lock")
+
+
+def _watcher_file(path: Path) -> Path:
+    return path.with_name(f".{path.name}.watcher")
+
+
+@contextlib.contextmanager
+def _locked(file: Path, mode: int) -> Iterator[None]:
+    with open(file, "a") as handle:
+        fcntl.flock(handle, mode)
+        yield
+
+
+@contextlib.contextmanager
+def _joining(path: Path, idle: float) -> Iterator[None]:
+    """While a command joins the server: marked as used, and never while the watcher stops it."""
+    if not idle:
+        yield
+        return
+    lock = _lock_file(path)
+    with _locked(lock, fcntl.LOCK_SH):
+        _used(path)
+        yield
+
+
+def _used(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        _lock_file(path).touch()
+
+
+def _ensure_watcher(path: Path, idle: float) -> None:
+    """Start the watcher of ``path`` unless one runs (it holds its file locked)."""
+    try:
+        with open(_watcher_file(path), "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return  # one is watching
+    except OSError:
+        return  # no file to lock beside the data directory: the server then stays up, as pgserver leaves it
+    subprocess.Popen([sys.executable, "-m", __name__, str(path), repr(idle)], stdin=subprocess.DEVNULL,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+
+
+def postmaster_pid(path: Path) -> int | None:
+    """The running server's process id (the first line of ``postmaster.pid``), or None where none runs."""
+    try:
+        pid = int((path / "postmaster.pid").read_text().split("\n", 1)[0])
+        os.kill(pid, 0)
+        return pid
+    except (OSError, ValueError):
+        return None
+
+
+def busy(path: Path, pid: int) -> bool:
+    """Whether a client is connected to the server (a backend serving a socket connection: ``[local]`` in its
+    title) or a process still holds a handle on it (pgserver's list of the processes using it)."""
+    import psutil
+
+    try:
+        for child in psutil.Process(pid).children():
+            with contextlib.suppress(psutil.Error):
+                if "[local]" in " ".join(child.cmdline()):
+                    return True
+    except psutil.Error:
+        return False
+    try:
+        handles = json.loads((path / ".handle_pids.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return any(isinstance(handle, int) and psutil.pid_exists(handle) for handle in handles)
+
+
+def watch(path: Path, idle: float) -> None:
+    """Stop the server in ``path`` once it has been idle for ``idle`` seconds; return when it has stopped (by
+    this watcher or by anyone else), or at once if another watcher runs."""
+    with open(_watcher_file(path), "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return
+        last_busy = 0.0
+        while (pid := postmaster_pid(path)) is not None:
+            if busy(path, pid):
+                last_busy = time.time()
+            quiet_since = max(last_busy, _last_used(path))
+            if time.time() - quiet_since < idle:
+                time.sleep(min(POLL_SECONDS, max(0.1, quiet_since + idle - time.time())))
+                continue
+            with _locked(_lock_file(path), fcntl.LOCK_EX):  # no command joins while it stops
+                if time.time() - _last_used(path) >= idle and not busy(path, pid):
+                    stop(path, pid)
+
+
+def _last_used(path: Path) -> float:
+    try:
+        return _lock_file(path).stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def stop(path: Path, pid: int, timeout: float = 60) -> None:
+    """Stop the server (PostgreSQL's fast shutdown) and wait until it is down."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGINT)
+    deadline = time.monotonic() + timeout
+    while postmaster_pid(path) == pid and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+if __name__ == "__main__":
+    watch(Path(sys.argv[1]), float(sys.argv[2]))

@@ -1,0 +1,86 @@
+"""The embedded PostgreSQL stays up between commands and stops by itself (issue 38: every command on an embedded
+index started and stopped it, about a second each).
+
+These tests start embedded servers of their own, in temporary directories, through the ``simdb`` command as a
+user runs it (no database URL)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import psycopg
+import pytest
+
+from simdb.pg import embedded
+
+
+def environment(data_dir, idle: str) -> dict[str, str]:
+    """This environment, with no database URL: the command uses the embedded server in ``data_dir``."""
+    found = {name: value for name, value in os.environ.items() if name not in ("SIMDB_DATABASE_URL", "SIMDB_SCHEMA")}
+    return {**found, "SIMDB_DATA_DIR": str(data_dir), embedded.IDLE_ENV: idle}
+
+
+def simdb(data_dir, *arguments, idle="3"):
+    result = subprocess.run([sys.executable, "-m", "simdb", *arguments], env=environment(data_dir, idle),
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def wait_until(condition, seconds=60.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.2)
+    return condition()
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    path = tmp_path / "postgres"
+    yield path
+    pid = embedded.postmaster_pid(path)
+    if pid is not None:  # whatever a failed test left running
+        embedded.stop(path, pid)
+
+
+def test_the_server_outlives_a_command_and_stops_after_the_idle_time(data_dir):
+    simdb(data_dir, "init")
+    started = embedded.postmaster_pid(data_dir)
+    assert started is not None, "the server stopped with the command although SIMDB_SERVER_IDLE=3"
+    stats = json.loads(simdb(data_dir, "stats", "--json"))
+    assert stats["documents"] == 0
+    assert embedded.postmaster_pid(data_dir) == started, "the second command started another server"
+    assert wait_until(lambda: embedded.postmaster_pid(data_dir) is None), "the server did not stop by itself"
+    assert json.loads(simdb(data_dir, "stats", "--json"))["documents"] == 0  # started again on demand
+    assert embedded.postmaster_pid(data_dir) not in (None, started)
+
+
+def test_a_connected_client_keeps_it_up(data_dir):
+    simdb(data_dir, "init")
+    pid = embedded.postmaster_pid(data_dir)
+    socket_dir = (data_dir / "postmaster.pid").read_text().splitlines()[4]
+    with psycopg.connect(host=socket_dir, user="postgres", dbname="postgres") as client:
+        time.sleep(6)  # twice the idle time
+        assert embedded.postmaster_pid(data_dir) == pid
+        assert client.execute("SELECT count(*) FROM simdb.documents").fetchone() == (0,)
+    assert wait_until(lambda: embedded.postmaster_pid(data_dir) is None)
+
+
+def test_an_idle_time_of_zero_stops_it_with_the_last_process(data_dir):
+    simdb(data_dir, "init", idle="0")
+    assert embedded.postmaster_pid(data_dir) is None
+
+
+def test_a_bad_idle_time_is_one_line():
+    result = subprocess.run([sys.executable, "-m", "simdb", "stats"], capture_output=True, text=True, timeout=120,
+                            env=environment("/nonexistent/pg", "soon"))
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "Error: SIMDB_SERVER_IDLE='soon' is not a number of seconds: set it to how long the embedded PostgreSQL "
+        "stays up after its last use (0 stops it with the last simdb process)"]
