@@ -44,11 +44,13 @@ _SQL_BODY = re.compile(r"LANGUAGE sql STABLE PARALLEL SAFE AS \$\$(.*)\$\$\s*$",
 
 
 def as_plpgsql(statement: str, parallel_safe: bool = False) -> str:
-    """A ``LANGUAGE sql`` set-returning function that reads tables, rewritten in PL/pgSQL: Citus cannot plan a
+    """A ``LANGUAGE sql`` set-returning function that reads tables, rewritten in PL/pgSQL (one written in
+    PL/pgSQL keeps its body, and is parallel safe only where ``parallel_safe``): Citus cannot plan a
     SQL function's parameterised statements against distributed tables, and plans PL/pgSQL's with their
     values; on one server, PL/pgSQL keeps the plan for the session where a SQL function is planned on every
     call. A column still wins over a parameter of the same name, as in SQL functions."""
     attributes = "STABLE PARALLEL SAFE" if parallel_safe else "STABLE"
+    statement = statement.replace("LANGUAGE plpgsql STABLE PARALLEL SAFE AS", f"LANGUAGE plpgsql {attributes} AS")
     return _SQL_BODY.sub(lambda m: f"LANGUAGE plpgsql {attributes} AS $$\n#variable_conflict use_column\nBEGIN\n"
                                    f"RETURN QUERY {m.group(1).strip()};\nEND $$", statement)
 
@@ -75,12 +77,14 @@ def create_views(connection: sa.Connection, schema: str, method: Method) -> None
     connection.exec_driver_sql(f"""
         CREATE OR REPLACE VIEW {schema}.near_duplicate_pairs AS
         SELECT p.a_id, a.external_id AS a_external_id, p.b_id, b.external_id AS b_external_id, p.distance,
-               a.content_hash = b.content_hash AS exact, bt.name AS batch, p.found_at,
+               a.content_hash = b.content_hash AS exact, bt.name AS batch, ab.name AS a_batch, bt.name AS b_batch,
+               p.found_at,
                a.metadata AS a_metadata, b.metadata AS b_metadata, {similarity} AS similarity,
                a.text AS a_text, b.text AS b_text
         FROM {schema}.near_duplicates p
         JOIN {schema}.documents a ON a.id = p.a_id
         JOIN {schema}.documents b ON b.id = p.b_id
+        JOIN {schema}.batches ab ON ab.id = a.batch_id
         JOIN {schema}.batches bt ON bt.id = p.batch_id""")
     connection.exec_driver_sql(f"""
         CREATE OR REPLACE VIEW {schema}.duplicate_clusters AS
@@ -120,10 +124,11 @@ def create_views(connection: sa.Connection, schema: str, method: Method) -> None
                      is_distributed(connection))
     for view, comment in {
         "near_duplicate_pairs": "Every near-duplicate pair found at ingest (a stored first), with both documents' "
-                                "metadata and, where the index keeps them, texts. distance: differing bits "
-                                "(SimHash), signature positions (MinHash) or ten-thousandths of Jaccard distance "
-                                "(MinHash deciding exactly); similarity: 1 - distance / 64 (SimHash), the Jaccard "
-                                "estimate or the exact Jaccard (MinHash).",
+                                "metadata, batches (a_batch, b_batch; batch is b_batch) and, where the index keeps "
+                                "them, texts. distance: differing bits (SimHash), signature positions (MinHash) or "
+                                "ten-thousandths of Jaccard distance (MinHash deciding exactly); similarity (double "
+                                "precision, the same in every function and view): 1 - distance / 64 (SimHash), the "
+                                "Jaccard estimate or the exact Jaccard (MinHash).",
         "duplicate_clusters": "Groups of near-duplicates (connected components), canonical = earliest document, "
                               "with its text where the index keeps texts; read from the clusters table.",
         "document_neighbours": "Every stored pair from both sides: each document with each of its near-duplicates, "
