@@ -65,9 +65,44 @@ def test_simdb_near_matches_the_index_and_uses_the_key_indexes(filled):
     assert "Seq Scan" not in plan
     # each key column through its index, in every segment
     assert all(f"Index Cond: ({column} = " in plan for column in index.layout.key_columns), plan
+    with pytest.raises(sa.exc.DataError, match="max_distance must be between 0 and 64"):
+        scalar(index, "SELECT count(*) FROM simdb_near(0, 65)")
+
+
+@pytest.mark.citus
+def test_a_looser_lookup_answers_with_a_notice_and_a_wrong_one_is_refused_in_one_line(filled):
+    """Beyond the index's maximum distance (or below its similarity) the lookups answer from what the keys find,
+    and a NOTICE says that the answer may be incomplete; an argument that means nothing is refused in one line,
+    never with the lookup's 15-branch query (an error raised inside the query printed it into psql)."""
+    index, fingerprints = filled
     k = index.layout.max_distance
-    with pytest.raises(sa.exc.DataError, match=f"max_distance must be between 0 and {k}"):
-        scalar(index, f"SELECT count(*) FROM simdb_near(0, {k + 1})")
+    names = {f"f-{i}": fingerprint for i, fingerprint in enumerate(fingerprints)}
+    for base in fingerprints[:20]:
+        within = {name: hamming(base, f) for name, f in names.items() if hamming(base, f) <= 2 * k}
+        with index.database.engine.connect() as connection:
+            said, raw = [], connection.connection.dbapi_connection
+            raw.add_notice_handler(handler := lambda notice: said.append(notice.message_primary))
+            near = dict(connection.execute(sa.text(
+                "SELECT d.external_id, n.distance FROM simdb_near(:f, :d) n JOIN documents d ON d.id = n.document_id"),
+                {"f": to_signed(base), "d": 2 * k}).all())
+            similar = dict(connection.execute(sa.text(
+                "SELECT d.external_id, s.similarity FROM simdb_similar(:f, :s) s "
+                "JOIN documents d ON d.id = s.document_id"), {"f": to_signed(base), "s": 1 - 2 * k / 64}).all())
+            raw.remove_notice_handler(handler)  # the connection goes back to the pool
+        assert near.items() <= within.items()  # what the keys find, at its true distance
+        assert {n: d for n, d in within.items() if d <= k} .items() <= near.items()  # every one up to k
+        assert similar == {name: (64 - distance) / 64 for name, distance in near.items()}
+        assert said == [f"simdb_near: {2 * k} is beyond the index's maximum distance {k}: only documents sharing a "
+                        "block key are found, so some within it may be missing",
+                        f"simdb_similar: {1 - 2 * k / 64} is below the index's threshold {1 - k / 64}: only documents "
+                        "sharing a block key are found, so some within it may be missing"]
+    for statement, message in (("SELECT * FROM simdb_near(0, -1)", "simdb_near: max_distance must be between 0 and 64"),
+                               ("SELECT * FROM simdb_similar(0, 2)", "simdb_similar: min_similarity must be between "
+                                                                     "0 and 1")):
+        with pytest.raises(sa.exc.DataError) as raised:
+            scalar(index, statement)
+        assert raised.value.orig.diag.message_primary.startswith(message)
+        assert "SQL statement" not in (raised.value.orig.diag.context or "") and "UNION" not in str(raised.value)
 
 
 def test_simdb_near_is_planned_once_per_session(filled):
