@@ -45,6 +45,24 @@ def recipes() -> list[tuple[str, str]]:
     return found
 
 
+#: Questions the issue timed through the views and from the tables: each view query and its peer on the tables
+#: run in the same session, so that the table shows what the views cost.
+PEERS = [
+    ("which earlier batches batch `new` duplicated, through the view",
+     "SELECT a_batch, count(*) FROM simdb.near_duplicate_pairs WHERE b_batch = 'new' GROUP BY a_batch"),
+    ("the same, from the tables",
+     "SELECT ab.name, count(*) FROM simdb.near_duplicates p JOIN simdb.batches nb ON nb.id = p.batch_id "
+     "JOIN simdb.documents a ON a.id = p.a_id JOIN simdb.batches ab ON ab.id = a.batch_id WHERE nb.name = 'new' "
+     "GROUP BY ab.name"),
+    ("the similarity histogram, through the view",
+     "SELECT similarity, count(*) FROM simdb.near_duplicate_pairs GROUP BY similarity ORDER BY similarity"),
+    ("the distance histogram, from the table",
+     "SELECT distance, count(*) FROM simdb.near_duplicates GROUP BY distance ORDER BY distance"),
+    ("every pair of batch `new` from both sides, through document_neighbours",
+     "SELECT count(*) FROM simdb.document_neighbours WHERE batch = 'new'"),
+]
+
+
 def synthetic_fingerprints(documents: int, seed: int = 7) -> np.ndarray:
     """Random fingerprints; about 10% are copies (0-3 bits flipped) of a random earlier one."""
     rng = np.random.default_rng(seed)
@@ -71,6 +89,8 @@ def main() -> None:
     parser.add_argument("--documents", type=int, default=1_000_000)
     parser.add_argument("--chunk", type=int, default=100_000)
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--analyze", action=argparse.BooleanOptionalAction, default=True,
+                        help="VACUUM ANALYZE before timing (--no-analyze: time what ingest left)")
     args = parser.parse_args()
     server = Server(args.database_url)
     args.database_url, admin = server.url, server.admin
@@ -86,11 +106,12 @@ def main() -> None:
                 summary = index.add_fingerprinted(batch_of(fingerprints[start:start + size], start), batch=name)
                 log(str(summary))
         with admin.connect() as connection:
-            connection.exec_driver_sql(f"VACUUM ANALYZE {SCHEMA}.documents")
-            connection.exec_driver_sql(f"VACUUM ANALYZE {SCHEMA}.near_duplicates")
+            if args.analyze:
+                connection.exec_driver_sql(f"VACUUM ANALYZE {SCHEMA}.documents")
+                connection.exec_driver_sql(f"VACUUM ANALYZE {SCHEMA}.near_duplicates")
             total = connection.exec_driver_sql(f"SELECT count(*) FROM {SCHEMA}.documents").scalar_one()
             rows = []
-            for title, sql in recipes():
+            for title, sql in recipes() + [(f"(peer) {title}", sql) for title, sql in PEERS]:
                 query = sa.text(sql.replace("simdb.", f"{SCHEMA}."))
                 answer = connection.execute(query).all()
                 seconds = []

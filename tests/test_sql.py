@@ -244,3 +244,22 @@ def test_views_agree_with_the_tables(corpus_archive, admin_engine):
     assert summary[0].against_archive == 0 and summary[1].against_archive > 0
     assert {c.cluster_id: c.size for c in clusters} == sizes and len(sizes) > 10
     assert pairs == stored > 0
+
+
+def test_a_batch_leaves_the_planner_statistics_current(index):
+    """A fresh index's tables had no statistics until someone ran ANALYZE (autovacuum never analyzes the
+    partitioned documents table), and the views were planned for empty tables."""
+    rng = random.Random(4)
+    bases = [rng.getrandbits(64) for _ in range(3000)]
+    index.add_fingerprinted(make_batch(bases + [flip(b, [1]) for b in bases[:300]], "one"), batch="one")
+
+    def estimated():
+        with index.database.engine.connect() as connection:
+            return dict(connection.exec_driver_sql(
+                "SELECT relname, reltuples FROM pg_class WHERE oid IN (to_regclass('documents'), "
+                "to_regclass('near_duplicates'), to_regclass('clusters'))").all())
+
+    assert estimated() == {"documents": 3300, "near_duplicates": 300, "clusters": 300}
+    more = [rng.getrandbits(64) for _ in range(3000)]
+    index.add_fingerprinted(make_batch(more, "two"), batch="two")  # the documents doubled
+    assert estimated()["documents"] == 6300

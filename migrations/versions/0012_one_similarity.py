@@ -263,8 +263,44 @@ def _lookups(schema: str, signature: str) -> str:
     return match["lookups"]
 
 
-def _views(schema: str, rows: dict) -> list[str]:
-    """simdb.pg.functions.create_views of revision 0012: the views whose similarity or columns changed."""
+def pairs_view(schema: str, similarity: str, distributed: bool) -> str:
+    """``near_duplicate_pairs``. Each column of a pair's documents is a subquery by the document's primary key,
+    which PostgreSQL computes only where a query reads the column (a view's unread output is left out, where a
+    join to the partitioned documents table cannot be): the similarity histogram reads ``near_duplicates`` and
+    ``batches`` alone (it joined both documents of every pair: 1.2-1.8 s at 1M documents, 5-10 ms from the
+    table), and a query of a batch's pairs reads the documents of those pairs only. Citus plans no subquery of a
+    distributed table that is not joined on its distribution column: a distributed index's view joins."""
+    if distributed:
+        return f"""CREATE OR REPLACE VIEW {schema}.near_duplicate_pairs AS
+        SELECT p.a_id, a.external_id AS a_external_id, p.b_id, b.external_id AS b_external_id, p.distance,
+               a.content_hash = b.content_hash AS exact, bt.name AS batch, ab.name AS a_batch, bt.name AS b_batch,
+               p.found_at,
+               a.metadata AS a_metadata, b.metadata AS b_metadata, {similarity} AS similarity,
+               a.text AS a_text, b.text AS b_text
+        FROM {schema}.near_duplicates p
+        JOIN {schema}.documents a ON a.id = p.a_id
+        JOIN {schema}.documents b ON b.id = p.b_id
+        JOIN {schema}.batches ab ON ab.id = a.batch_id
+        JOIN {schema}.batches bt ON bt.id = p.batch_id"""
+
+    def of(column: str, side: str) -> str:
+        return f"(SELECT d.{column} FROM {schema}.documents d WHERE d.id = p.{side}_id)"
+
+    return f"""CREATE OR REPLACE VIEW {schema}.near_duplicate_pairs AS
+        SELECT p.a_id, {of("external_id", "a")} AS a_external_id, p.b_id, {of("external_id", "b")} AS b_external_id,
+               p.distance, (SELECT a.content_hash = b.content_hash FROM {schema}.documents a, {schema}.documents b
+                            WHERE a.id = p.a_id AND b.id = p.b_id) AS exact, bt.name AS batch,
+               (SELECT ab.name FROM {schema}.documents d JOIN {schema}.batches ab ON ab.id = d.batch_id
+                WHERE d.id = p.a_id) AS a_batch, bt.name AS b_batch, p.found_at,
+               {of("metadata", "a")} AS a_metadata, {of("metadata", "b")} AS b_metadata, {similarity} AS similarity,
+               {of("text", "a")} AS a_text, {of("text", "b")} AS b_text
+        FROM {schema}.near_duplicates p
+        JOIN {schema}.batches bt ON bt.id = p.batch_id"""
+
+
+def _views(schema: str, rows: dict, distributed: bool = True) -> list[str]:
+    """simdb.pg.functions.create_views of revision 0012: the views whose similarity or columns changed (those of
+    0011, with their joins, where ``distributed``)."""
     if rows.get("method") == "minhash":
         settings = rows["minhash"]
         scale = EXACT_SCALE if settings.get("verify") == "exact" else settings["num_perm"]
@@ -280,17 +316,7 @@ def _views(schema: str, rows: dict) -> list[str]:
             f"JOIN {schema}.batches ab ON ab.id = a.batch_id JOIN {schema}.documents b ON b.id = p.b_id "
             f"JOIN {schema}.batches bb ON bb.id = b.batch_id")
     return [
-        f"""CREATE OR REPLACE VIEW {schema}.near_duplicate_pairs AS
-        SELECT p.a_id, a.external_id AS a_external_id, p.b_id, b.external_id AS b_external_id, p.distance,
-               a.content_hash = b.content_hash AS exact, bt.name AS batch, ab.name AS a_batch, bt.name AS b_batch,
-               p.found_at,
-               a.metadata AS a_metadata, b.metadata AS b_metadata, {similarity} AS similarity,
-               a.text AS a_text, b.text AS b_text
-        FROM {schema}.near_duplicates p
-        JOIN {schema}.documents a ON a.id = p.a_id
-        JOIN {schema}.documents b ON b.id = p.b_id
-        JOIN {schema}.batches ab ON ab.id = a.batch_id
-        JOIN {schema}.batches bt ON bt.id = p.batch_id""",
+        pairs_view(schema, similarity, distributed),
         f"CREATE OR REPLACE VIEW {schema}.document_neighbours AS "
         + side.format(me="b", other="a", earlier="true", similarity=similarity) + " UNION ALL "
         + side.format(me="a", other="b", earlier="false", similarity=similarity),
@@ -358,7 +384,7 @@ def upgrade() -> None:
         _run(_as_plpgsql(statement, parallel_safe))
         if comment:
             _run(f"COMMENT ON FUNCTION {schema}.{signature} IS {_literal(comment)}")
-    for statement in _views(schema, rows):
+    for statement in _views(schema, rows, distributed=not parallel_safe):
         _run(statement)
     for view, comment in VIEW_COMMENTS.items():
         _run(f"COMMENT ON VIEW {schema}.{view} IS {_literal(comment)}")
