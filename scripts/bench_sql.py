@@ -89,6 +89,7 @@ def main() -> None:
     parser.add_argument("--documents", type=int, default=1_000_000)
     parser.add_argument("--chunk", type=int, default=100_000)
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--keep", action="store_true", help=f"keep the archive (schema {SCHEMA}) to query it")
     parser.add_argument("--analyze", action=argparse.BooleanOptionalAction, default=True,
                         help="VACUUM ANALYZE before timing (--no-analyze: time what ingest left)")
     args = parser.parse_args()
@@ -122,7 +123,8 @@ def main() -> None:
                 rows.append((title, len(answer), statistics.median(seconds) * 1e3))
                 log(f"{rows[-1][2]:9.1f} ms  {title}")
     finally:
-        server.drop_schemas(SCHEMA)
+        if not args.keep:
+            server.drop_schemas(SCHEMA)
         server.close()
     print(f"{total:,} documents; each recipe timed as the median of 3 runs after one warm-up; "
           f"command: .venv/bin/python scripts/bench_sql.py {' '.join(sys.argv[1:])}\n")

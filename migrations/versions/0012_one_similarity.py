@@ -52,7 +52,7 @@ def lookup_functions(schema: str, *, sketch: str, sketch_type: str, max_distance
     return [
         (f"simdb_near({sketch_type}, integer)",
          f"""CREATE OR REPLACE FUNCTION {schema}.simdb_near({sketch} {sketch_type}, max_distance integer DEFAULT {k})
-            RETURNS TABLE (document_id bigint, distance integer)
+            RETURNS TABLE (document_id bigint, distance integer) ROWS 10
             LANGUAGE plpgsql STABLE PARALLEL SAFE AS $$
             BEGIN
                 IF max_distance IS NULL OR max_distance < 0 OR max_distance > {scale} THEN
@@ -69,7 +69,7 @@ def lookup_functions(schema: str, *, sketch: str, sketch_type: str, max_distance
          f"found through the key indexes; beyond {k} the answer is incomplete, and a NOTICE says so."),
         (f"simdb_similar({sketch_type}, double precision)",
          f"""CREATE OR REPLACE FUNCTION {schema}.simdb_similar({sketch} {sketch_type}, min_similarity double precision DEFAULT {min_similarity})
-            RETURNS TABLE (document_id bigint, similarity double precision)
+            RETURNS TABLE (document_id bigint, similarity double precision) ROWS 10
             LANGUAGE plpgsql STABLE PARALLEL SAFE AS $$
             BEGIN
                 IF min_similarity IS NULL OR min_similarity < 0 OR min_similarity > 1 THEN
@@ -129,7 +129,7 @@ def simhash_functions(schema: str, rows: dict, lookups: str) -> list[tuple[str, 
     return [
         ("simdb_lookup(bigint, integer)",
          f"""CREATE OR REPLACE FUNCTION {schema}.simdb_lookup(fingerprint bigint, max_distance integer)
-            RETURNS TABLE (document_id bigint, distance integer)
+            RETURNS TABLE (document_id bigint, distance integer) ROWS 10 SET plan_cache_mode = force_generic_plan
             LANGUAGE sql STABLE PARALLEL SAFE AS $$
             SELECT c.id, bit_count((c.simhash # fingerprint)::bit(64))::integer
             FROM (
@@ -162,7 +162,7 @@ def minhash_functions(schema: str, rows: dict, lookups: str, band_key_0: str) ->
                  f"            WHERE d.distance <= max_distance")
     if exact:
         lookup = f"""CREATE OR REPLACE FUNCTION {schema}.simdb_lookup(signature bytea, max_distance integer)
-            RETURNS TABLE (document_id bigint, distance integer)
+            RETURNS TABLE (document_id bigint, distance integer) ROWS 10 SET plan_cache_mode = force_generic_plan
             LANGUAGE plpgsql STABLE PARALLEL SAFE AS $$
             #variable_conflict use_column
             DECLARE
@@ -194,7 +194,7 @@ def minhash_functions(schema: str, rows: dict, lookups: str, band_key_0: str) ->
                   "beyond it")
     else:
         lookup = f"""CREATE OR REPLACE FUNCTION {schema}.simdb_lookup(signature bytea, max_distance integer)
-            RETURNS TABLE (document_id bigint, distance integer)
+            RETURNS TABLE (document_id bigint, distance integer) ROWS 10 SET plan_cache_mode = force_generic_plan
             LANGUAGE sql STABLE PARALLEL SAFE AS $$
             {estimated}
             $$"""

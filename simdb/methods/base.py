@@ -347,7 +347,7 @@ def lookup_functions(schema: str, *, sketch: str, sketch_type: str, max_distance
     return [
         (f"simdb_near({sketch_type}, integer)",
          f"""CREATE OR REPLACE FUNCTION {schema}.simdb_near({sketch} {sketch_type}, max_distance integer DEFAULT {k})
-            RETURNS TABLE (document_id bigint, distance integer)
+            RETURNS TABLE (document_id bigint, distance integer) ROWS 10
             LANGUAGE plpgsql STABLE PARALLEL SAFE AS $$
             BEGIN
                 IF max_distance IS NULL OR max_distance < 0 OR max_distance > {scale} THEN
@@ -364,7 +364,7 @@ def lookup_functions(schema: str, *, sketch: str, sketch_type: str, max_distance
          f"found through the key indexes; beyond {k} the answer is incomplete, and a NOTICE says so."),
         (f"simdb_similar({sketch_type}, double precision)",
          f"""CREATE OR REPLACE FUNCTION {schema}.simdb_similar({sketch} {sketch_type}, min_similarity double precision DEFAULT {min_similarity})
-            RETURNS TABLE (document_id bigint, similarity double precision)
+            RETURNS TABLE (document_id bigint, similarity double precision) ROWS 10
             LANGUAGE plpgsql STABLE PARALLEL SAFE AS $$
             BEGIN
                 IF min_similarity IS NULL OR min_similarity < 0 OR min_similarity > 1 THEN

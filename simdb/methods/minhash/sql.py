@@ -99,7 +99,7 @@ def function_statements(schema: str, settings: MinHashSettings, one_statement: b
                  f"            WHERE d.distance <= max_distance")
     if settings.exact:
         lookup = f"""CREATE OR REPLACE FUNCTION {schema}.simdb_lookup(signature bytea, max_distance integer)
-            RETURNS TABLE (document_id bigint, distance integer)
+            RETURNS TABLE (document_id bigint, distance integer) ROWS 10 SET plan_cache_mode = force_generic_plan
             LANGUAGE plpgsql STABLE PARALLEL SAFE AS $$
             #variable_conflict use_column
             DECLARE
@@ -131,7 +131,7 @@ def function_statements(schema: str, settings: MinHashSettings, one_statement: b
                   "beyond it")
     else:
         lookup = f"""CREATE OR REPLACE FUNCTION {schema}.simdb_lookup(signature bytea, max_distance integer)
-            RETURNS TABLE (document_id bigint, distance integer)
+            RETURNS TABLE (document_id bigint, distance integer) ROWS 10 SET plan_cache_mode = force_generic_plan
             LANGUAGE sql STABLE PARALLEL SAFE AS $$
             {estimated}
             $$"""

@@ -116,7 +116,7 @@ def function_statements(schema: str, layout: BlockLayout, one_statement: bool = 
          "The stored (signed BIGINT) form of a fingerprint given in hex."),
         ("simdb_lookup(bigint, integer)",
          f"""CREATE OR REPLACE FUNCTION {schema}.simdb_lookup(fingerprint bigint, max_distance integer)
-            RETURNS TABLE (document_id bigint, distance integer)
+            RETURNS TABLE (document_id bigint, distance integer) ROWS 10 SET plan_cache_mode = force_generic_plan
             LANGUAGE sql STABLE PARALLEL SAFE AS $$
             SELECT c.id, bit_count((c.simhash # fingerprint)::bit(64))::integer
             FROM (
