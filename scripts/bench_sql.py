@@ -90,18 +90,21 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=100_000)
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--keep", action="store_true", help=f"keep the archive (schema {SCHEMA}) to query it")
+    parser.add_argument("--reuse", action="store_true", help="time the recipes on the archive --keep kept")
     parser.add_argument("--analyze", action=argparse.BooleanOptionalAction, default=True,
                         help="VACUUM ANALYZE before timing (--no-analyze: time what ingest left)")
     args = parser.parse_args()
     server = Server(args.database_url)
     args.database_url, admin = server.url, server.admin
-    with admin.connect() as connection:
-        connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
+    if not args.reuse:
+        with admin.connect() as connection:
+            connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
     try:
-        with Index.create(args.database_url, schema=SCHEMA) as index:
-            index.add_many(corpus(), batch="archive")
+        with (Index.open if args.reuse else Index.create)(args.database_url, schema=SCHEMA) as index:
+            if not args.reuse:
+                index.add_many(corpus(), batch="archive")
             fingerprints = synthetic_fingerprints(args.documents)
-            for start in range(0, args.documents, args.chunk):
+            for start in range(0, 0 if args.reuse else args.documents, args.chunk):
                 size = min(args.chunk, args.documents - start)
                 name = "new" if start + size >= args.documents else f"synthetic-{start // args.chunk:03d}"
                 summary = index.add_fingerprinted(batch_of(fingerprints[start:start + size], start), batch=name)
