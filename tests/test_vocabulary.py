@@ -175,13 +175,6 @@ def test_simdb_fingerprint_sketches_a_text_as_the_index_does(run, tmp_path, monk
     assert documents[7]["id"] in {row.external_id for row in found}
 
 
-def notices(connection: sa.Connection) -> list[str]:
-    """The NOTICE messages the server sends ``connection`` from now on."""
-    found: list[str] = []
-    connection.connection.dbapi_connection.add_notice_handler(lambda notice: found.append(notice.message_primary))
-    return found
-
-
 @pytest.mark.citus
 def test_every_lookup_on_an_exact_index_gives_the_exact_jaccard_of_the_inputs(database_url, schema):
     """On a MinHash index deciding by the texts, simdb_similar, simdb_near and simdb_neighbours give each stored
@@ -220,8 +213,10 @@ def test_every_lookup_on_an_exact_index_gives_the_exact_jaccard_of_the_inputs(da
         unknown = bytes(reversed(bytes(stored[0].signature)))
         with index.database.engine.connect() as connection:
             connection.exec_driver_sql(f"SET search_path TO {index.database.schema}")
-            said = notices(connection)
+            said, raw = [], connection.connection.dbapi_connection
+            raw.add_notice_handler(handler := lambda notice: said.append(notice.message_primary))
             connection.execute(sa.text("SELECT * FROM simdb_similar(:s)"), {"s": unknown}).all()
+            raw.remove_notice_handler(handler)  # the connection goes back to the pool
         assert len(said) == 1 and "no stored document has this signature" in said[0] and "estimate" in said[0]
 
 
@@ -275,4 +270,5 @@ def test_a_view_reads_only_the_tables_a_query_needs(archive):
         "SELECT b_batch, count(*) FROM near_duplicate_pairs GROUP BY b_batch")}
     for statement, plan in plans.items():
         assert "near_duplicates" in plan and "documents" not in plan, (statement, plan)
-    assert rows(index, "SELECT count(*) FROM near_duplicate_pairs") == rows(index, "SELECT count(*) FROM near_duplicates")
+    assert rows(index, "SELECT count(*) FROM near_duplicate_pairs") == \
+        rows(index, "SELECT count(*) FROM near_duplicates")

@@ -36,7 +36,7 @@ EXACT_SCALE = 10000
 def similarity_sql(distance: str, scale: int) -> str:
     """SQL for the similarity of a distance counted out of ``scale``: ``(scale - distance) / scale`` in double
     precision, the nearest double to that fraction (psql prints ``0.8502``, where ``1 - 1498 / 10000.0`` prints
-    ``0.8502000000000001``), as :func:`similarity_of` computes it in Python."""
+    ``0.8502000000000001``), as the methods compute it in Python."""
     return f"(({scale} - {distance})::double precision / {scale})"
 
 
@@ -452,7 +452,8 @@ def _old_views(schema: str, rows: dict) -> list[str]:
         similarity = f"(1 - p.distance::real / {bits})::real"
         to_canonical = f"(1 - bit_count((d.simhash # c.simhash)::bit(64))::real / {bits})::real"
     views = _views(schema, rows)
-    pairs = views[0].replace(" ab.name AS a_batch, bt.name AS b_batch,\n               p.found_at,", "\n               p.found_at,")
+    pairs = views[0].replace(" ab.name AS a_batch, bt.name AS b_batch,\n               p.found_at,",
+                             "\n               p.found_at,")
     pairs = pairs.replace(f"\n        JOIN {schema}.batches ab ON ab.id = a.batch_id", "")
     return [_resimilar(view, schema, rows, similarity, to_canonical) for view in (pairs, views[1], views[2])]
 

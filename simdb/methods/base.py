@@ -326,13 +326,8 @@ class Method(ABC):
 def similarity_sql(distance: str, scale: int) -> str:
     """SQL for the similarity of a distance counted out of ``scale``: ``(scale - distance) / scale`` in double
     precision, the nearest double to that fraction (psql prints ``0.8502``, where ``1 - 1498 / 10000.0`` prints
-    ``0.8502000000000001``), as :func:`similarity_of` computes it in Python."""
+    ``0.8502000000000001``), as each method's :meth:`Method.similarity` computes it in Python."""
     return f"(({scale} - {distance})::double precision / {scale})"
-
-
-def similarity_of(distance: int, scale: int) -> float:
-    """The similarity of a distance out of ``scale``: the same number :func:`similarity_sql` gives in SQL."""
-    return (scale - distance) / scale
 
 
 def lookup_functions(schema: str, *, sketch: str, sketch_type: str, max_distance: int, scale: int,
