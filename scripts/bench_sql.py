@@ -89,18 +89,20 @@ def main() -> None:
     parser.add_argument("--documents", type=int, default=1_000_000)
     parser.add_argument("--chunk", type=int, default=100_000)
     parser.add_argument("--markdown", action="store_true")
-    parser.add_argument("--keep", action="store_true", help=f"keep the archive (schema {SCHEMA}) to query it")
+    parser.add_argument("--schema", default=SCHEMA, help="the schema it works in (dropped at the end)")
+    parser.add_argument("--keep", action="store_true", help="keep the archive (its schema) to query it")
     parser.add_argument("--reuse", action="store_true", help="time the recipes on the archive --keep kept")
     parser.add_argument("--analyze", action=argparse.BooleanOptionalAction, default=True,
                         help="VACUUM ANALYZE before timing (--no-analyze: time what ingest left)")
     args = parser.parse_args()
+    schema = args.schema
     server = Server(args.database_url)
     args.database_url, admin = server.url, server.admin
     if not args.reuse:
         with admin.connect() as connection:
-            connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
+            connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
     try:
-        with (Index.open if args.reuse else Index.create)(args.database_url, schema=SCHEMA) as index:
+        with (Index.open if args.reuse else Index.create)(args.database_url, schema=schema) as index:
             if not args.reuse:
                 index.add_many(corpus(), batch="archive")
             fingerprints = synthetic_fingerprints(args.documents)
@@ -111,12 +113,12 @@ def main() -> None:
                 log(str(summary))
         with admin.connect() as connection:
             if args.analyze:
-                connection.exec_driver_sql(f"VACUUM ANALYZE {SCHEMA}.documents")
-                connection.exec_driver_sql(f"VACUUM ANALYZE {SCHEMA}.near_duplicates")
-            total = connection.exec_driver_sql(f"SELECT count(*) FROM {SCHEMA}.documents").scalar_one()
+                connection.exec_driver_sql(f"VACUUM ANALYZE {schema}.documents")
+                connection.exec_driver_sql(f"VACUUM ANALYZE {schema}.near_duplicates")
+            total = connection.exec_driver_sql(f"SELECT count(*) FROM {schema}.documents").scalar_one()
             rows = []
             for title, sql in recipes() + [(f"(peer) {title}", sql) for title, sql in PEERS]:
-                query = sa.text(sql.replace("simdb.", f"{SCHEMA}."))
+                query = sa.text(sql.replace("simdb.", f"{schema}."))
                 answer = connection.execute(query).all()
                 seconds = []
                 for _ in range(3):
@@ -127,7 +129,7 @@ def main() -> None:
                 log(f"{rows[-1][2]:9.1f} ms  {title}")
     finally:
         if not args.keep:
-            server.drop_schemas(SCHEMA)
+            server.drop_schemas(schema)
         server.close()
     print(f"{total:,} documents; each recipe timed as the median of 3 runs after one warm-up; "
           f"command: .venv/bin/python scripts/bench_sql.py {' '.join(sys.argv[1:])}\n")
