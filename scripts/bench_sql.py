@@ -45,6 +45,24 @@ def recipes() -> list[tuple[str, str]]:
     return found
 
 
+#: Questions the issue timed through the views and from the tables: each view query and its peer on the tables
+#: run in the same session, so that the table shows what the views cost.
+PEERS = [
+    ("which earlier batches batch `new` duplicated, through the view",
+     "SELECT a_batch, count(*) FROM simdb.near_duplicate_pairs WHERE b_batch = 'new' GROUP BY a_batch"),
+    ("the same, from the tables",
+     "SELECT ab.name, count(*) FROM simdb.near_duplicates p JOIN simdb.batches nb ON nb.id = p.batch_id "
+     "JOIN simdb.documents a ON a.id = p.a_id JOIN simdb.batches ab ON ab.id = a.batch_id WHERE nb.name = 'new' "
+     "GROUP BY ab.name"),
+    ("the similarity histogram, through the view",
+     "SELECT similarity, count(*) FROM simdb.near_duplicate_pairs GROUP BY similarity ORDER BY similarity"),
+    ("the distance histogram, from the table",
+     "SELECT distance, count(*) FROM simdb.near_duplicates GROUP BY distance ORDER BY distance"),
+    ("every pair of batch `new` from both sides, through document_neighbours",
+     "SELECT count(*) FROM simdb.document_neighbours WHERE batch = 'new'"),
+]
+
+
 def synthetic_fingerprints(documents: int, seed: int = 7) -> np.ndarray:
     """Random fingerprints; about 10% are copies (0-3 bits flipped) of a random earlier one."""
     rng = np.random.default_rng(seed)
@@ -71,27 +89,36 @@ def main() -> None:
     parser.add_argument("--documents", type=int, default=1_000_000)
     parser.add_argument("--chunk", type=int, default=100_000)
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--schema", default=SCHEMA, help="the schema it works in (dropped at the end)")
+    parser.add_argument("--keep", action="store_true", help="keep the archive (its schema) to query it")
+    parser.add_argument("--reuse", action="store_true", help="time the recipes on the archive --keep kept")
+    parser.add_argument("--analyze", action=argparse.BooleanOptionalAction, default=True,
+                        help="VACUUM ANALYZE before timing (--no-analyze: time what ingest left)")
     args = parser.parse_args()
+    schema = args.schema
     server = Server(args.database_url)
     args.database_url, admin = server.url, server.admin
-    with admin.connect() as connection:
-        connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
+    if not args.reuse:
+        with admin.connect() as connection:
+            connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
     try:
-        with Index.create(args.database_url, schema=SCHEMA) as index:
-            index.add_many(corpus(), batch="archive")
+        with (Index.open if args.reuse else Index.create)(args.database_url, schema=schema) as index:
+            if not args.reuse:
+                index.add_many(corpus(), batch="archive")
             fingerprints = synthetic_fingerprints(args.documents)
-            for start in range(0, args.documents, args.chunk):
+            for start in range(0, 0 if args.reuse else args.documents, args.chunk):
                 size = min(args.chunk, args.documents - start)
                 name = "new" if start + size >= args.documents else f"synthetic-{start // args.chunk:03d}"
                 summary = index.add_fingerprinted(batch_of(fingerprints[start:start + size], start), batch=name)
                 log(str(summary))
         with admin.connect() as connection:
-            connection.exec_driver_sql(f"VACUUM ANALYZE {SCHEMA}.documents")
-            connection.exec_driver_sql(f"VACUUM ANALYZE {SCHEMA}.near_duplicates")
-            total = connection.exec_driver_sql(f"SELECT count(*) FROM {SCHEMA}.documents").scalar_one()
+            if args.analyze:
+                connection.exec_driver_sql(f"VACUUM ANALYZE {schema}.documents")
+                connection.exec_driver_sql(f"VACUUM ANALYZE {schema}.near_duplicates")
+            total = connection.exec_driver_sql(f"SELECT count(*) FROM {schema}.documents").scalar_one()
             rows = []
-            for title, sql in recipes():
-                query = sa.text(sql.replace("simdb.", f"{SCHEMA}."))
+            for title, sql in recipes() + [(f"(peer) {title}", sql) for title, sql in PEERS]:
+                query = sa.text(sql.replace("simdb.", f"{schema}."))
                 answer = connection.execute(query).all()
                 seconds = []
                 for _ in range(3):
@@ -101,7 +128,8 @@ def main() -> None:
                 rows.append((title, len(answer), statistics.median(seconds) * 1e3))
                 log(f"{rows[-1][2]:9.1f} ms  {title}")
     finally:
-        server.drop_schemas(SCHEMA)
+        if not args.keep:
+            server.drop_schemas(schema)
         server.close()
     print(f"{total:,} documents; each recipe timed as the median of 3 runs after one warm-up; "
           f"command: .venv/bin/python scripts/bench_sql.py {' '.join(sys.argv[1:])}\n")

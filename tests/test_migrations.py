@@ -224,3 +224,34 @@ def test_a_new_index_is_exactly_what_the_migrations_make(options, database_url, 
     assert created["alembic_version"] == [(migrate.head_revision(),)]
     assert (len(created["idf_terms"]) > 100) == ("idf" in options)
     assert ("distribution" in created and len(created["distribution"]) == 7) == (backend == "citus")
+
+
+@pytest.mark.parametrize("options", [{}, {"method": "minhash"}, {"method": "minhash", "verify": "exact"}],
+                         ids=["simhash", "minhash", "minhash-exact"])
+def test_0012_goes_down_to_what_0011_made_and_up_again(options, database_url, schema, admin_engine):
+    """Revision 0012 rewrites the lookups and views from what the index holds (its key or band lookups); down,
+    it gives back revision 0011's functions and views exactly, and up again today's."""
+    with Index.create(database_url, schema=schema, **options) as index:
+        settings = index.settings
+    at_0011 = f"simdb_test_{uuid.uuid4().hex[:12]}"
+    database = Database.connect(database_url, schema=at_0011)
+    try:
+        with database.engine.begin() as connection:
+            connection.exec_driver_sql(f"CREATE SCHEMA {at_0011}")
+            migrate.upgrade(connection, at_0011, layout=settings.layout, new_index_settings=settings.to_rows(),
+                            revision="0011")
+        with admin_engine.begin() as connection:
+            head = catalog(connection, schema)
+            connection.exec_driver_sql(f"SET LOCAL search_path TO {schema}")
+            migrate.downgrade(connection, schema, "0011")
+            down, made = catalog(connection, schema), catalog(connection, at_0011)
+            connection.exec_driver_sql(f"SET LOCAL search_path TO {schema}")
+            migrate.upgrade(connection, schema, layout=settings.layout)
+            up = catalog(connection, schema)
+    finally:
+        database.close()
+        with admin_engine.begin() as connection:
+            connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {at_0011} CASCADE")
+    for part in made:
+        assert down[part] == made[part], part
+    assert up == head and head["functions"] != made["functions"]

@@ -330,18 +330,73 @@ class Method(ABC):
                          "with other settings and ingest again")
 
 
-def check_distance_function(schema: str, max_distance: int) -> tuple[str, str, str]:
-    """``simdb_check_distance(integer)``, which ``simdb_near`` calls to refuse a distance outside the index's:
-    the same text for every method (as migration 0003 first wrote it)."""
-    k = max_distance
-    return ("simdb_check_distance(integer)",
-            f"""CREATE OR REPLACE FUNCTION {schema}.simdb_check_distance(max_distance integer) RETURNS boolean
+def similarity_sql(distance: str, scale: int) -> str:
+    """SQL for the similarity of a distance counted out of ``scale``: ``(scale - distance) / scale`` in double
+    precision, the nearest double to that fraction (psql prints ``0.8502``, where ``1 - 1498 / 10000.0`` prints
+    ``0.8502000000000001``), as each method's :meth:`Method.similarity` computes it in Python."""
+    return f"(({scale} - {distance})::double precision / {scale})"
+
+
+def lookup_functions(schema: str, *, sketch: str, sketch_type: str, max_distance: int, scale: int,
+                     min_similarity: str, unit: str, beyond: str) -> list[tuple[str, str, str]]:
+    """``simdb_near`` and ``simdb_similar`` over the method's ``simdb_lookup(sketch, max_distance)``, the same for
+    every method: each checks its argument in PL/pgSQL before its query runs (an error raised inside the query
+    printed the whole lookup, 15 or 21 branches, into psql), and answers a distance beyond the index's maximum
+    (or a similarity below its threshold) from what the keys find, with a NOTICE that says what is no longer
+    guaranteed (``beyond``). ``min_similarity`` is the default of ``simdb_similar`` as SQL text."""
+    k, beyond = max_distance, beyond.replace("'", "''")  # inside an SQL string
+    similarity = similarity_sql("l.distance", scale)
+    return [
+        (f"simdb_near({sketch_type}, integer)",
+         f"""CREATE OR REPLACE FUNCTION {schema}.simdb_near({sketch} {sketch_type}, max_distance integer DEFAULT {k})
+            RETURNS TABLE (document_id bigint, distance integer) ROWS 10
+            LANGUAGE plpgsql STABLE PARALLEL SAFE AS $$
+            BEGIN
+                IF max_distance IS NULL OR max_distance < 0 OR max_distance > {scale} THEN
+                    RAISE EXCEPTION 'simdb_near: max_distance must be between 0 and {scale} ({k}, the index''s '
+                                    'maximum distance, or more for an incomplete answer), not %', max_distance
+                                    USING ERRCODE = 'invalid_parameter_value';
+                END IF;
+                IF max_distance > {k} THEN
+                    RAISE NOTICE 'simdb_near: % is beyond the index''s maximum distance {k}: {beyond}', max_distance;
+                END IF;
+                RETURN QUERY SELECT l.document_id, l.distance FROM {schema}.simdb_lookup({sketch}, max_distance) l;
+            END $$""",
+         f"Documents within max_distance (default {k}, the index's maximum distance) {unit} of a {sketch}, "
+         f"found through the key indexes; beyond {k} the answer is incomplete, and a NOTICE says so."),
+        (f"simdb_similar({sketch_type}, double precision)",
+         f"""CREATE OR REPLACE FUNCTION {schema}.simdb_similar({sketch} {sketch_type}, min_similarity double precision DEFAULT {min_similarity})
+            RETURNS TABLE (document_id bigint, similarity double precision) ROWS 10
+            LANGUAGE plpgsql STABLE PARALLEL SAFE AS $$
+            BEGIN
+                IF min_similarity IS NULL OR min_similarity < 0 OR min_similarity > 1 THEN
+                    RAISE EXCEPTION 'simdb_similar: min_similarity must be between 0 and 1 ({min_similarity}, the '
+                                    'index''s threshold, or less for an incomplete answer), not %', min_similarity
+                                    USING ERRCODE = 'invalid_parameter_value';
+                END IF;
+                IF min_similarity < {min_similarity} THEN
+                    RAISE NOTICE 'simdb_similar: % is below the index''s threshold {min_similarity}: {beyond}',
+                                 min_similarity;
+                END IF;
+                RETURN QUERY SELECT l.document_id, {similarity}
+                FROM {schema}.simdb_lookup({sketch}, {scale} - ceil(min_similarity * {scale} - 1e-9)::integer) l;
+            END $$""",
+         f"Documents whose similarity (({scale} - distance) / {scale}) to a {sketch} is at least min_similarity "
+         f"(default {min_similarity}, the index's threshold): simdb_near in the vocabulary of similarity."),
+    ]
+
+
+def other_method_functions(schema: str, this: str, functions: Sequence[tuple[str, str, str, str]], instead: str
+                           ) -> list[tuple[str, str, str]]:
+    """Stubs of the other method's functions (``(name, arguments, their types, return type)``): each raises one
+    line saying that the index is ``this`` method and what to call ``instead``, where PostgreSQL said ``function
+    ... does not exist``."""
+    return [(f"{name}({types})",
+             f"""CREATE OR REPLACE FUNCTION {schema}.{name}({arguments}) RETURNS {returns}
             LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
             BEGIN
-                IF max_distance IS NULL OR max_distance < 0 OR max_distance > {k} THEN
-                    RAISE EXCEPTION 'simdb_near: max_distance must be between 0 and {k} (the index''s maximum '
-                                    'distance), not %', max_distance USING ERRCODE = 'invalid_parameter_value';
-                END IF;
-                RETURN true;
+                RAISE EXCEPTION '{name}({types}): this index is {this}, and that is the other method''s function: {instead}'
+                    USING ERRCODE = 'feature_not_supported';
             END $$""",
-            "")
+             f"Not for a {this} index: {instead}.")
+            for name, arguments, types, returns in functions]

@@ -29,6 +29,7 @@ from ..inputs import checks
 from ..matches import distinct, earliest
 from ..methods import Method
 from .catalog import check_layout, record_segmenter
+from .citus import is_distributed
 from .clusters import merge_cluster_rows, merge_clusters
 from .copy import copy_in, id_table
 from .database import lock
@@ -190,7 +191,32 @@ def store_chunk(connection: sa.Connection, schema: str, method: Method, chunk, *
          "final": final, "id": batch_id,
          # the server's clock, read apart: Citus takes no volatile function in an UPDATE of a reference table
          "finished": connection.execute(sa.text("SELECT clock_timestamp()")).scalar_one() if final else None})
+    if final and not is_distributed(connection):  # shards are plain tables on the workers: their autovacuum
+        refresh_statistics(connection)
     return ChunkResult(rejected=rejected, stored=stored)
+
+
+#: At the end of a batch, the tables are analyzed when the documents outgrew their statistics by this share.
+STALE_GROWTH = 0.2
+
+
+def refresh_statistics(connection: sa.Connection) -> list[str]:
+    """ANALYZE the tables analysts' queries read (the tables analyzed) when one has no planner statistics, or
+    when the documents outgrew theirs by a fifth: autovacuum never analyzes a partitioned table such as
+    ``documents`` (only its segments), and reaches a fresh table a minute or more later, so that the views were
+    planned for empty tables. The documents are counted (an index-only scan, tens of milliseconds at 1M): the
+    statistics of the segments lag, and removals leave gaps that no id or batch count shows."""
+    tables = ("documents", "near_duplicates", "clusters")
+    estimated = dict(connection.execute(sa.text(
+        "SELECT c.relname, c.reltuples FROM pg_class c WHERE c.oid = ANY(ARRAY[to_regclass('documents'), "
+        "to_regclass('near_duplicates'), to_regclass('clusters')]::oid[])")).all())
+    if all(estimated.get(table, -1) >= 0 for table in tables):
+        held = connection.exec_driver_sql("SELECT count(*) FROM documents").scalar_one()
+        if held <= (1 + STALE_GROWTH) * estimated["documents"]:
+            return []
+    for table in tables:
+        connection.exec_driver_sql(f"ANALYZE {table}")
+    return list(tables)
 
 
 def _probe_rows(ids: np.ndarray, sketches, keys: np.ndarray, left_out: set[int]) -> Iterator[tuple]:

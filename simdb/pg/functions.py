@@ -44,11 +44,13 @@ _SQL_BODY = re.compile(r"LANGUAGE sql STABLE PARALLEL SAFE AS \$\$(.*)\$\$\s*$",
 
 
 def as_plpgsql(statement: str, parallel_safe: bool = False) -> str:
-    """A ``LANGUAGE sql`` set-returning function that reads tables, rewritten in PL/pgSQL: Citus cannot plan a
+    """A ``LANGUAGE sql`` set-returning function that reads tables, rewritten in PL/pgSQL (one written in
+    PL/pgSQL keeps its body, and is parallel safe only where ``parallel_safe``): Citus cannot plan a
     SQL function's parameterised statements against distributed tables, and plans PL/pgSQL's with their
     values; on one server, PL/pgSQL keeps the plan for the session where a SQL function is planned on every
     call. A column still wins over a parameter of the same name, as in SQL functions."""
     attributes = "STABLE PARALLEL SAFE" if parallel_safe else "STABLE"
+    statement = statement.replace("LANGUAGE plpgsql STABLE PARALLEL SAFE AS", f"LANGUAGE plpgsql {attributes} AS")
     return _SQL_BODY.sub(lambda m: f"LANGUAGE plpgsql {attributes} AS $$\n#variable_conflict use_column\nBEGIN\n"
                                    f"RETURN QUERY {m.group(1).strip()};\nEND $$", statement)
 
@@ -70,18 +72,44 @@ def create_functions(connection: sa.Connection, schema: str, method: Method) -> 
         _create_function(connection, schema, function, distributed)
 
 
-def create_views(connection: sa.Connection, schema: str, method: Method) -> None:
-    similarity = method.similarity_sql("p.distance")
-    connection.exec_driver_sql(f"""
-        CREATE OR REPLACE VIEW {schema}.near_duplicate_pairs AS
+def pairs_view(schema: str, similarity: str, distributed: bool) -> str:
+    """``near_duplicate_pairs``. Each column of a pair's documents is a subquery by the document's primary key,
+    which PostgreSQL computes only where a query reads the column (a view's unread output is left out, where a
+    join to the partitioned documents table cannot be): the similarity histogram reads ``near_duplicates`` and
+    ``batches`` alone (it joined both documents of every pair: 1.2-1.8 s at 1M documents, 5-10 ms from the
+    table), and a query of a batch's pairs reads the documents of those pairs only. Citus plans no subquery of a
+    distributed table that is not joined on its distribution column: a distributed index's view joins."""
+    if distributed:
+        return f"""CREATE OR REPLACE VIEW {schema}.near_duplicate_pairs AS
         SELECT p.a_id, a.external_id AS a_external_id, p.b_id, b.external_id AS b_external_id, p.distance,
-               a.content_hash = b.content_hash AS exact, bt.name AS batch, p.found_at,
+               a.content_hash = b.content_hash AS exact, bt.name AS batch, ab.name AS a_batch, bt.name AS b_batch,
+               p.found_at,
                a.metadata AS a_metadata, b.metadata AS b_metadata, {similarity} AS similarity,
                a.text AS a_text, b.text AS b_text
         FROM {schema}.near_duplicates p
         JOIN {schema}.documents a ON a.id = p.a_id
         JOIN {schema}.documents b ON b.id = p.b_id
-        JOIN {schema}.batches bt ON bt.id = p.batch_id""")
+        JOIN {schema}.batches ab ON ab.id = a.batch_id
+        JOIN {schema}.batches bt ON bt.id = p.batch_id"""
+
+    def of(column: str, side: str) -> str:
+        return f"(SELECT d.{column} FROM {schema}.documents d WHERE d.id = p.{side}_id)"
+
+    return f"""CREATE OR REPLACE VIEW {schema}.near_duplicate_pairs AS
+        SELECT p.a_id, {of("external_id", "a")} AS a_external_id, p.b_id, {of("external_id", "b")} AS b_external_id,
+               p.distance, (SELECT a.content_hash = b.content_hash FROM {schema}.documents a, {schema}.documents b
+                            WHERE a.id = p.a_id AND b.id = p.b_id) AS exact, bt.name AS batch,
+               (SELECT ab.name FROM {schema}.documents d JOIN {schema}.batches ab ON ab.id = d.batch_id
+                WHERE d.id = p.a_id) AS a_batch, bt.name AS b_batch, p.found_at,
+               {of("metadata", "a")} AS a_metadata, {of("metadata", "b")} AS b_metadata, {similarity} AS similarity,
+               {of("text", "a")} AS a_text, {of("text", "b")} AS b_text
+        FROM {schema}.near_duplicates p
+        JOIN {schema}.batches bt ON bt.id = p.batch_id"""
+
+
+def create_views(connection: sa.Connection, schema: str, method: Method) -> None:
+    similarity = method.similarity_sql("p.distance")
+    connection.exec_driver_sql(pairs_view(schema, similarity, is_distributed(connection)))
     connection.exec_driver_sql(f"""
         CREATE OR REPLACE VIEW {schema}.duplicate_clusters AS
         SELECT k.cluster_id, c.external_id AS canonical_id, k.size, k.first_seen, k.last_seen, k.batches,
@@ -120,10 +148,11 @@ def create_views(connection: sa.Connection, schema: str, method: Method) -> None
                      is_distributed(connection))
     for view, comment in {
         "near_duplicate_pairs": "Every near-duplicate pair found at ingest (a stored first), with both documents' "
-                                "metadata and, where the index keeps them, texts. distance: differing bits "
-                                "(SimHash), signature positions (MinHash) or ten-thousandths of Jaccard distance "
-                                "(MinHash deciding exactly); similarity: 1 - distance / 64 (SimHash), the Jaccard "
-                                "estimate or the exact Jaccard (MinHash).",
+                                "metadata, batches (a_batch, b_batch; batch is b_batch) and, where the index keeps "
+                                "them, texts. distance: differing bits (SimHash), signature positions (MinHash) or "
+                                "ten-thousandths of Jaccard distance (MinHash deciding exactly); similarity (double "
+                                "precision, the same in every function and view): 1 - distance / 64 (SimHash), the "
+                                "Jaccard estimate or the exact Jaccard (MinHash).",
         "duplicate_clusters": "Groups of near-duplicates (connected components), canonical = earliest document, "
                               "with its text where the index keeps texts; read from the clusters table.",
         "document_neighbours": "Every stored pair from both sides: each document with each of its near-duplicates, "

@@ -15,7 +15,7 @@ import numpy as np
 import xxhash
 
 from ...errors import IncompatibleIndex, InputError, SimdbError
-from ..base import Method
+from ..base import Method, similarity_sql
 from . import signature as sig
 from .signature import ALGORITHM, MinHashSettings
 
@@ -221,7 +221,7 @@ class MinHash(Method):
         return None
 
     def similarity_sql(self, distance: str) -> str:
-        return f"(1 - {distance}::real / {self.settings.scale})"
+        return similarity_sql(distance, self.settings.scale)
 
     def similarity_between_sql(self, schema: str, a: str, b: str) -> str:
         return f"{schema}.simdb_similarity({a}.signature, {b}.signature)"  # the estimate, even when deciding exactly

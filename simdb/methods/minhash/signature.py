@@ -204,7 +204,7 @@ class MinHashSettings:
     def similarity_of(self, distance: int) -> float:
         """The Jaccard similarity of a distance: the estimate of signatures that differ in ``distance``
         positions, or (exact) ``1 - distance / 10,000``."""
-        return 1.0 - distance / self.scale
+        return (self.scale - distance) / self.scale  # as SQL computes it: the nearest double to the fraction
 
     def describe(self) -> str:
         decided = ("; decided by the exact Jaccard similarity of the texts' shingles" if self.exact else "")

@@ -16,7 +16,7 @@ import sqlalchemy as sa
 
 from ...pg.copy import copy_out
 from ...pg.probes import lateral_probe
-from ..base import check_distance_function
+from ..base import lookup_functions, other_method_functions
 from .signature import EXACT_SCALE, MinHashSettings
 
 
@@ -62,26 +62,86 @@ def band_key_sql(settings: MinHashSettings, band: int | str, signature: str = "s
     return f"('x' || substr(md5(substr({signature}, {band} * {width} + 1, {width})), 1, 16))::bit(64)::bigint"
 
 
+#: The SimHash functions a MinHash index answers with one clear error (:func:`other_method_functions`).
+SIMHASH_FUNCTIONS = (
+    ("simdb_hamming", "a bigint, b bigint", "bigint, bigint", "integer"),
+    ("simdb_fingerprint_hex", "fingerprint bigint", "bigint", "text"),
+    ("simdb_fingerprint_from_hex", "hex text", "text", "bigint"),
+    ("simdb_near", "fingerprint bigint, max_distance integer DEFAULT NULL", "bigint, integer",
+     "TABLE (document_id bigint, distance integer)"),
+    ("simdb_similar", "fingerprint bigint, min_similarity double precision DEFAULT NULL", "bigint, double precision",
+     "TABLE (document_id bigint, similarity double precision)"))
+
+
 def function_statements(schema: str, settings: MinHashSettings, one_statement: bool = False
                         ) -> list[tuple[str, str, str]]:
-    """``(signature, CREATE statement, comment)`` of the MinHash analysts' functions."""
-    bands, threshold, k, n = settings.bands, settings.threshold, settings.max_distance, settings.num_perm
-    positions = f"round((1 - s.similarity) * {n})::integer"  # the positions in which the signatures differ
-    distance = f"(({positions} * {EXACT_SCALE} + {n - 1}) / {n})" if settings.exact else positions
-    unit = "ten-thousandths of Jaccard distance (estimated)" if settings.exact else "signature positions"
+    """``(signature, CREATE statement, comment)`` of the MinHash analysts' functions.
+
+    ``simdb_lookup`` decides by the index's own rule. Estimate: the signatures' share of differing positions.
+    Exact (``--verify exact``): a signature that is a stored document's is answered with that document's
+    stored pairs, whose distances ingest computed from the two texts' shingle sets (every pair within the
+    index's maximum distance is stored), so that a pair's similarity is the same number in every function and
+    view; a signature no stored document has cannot be decided by its text, which SQL does not have, and is
+    answered by the estimate, with a NOTICE."""
+    n, k, scale = settings.num_perm, settings.max_distance, settings.scale
     # the parameter qualified by the function's name: a bare ``signature`` here is the documents column, which
     # made every band "match" its own row and every lookup a scan of the table
-    conditions = [f"{column} = {band_key_sql(settings, i, 'simdb_similar.signature')}"
+    conditions = [f"{column} = {band_key_sql(settings, i, 'simdb_lookup.signature')}"
                   for i, column in enumerate(settings.key_columns)]
     lookups = (f"                SELECT id, signature AS s FROM {schema}.documents WHERE " + " OR ".join(conditions)
                if one_statement else "\n                UNION\n".join(
                    f"                SELECT id, signature AS s FROM {schema}.documents WHERE {condition}"
                    for condition in conditions))
+    positions = f"{n} - round({schema}.simdb_similarity(c.s, simdb_lookup.signature) * {n})::integer"
+    distance = f"(({positions}) * {EXACT_SCALE} + {n - 1}) / {n}" if settings.exact else positions
+    estimated = (f"SELECT c.id, d.distance FROM (\n{lookups}\n            ) c\n"
+                 f"            CROSS JOIN LATERAL (SELECT {distance} AS distance) d\n"
+                 f"            WHERE d.distance <= max_distance")
+    if settings.exact:
+        lookup = f"""CREATE OR REPLACE FUNCTION {schema}.simdb_lookup(signature bytea, max_distance integer)
+            RETURNS TABLE (document_id bigint, distance integer) ROWS 10 SET plan_cache_mode = force_generic_plan
+            LANGUAGE plpgsql STABLE PARALLEL SAFE AS $$
+            #variable_conflict use_column
+            DECLARE
+                stored_id bigint;
+                stored_texts bigint;
+            BEGIN
+                SELECT min(d.id), count(DISTINCT d.content_hash) INTO stored_id, stored_texts
+                FROM {schema}.documents d
+                WHERE d.key_0 = {band_key_sql(settings, 0, 'simdb_lookup.signature')} AND d.signature = simdb_lookup.signature;
+                IF stored_id IS NULL THEN
+                    RAISE NOTICE 'simdb: no stored document has this signature, and this index decides by the texts, '
+                                 'which SQL does not have: these similarities are the signatures'' estimates (simdb '
+                                 'query decides a text exactly)';
+                    RETURN QUERY {estimated};
+                    RETURN;
+                END IF;
+                IF stored_texts > 1 THEN
+                    RAISE NOTICE 'simdb: % stored documents with different texts have this signature: the answer is '
+                                 'the earliest one''s (id %); simdb_neighbours(external_id) gives each one''s',
+                                 stored_texts, stored_id;
+                END IF;
+                RETURN QUERY SELECT stored_id, 0
+                UNION ALL SELECT p.b_id, p.distance::integer FROM {schema}.near_duplicates p
+                          WHERE p.a_id = stored_id AND p.distance <= max_distance
+                UNION ALL SELECT p.a_id, p.distance::integer FROM {schema}.near_duplicates p
+                          WHERE p.b_id = stored_id AND p.distance <= max_distance;
+            END $$"""
+        beyond = ("a stored document's pairs are stored only up to it, and other signatures find fewer candidates "
+                  "beyond it")
+    else:
+        lookup = f"""CREATE OR REPLACE FUNCTION {schema}.simdb_lookup(signature bytea, max_distance integer)
+            RETURNS TABLE (document_id bigint, distance integer) ROWS 10 SET plan_cache_mode = force_generic_plan
+            LANGUAGE sql STABLE PARALLEL SAFE AS $$
+            {estimated}
+            $$"""
+        beyond = "only documents sharing a band are found, and fewer do beyond it, so some may be missing"
+    unit = "ten-thousandths of Jaccard distance" if settings.exact else "signature positions"
     return [
         ("simdb_similarity(bytea, bytea)",
-         f"""CREATE OR REPLACE FUNCTION {schema}.simdb_similarity(a bytea, b bytea) RETURNS real
+         f"""CREATE OR REPLACE FUNCTION {schema}.simdb_similarity(a bytea, b bytea) RETURNS double precision
             LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
-            SELECT count(*) FILTER (WHERE substr(a, 4 * i + 1, 4) = substr(b, 4 * i + 1, 4))::real
+            SELECT count(*) FILTER (WHERE substr(a, 4 * i + 1, 4) = substr(b, 4 * i + 1, 4))::double precision
                    / (length(a) / 4)
             FROM generate_series(0, length(a) / 4 - 1) AS i
             $$""",
@@ -89,42 +149,15 @@ def function_statements(schema: str, settings: MinHashSettings, one_statement: b
         ("simdb_band_keys(bytea)",
          f"""CREATE OR REPLACE FUNCTION {schema}.simdb_band_keys(signature bytea) RETURNS bigint[]
             LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
-            SELECT array_agg({band_key_sql(settings, 'i')} ORDER BY i) FROM generate_series(0, {bands - 1}) AS i
+            SELECT array_agg({band_key_sql(settings, 'i')} ORDER BY i) FROM generate_series(0, {settings.bands - 1}) AS i
             $$""",
          "The LSH band keys of a signature, as stored in key_0, key_1, ..."),
-        ("simdb_check_similarity(real)",
-         f"""CREATE OR REPLACE FUNCTION {schema}.simdb_check_similarity(min_similarity real) RETURNS boolean
-            LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
-            BEGIN
-                IF min_similarity IS NULL OR min_similarity < {threshold} OR min_similarity > 1 THEN
-                    RAISE EXCEPTION 'simdb_similar: min_similarity must be between {threshold} (the index''s '
-                                    'threshold) and 1, not %', min_similarity USING ERRCODE = 'invalid_parameter_value';
-                END IF;
-                RETURN true;
-            END $$""",
-         ""),
-        ("simdb_similar(bytea, real)",
-         f"""CREATE OR REPLACE FUNCTION {schema}.simdb_similar(signature bytea, min_similarity real DEFAULT {threshold})
-            RETURNS TABLE (document_id bigint, similarity real)
-            LANGUAGE sql STABLE PARALLEL SAFE AS $$
-            SELECT c.id, {schema}.simdb_similarity(c.s, signature)
-            FROM (
-{lookups}
-            ) c
-            WHERE {schema}.simdb_check_similarity(min_similarity)
-              AND {schema}.simdb_similarity(c.s, signature) >= min_similarity
-            $$""",
-         f"Documents whose estimated Jaccard similarity to a signature is at least min_similarity (default and at "
-         f"least {threshold}), found through the band indexes."),
-        check_distance_function(schema, k),
-        ("simdb_near(bytea, integer)",
-         f"""CREATE OR REPLACE FUNCTION {schema}.simdb_near(signature bytea, max_distance integer DEFAULT {k})
-            RETURNS TABLE (document_id bigint, distance integer)
-            LANGUAGE sql STABLE PARALLEL SAFE AS $$
-            SELECT s.document_id, {distance}
-            FROM {schema}.simdb_similar(simdb_near.signature, {threshold}) s
-            WHERE {schema}.simdb_check_distance(max_distance) AND {distance} <= max_distance
-            $$""",
-         f"Documents within max_distance (default and at most {k}) {unit} of a signature, found through the band "
-         "indexes: simdb_similar in the vocabulary of distance that SimHash indexes share."),
+        ("simdb_lookup(bytea, integer)", lookup,
+         f"What simdb_near and simdb_similar read: the documents within max_distance {unit} of a signature "
+         f"by the index's rule (up to {k}, every one), unchecked."),
+        *lookup_functions(schema, sketch="signature", sketch_type="bytea", max_distance=k, scale=scale,
+                          min_similarity=repr(settings.threshold), unit=unit, beyond=beyond),
+        *other_method_functions(schema, "MinHash", SIMHASH_FUNCTIONS,
+                                "give a signature (bytea) to simdb_near or simdb_similar, and compare two with "
+                                "simdb_similarity"),
     ]

@@ -20,7 +20,7 @@ from ...bits import (BITS, format_fingerprint, hamming_array, to_signed, to_sign
 from ...errors import IncompatibleIndex, InputError, SimdbError
 from ...text.segment import segmenter_name
 from ...text.tokenize import TokenizerSettings
-from ..base import Method
+from ..base import Method, similarity_sql
 from .blocks import DEFAULT_MAX_DISTANCE, BlockLayout, layouts_for
 from .fingerprint import (ALGORITHM, ALGORITHMS, DEFAULT_BIGRAMS, DEFAULT_TOP_FEATURES, FingerprintSettings, IdfTable,
                           fingerprints, tokens_for)
@@ -212,7 +212,7 @@ class SimHash(Method):
         return hamming_array(fingerprints[left], fingerprints[right])
 
     def similarity(self, distance: int) -> float:
-        return 1.0 - distance / BITS
+        return (BITS - distance) / BITS
 
     def distance_for(self, similarity: float) -> int:
         raise SimdbError("a minimum similarity is for MinHash indexes; a SimHash index takes a maximum distance")
@@ -224,10 +224,10 @@ class SimHash(Method):
         return to_unsigned(stored)
 
     def similarity_sql(self, distance: str) -> str:
-        return f"(1 - {distance}::real / {self.layout.bits})::real"  # real: the type the column had as NULL::real
+        return similarity_sql(distance, self.layout.bits)
 
     def similarity_between_sql(self, schema: str, a: str, b: str) -> str:
-        return f"(1 - bit_count(({a}.simhash # {b}.simhash)::bit(64))::real / {self.layout.bits})::real"
+        return similarity_sql(f"bit_count(({a}.simhash # {b}.simhash)::bit(64))", self.layout.bits)
 
     # -- SQL -----------------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from ...bits import hamming_array, to_unsigned_array
 from ...pg.copy import copy_out_int64
 from ...pg.probes import lateral_probe
-from ..base import check_distance_function
+from ..base import lookup_functions, other_method_functions
 from .blocks import BlockLayout
 
 
@@ -71,6 +71,16 @@ def verified_pairs(connection: sa.Connection, sql: str, max_distance: int,
         yield np.stack([chunk[keep, 0], chunk[keep, 1], distances[keep].astype(np.int64)], axis=1)
 
 
+#: The MinHash functions a SimHash index answers with one clear error (:func:`other_method_functions`).
+MINHASH_FUNCTIONS = (
+    ("simdb_similarity", "a bytea, b bytea", "bytea, bytea", "double precision"),
+    ("simdb_band_keys", "signature bytea", "bytea", "bigint[]"),
+    ("simdb_near", "signature bytea, max_distance integer DEFAULT NULL", "bytea, integer",
+     "TABLE (document_id bigint, distance integer)"),
+    ("simdb_similar", "signature bytea, min_similarity double precision DEFAULT NULL", "bytea, double precision",
+     "TABLE (document_id bigint, similarity double precision)"))
+
+
 def function_statements(schema: str, layout: BlockLayout, one_statement: bool = False) -> list[tuple[str, str, str]]:
     """``(signature, CREATE statement, comment)`` of the SimHash analysts' functions for ``layout``; with
     ``one_statement``, a lookup is one scan of ``documents`` whose condition ORs the keys (see
@@ -104,41 +114,22 @@ def function_statements(schema: str, layout: BlockLayout, one_statement: bool = 
                 RETURN ('x' || lpad(regexp_replace(hex, '^0x', '', 'i'), 16, '0'))::bit(64)::bigint;
             END $$""",
          "The stored (signed BIGINT) form of a fingerprint given in hex."),
-        check_distance_function(schema, k),
-        ("simdb_near(bigint, integer)",
-         f"""CREATE OR REPLACE FUNCTION {schema}.simdb_near(fingerprint bigint, max_distance integer DEFAULT {k})
-            RETURNS TABLE (document_id bigint, distance integer)
+        ("simdb_lookup(bigint, integer)",
+         f"""CREATE OR REPLACE FUNCTION {schema}.simdb_lookup(fingerprint bigint, max_distance integer)
+            RETURNS TABLE (document_id bigint, distance integer) ROWS 10 SET plan_cache_mode = force_generic_plan
             LANGUAGE sql STABLE PARALLEL SAFE AS $$
             SELECT c.id, bit_count((c.simhash # fingerprint)::bit(64))::integer
             FROM (
 {lookups}
             ) c
-            WHERE {schema}.simdb_check_distance(max_distance)
-              AND bit_count((c.simhash # fingerprint)::bit(64)) <= max_distance
+            WHERE bit_count((c.simhash # fingerprint)::bit(64)) <= max_distance
             $$""",
-         f"Documents within max_distance (default and at most {k}) bits of a fingerprint, found through the "
-         "block-key indexes."),
-        ("simdb_check_similarity(real)",
-         f"""CREATE OR REPLACE FUNCTION {schema}.simdb_check_similarity(min_similarity real) RETURNS boolean
-            LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
-            BEGIN
-                IF min_similarity IS NULL OR min_similarity < {1 - k / 64} OR min_similarity > 1 THEN
-                    RAISE EXCEPTION 'simdb_similar: min_similarity must be between {1 - k / 64} (1 - {k} / 64, the '
-                                    'index''s maximum distance) and 1, not %', min_similarity
-                                    USING ERRCODE = 'invalid_parameter_value';
-                END IF;
-                RETURN true;
-            END $$""",
-         ""),
-        ("simdb_similar(bigint, real)",
-         f"""CREATE OR REPLACE FUNCTION {schema}.simdb_similar(fingerprint bigint, min_similarity real DEFAULT {1 - k / 64})
-            RETURNS TABLE (document_id bigint, similarity real)
-            LANGUAGE sql STABLE PARALLEL SAFE AS $$
-            SELECT n.document_id, (1 - n.distance::real / 64)::real
-            FROM {schema}.simdb_near(fingerprint, {k}) n
-            WHERE {schema}.simdb_check_similarity(min_similarity) AND 1 - n.distance::real / 64 >= min_similarity
-            $$""",
-         f"Documents whose similarity (1 - differing bits / 64) to a fingerprint is at least min_similarity (default "
-         f"and at least {1 - k / 64}), found through the block-key indexes: simdb_near in the vocabulary of "
-         "similarity that MinHash indexes share."),
+         f"What simdb_near and simdb_similar read: the documents sharing a block key with a fingerprint and within "
+         f"max_distance bits of it (every one up to {k}), unchecked."),
+        *lookup_functions(schema, sketch="fingerprint", sketch_type="bigint", max_distance=k, scale=64,
+                          min_similarity=repr(1 - k / 64), unit="bits",
+                          beyond="only documents sharing a block key are found, so some within it may be missing"),
+        *other_method_functions(schema, "SimHash", MINHASH_FUNCTIONS,
+                                "give a fingerprint (bigint) to simdb_near or simdb_similar, and compare two with "
+                                "simdb_hamming"),
     ]
