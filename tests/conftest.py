@@ -32,6 +32,7 @@ from simdb.cli import cli
 from simdb.pg import citus, migrate
 from simdb.pg.database import Database, postgres_url, redact, start_embedded
 from simdb.pg.functions import create_functions, create_views, drop_functions_and_views
+from simdb.pg.plpython import create_placeholders
 from simdb.settings import IndexSettings
 
 LOCAL_SERVER = "postgresql://postgres@127.0.0.1:5432/test"
@@ -102,6 +103,17 @@ def devset_texts() -> list[str]:
     if not files:
         pytest.skip(f"no devset at {DEVSET} (set SIMDB_DEVSET to its folder)")
     return [json.loads(line)["text"] for path in files for line in path.open(encoding="utf-8")]
+
+
+@pytest.fixture
+def plpython(admin_engine) -> None:
+    """Skips the test, saying why, where the test server cannot run simdb's Python (``simdb sql-functions``)."""
+    with admin_engine.connect() as connection:
+        if not connection.execute(sa.text("SELECT 1 FROM pg_available_extensions WHERE name = 'plpython3u'")).first():
+            pytest.skip("PL/Python is not installed on the test server (Debian: apt-get install "
+                        "postgresql-plpython3-<major>, which scripts/test does as root; the embedded server has none)")
+        if not connection.execute(sa.text("SELECT rolsuper FROM pg_roles WHERE rolname = current_user")).scalar():
+            pytest.skip("the test role is no superuser: only a superuser may write PL/Python functions")
 
 
 # -- Citus: the core correctness tests run on a local cluster too -------------------------------------------
@@ -315,6 +327,7 @@ def migrated_index(database_url: str, schema: str, settings: IndexSettings) -> N
                 citus.distribute(connection, schema, settings.distributed["shards"])
                 create_functions(connection, schema, settings.method)
                 create_views(connection, schema, settings.method)
+                create_placeholders(connection, schema, settings.method)
     finally:
         database.close()
 
