@@ -32,7 +32,6 @@ from simdb.cli import cli
 from simdb.pg import citus, migrate
 from simdb.pg.database import Database, postgres_url, redact, start_embedded
 from simdb.pg.functions import create_functions, create_views, drop_functions_and_views
-from simdb.pg.plpython import create_placeholders
 from simdb.settings import IndexSettings
 
 LOCAL_SERVER = "postgresql://postgres@127.0.0.1:5432/test"
@@ -327,7 +326,6 @@ def migrated_index(database_url: str, schema: str, settings: IndexSettings) -> N
                 citus.distribute(connection, schema, settings.distributed["shards"])
                 create_functions(connection, schema, settings.method)
                 create_views(connection, schema, settings.method)
-                create_placeholders(connection, schema, settings.method)
     finally:
         database.close()
 

@@ -18,7 +18,6 @@ from ..settings import IndexSettings
 from . import citus, migrate
 from .database import lock
 from .functions import create_functions, create_views
-from .plpython import create_placeholders
 from .schema import create_tables
 from .segments import add_segment, list_segments
 
@@ -95,7 +94,6 @@ def create_index(connection: sa.Connection, schema: str, settings: IndexSettings
         citus.distribute(connection, schema, settings.distributed["shards"])
     create_functions(connection, schema, settings.method)
     create_views(connection, schema, settings.method)
-    create_placeholders(connection, schema, settings.method)  # the text lookups call simdb_near, simdb_similar
     migrate.stamp(connection, schema)
     return True
 
