@@ -113,7 +113,7 @@ if "simdb_paths" not in SD:
     for path in {paths!r}:
         site.addsitedir(path)
     # this environment first: the server's own site-packages may hold other versions of the same packages
-    sys.path[:] = [*{paths!r}, *(p for p in sys.path if p not in before and p not in {paths!r}), *before]
+    sys.path[:] = dict.fromkeys([*{paths!r}, *(p for p in sys.path if p not in before), *before])
     SD["simdb_paths"] = True
 try:
     from simdb.pg import plpython
@@ -163,8 +163,9 @@ def install(connection: sa.Connection, schema: str, method: Method, *, paths: li
         try:
             with raw.transaction():
                 in_server = raw.execute(f"SELECT {schema}.simdb_sketch(%s)", [text]).fetchone()[0]
-        except pg_errors.Error as error:
-            raise SimdbError(" ".join(str(error).split())) from None
+        except pg_errors.Error as error:  # the server's one line, without PL/Python's traceback
+            raise SimdbError(" ".join((error.diag.message_primary or str(error)).removeprefix("plpy.Error: ")
+                                      .split())) from None
         here = method.stored([method.sketch(text)])[0]
         if (bytes(in_server) if isinstance(here, bytes) else in_server) != here:
             raise SimdbError(f"the server's Python sketches {text[:30]!r} differently from this process "
