@@ -153,9 +153,9 @@ def install(connection: sa.Connection, schema: str, method: Method, *, paths: li
         try:
             with raw.transaction():  # a savepoint in the caller's transaction, which an error leaves usable
                 raw.execute(statement)
-        except pg_errors.InsufficientPrivilege:
+        except (pg_errors.InsufficientPrivilege, pg_errors.ReadOnlySqlTransaction):  # e.g. `simdb grant-reader`'s
             raise PermissionDenied(f"{failure}: PL/Python is an untrusted language, which only a superuser may "
-                                   f"install or write functions in; {ENABLE} as that superuser; {INSTEAD}") from None
+                                   f"install or write functions in; {ENABLE}; {INSTEAD}") from None
         except (pg_errors.UndefinedFile, pg_errors.FeatureNotSupported, pg_errors.UndefinedObject) as error:
             reason = " ".join(str(error).split())
             raise SimdbError(f"{failure} ({reason}): {ENABLE}; {INSTEAD}") from None
