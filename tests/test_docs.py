@@ -103,6 +103,12 @@ def test_the_minhash_recipes_run_and_answer(run, tmp_path, schema, admin_engine)
         {("ref-0012", False), ("ref-0012-drop_sentence", True)}
 
 
+def test_the_docs_quote_what_simdb_sketch_says_until_it_is_enabled():
+    from simdb.pg.plpython import NOT_ENABLED
+
+    assert f"ERROR:  {NOT_ENABLED}\n" in blocks("text", DOCS["sql.md"])
+
+
 @pytest.mark.parametrize("options", [[], ["--method", "minhash", "--verify", "exact"]], ids=["simhash", "minhash"])
 def test_the_typed_in_text_recipes_run_and_answer(options, run, tmp_path, schema, admin_engine, plpython):
     """docs/sql.md's lookups of a typed-in text, on both methods, after `simdb sql-functions`."""
