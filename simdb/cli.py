@@ -200,7 +200,7 @@ def read_text_argument(text: str | None, file) -> str:
 
 
 #: The commands that change the index; each writes to standard output only once its change is committed.
-CHANGING_COMMANDS = ("init", "ingest", "remove", "relayout", "compact", "grant-reader")
+CHANGING_COMMANDS = ("init", "ingest", "remove", "relayout", "compact", "grant-reader", "sql-functions")
 
 
 class Commands(click.Group):
@@ -987,6 +987,26 @@ def grant_reader_command(database_url, schema, data_dir, role, login, password_e
         grant = index.grant_reader(role, login=login, password=password)
     click.echo(f"{'created' if grant.created else 'updated'} role {role!r}: it can read schema {schema!r} "
                f"and write nothing; it {'can' if grant.login else 'cannot'} log in")
+
+
+@cli.command(name="sql-functions")
+@database_options
+@user_errors
+def sql_functions_command(database_url, schema, data_dir):
+    """Let SQL sketch a typed-in text: install simdb_sketch(text) in PL/Python, with this environment's simdb.
+
+    Then SELECT * FROM simdb_similar_text('some text') answers in psql. Run it as a superuser, on the
+    server's machine (the server's Python imports simdb from this environment), after PL/Python is
+    installed (Debian: apt-get install postgresql-plpython3-15); again after upgrading simdb.
+
+    \b
+    Example:
+        simdb sql-functions --schema news
+    """
+    with open_index(database_url, schema, data_dir) as index:
+        paths = index.install_sql_functions()
+    click.echo(f"simdb_sketch, simdb_near_text and simdb_similar_text answer in schema {schema!r}; the server's "
+               f"Python imports simdb from {', '.join(paths)}")
 
 
 @cli.command()

@@ -27,7 +27,7 @@ from .errors import IncompatibleIndex, InputError, SimdbError, parameter
 from .ingest import BatchSummary, FingerprintedBatch, IngestOptions, ingest
 from .inputs import DEFAULT_MAX_CHARS, Document, check_text, checks
 from .methods import Method
-from .pg import catalog, citus, reads, segments, server
+from .pg import catalog, citus, plpython, reads, segments, server
 from .pg.chunks import store_chunk
 from .pg.database import Database, check_schema_name
 from .pg.functions import Grant, grant_reader
@@ -354,6 +354,13 @@ class Index:
         None leaves an existing role's as it is."""
         with self.database.engine.begin() as connection:
             return grant_reader(connection, self.database.schema, role, login=login, password=password)
+
+    def install_sql_functions(self) -> list[str]:
+        """Write ``simdb_sketch(text)`` in PL/Python, finding simdb where this process does, so that SQL can
+        sketch a text (and ``simdb_near_text``, ``simdb_similar_text`` look it up); the paths it gave the server.
+        Needs a superuser and PL/Python on the server (:func:`simdb.pg.plpython.install`)."""
+        with self.database.engine.begin() as connection:
+            return plpython.install(connection, self.database.schema, self.sketcher)
 
     # -- queries -------------------------------------------------------------------------------
 

@@ -104,6 +104,17 @@ def devset_texts() -> list[str]:
     return [json.loads(line)["text"] for path in files for line in path.open(encoding="utf-8")]
 
 
+@pytest.fixture
+def plpython(admin_engine) -> None:
+    """Skips the test, saying why, where the test server cannot run simdb's Python (``simdb sql-functions``)."""
+    with admin_engine.connect() as connection:
+        if not connection.execute(sa.text("SELECT 1 FROM pg_available_extensions WHERE name = 'plpython3u'")).first():
+            pytest.skip("PL/Python is not installed on the test server (Debian: apt-get install "
+                        "postgresql-plpython3-<major>, which scripts/test does as root; the embedded server has none)")
+        if not connection.execute(sa.text("SELECT rolsuper FROM pg_roles WHERE rolname = current_user")).scalar():
+            pytest.skip("the test role is no superuser: only a superuser may write PL/Python functions")
+
+
 # -- Citus: the core correctness tests run on a local cluster too -------------------------------------------
 
 #: ../shared/citus beside the checkout (or SIMDB_CITUS): install.sh and cluster.sh (see its README).

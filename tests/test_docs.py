@@ -103,6 +103,30 @@ def test_the_minhash_recipes_run_and_answer(run, tmp_path, schema, admin_engine)
         {("ref-0012", False), ("ref-0012-drop_sentence", True)}
 
 
+def test_the_docs_quote_what_simdb_sketch_says_until_it_is_enabled():
+    from simdb.pg.plpython import NOT_ENABLED
+
+    assert f"ERROR:  {NOT_ENABLED}\n" in blocks("text", DOCS["sql.md"])
+
+
+@pytest.mark.parametrize("options", [[], ["--method", "minhash", "--verify", "exact"]], ids=["simhash", "minhash"])
+def test_the_typed_in_text_recipes_run_and_answer(options, run, tmp_path, schema, admin_engine, plpython):
+    """docs/sql.md's lookups of a typed-in text, on both methods, after `simdb sql-functions`."""
+    records = list(corpus())
+    assert run("init", *options).exit_code == 0
+    path = tmp_path / "corpus.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert run("ingest", str(path), "--batch", "archive").exit_code == 0
+    assert run("sql-functions").exit_code == 0
+    recipes = blocks("sql plpython")
+    assert len(recipes) == 2
+    with admin_engine.connect() as connection:
+        similar, same = (connection.execute(sa.text(r.replace("simdb.", f"{schema}."))).all() for r in recipes)
+    assert [r.external_id for r in similar] == ["ref-0254", "ref-0254-typo"]
+    assert 0.9 < similar[0].similarity < 1
+    assert [r.external_id for r in same] == ["ref-0255"]
+
+
 def test_the_recipes_say_what_they_claim(corpus_archive, admin_engine, run):
     archive = corpus_archive
     def answer(start):

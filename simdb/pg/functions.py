@@ -20,6 +20,7 @@ from psycopg import sql
 from ..errors import SimdbError
 from ..methods import Method
 from .citus import SESSION_SETTINGS, is_distributed
+from .plpython import create_placeholders
 
 VIEWS = ("near_duplicate_pairs", "duplicate_clusters", "batch_summary", "document_neighbours", "cluster_members")
 
@@ -108,6 +109,8 @@ def pairs_view(schema: str, similarity: str, distributed: bool) -> str:
 
 
 def create_views(connection: sa.Connection, schema: str, method: Method) -> None:
+    """The views, ``simdb_neighbours`` (it returns a view's rows) and the lookups of a typed-in text, with
+    ``simdb_sketch`` a placeholder until ``simdb sql-functions`` (:mod:`simdb.pg.plpython`)."""
     similarity = method.similarity_sql("p.distance")
     connection.exec_driver_sql(pairs_view(schema, similarity, is_distributed(connection)))
     connection.exec_driver_sql(f"""
@@ -165,6 +168,7 @@ def create_views(connection: sa.Connection, schema: str, method: Method) -> None
     }.items():
         _run(connection, sql.SQL("COMMENT ON VIEW {}.{} IS {}").format(
             sql.Identifier(schema), sql.Identifier(view), sql.Literal(comment)).as_string())
+    create_placeholders(connection, schema, method)
 
 
 def drop_functions_and_views(connection: sa.Connection, schema: str) -> None:
