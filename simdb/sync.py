@@ -24,7 +24,8 @@ skipping or repeating a row.
   document and its pairs (:func:`simdb.pg.remove.remove`) in the transaction of the chunk that stores the
   new text, which is then matched like any new row.
 - **Bad rows.** A NULL id or text, an empty text, or an id the run reads twice is a reject naming the
-  source and the row (its id, or its watermark where the id is NULL). Rows whose watermark is NULL are
+  source and the row: ``sync source NAME, row N`` (its place in the batch's input) and its id, or its
+  watermark where the id is NULL. Rows whose watermark is NULL are
   not read until it is set.
 - **One run at a time.** A run holds a session advisory lock on its source: a second run of the same
   source refuses at once (or waits, with ``wait``), and never ingests a row twice.
@@ -40,7 +41,7 @@ from datetime import datetime, timedelta, timezone
 
 import sqlalchemy as sa
 
-from .errors import InputError, SimdbError
+from .errors import InputError, Row, SimdbError
 from .ingest import BatchSummary, IngestOptions, ingest
 from .inputs import Document, checks
 from .methods import Method
@@ -127,18 +128,19 @@ def _records(source: Source, rows: Iterator[tuple], positions: _Positions) -> It
     where = f"sync source {source.name}"
     for row_id, text, metadata, watermark in rows:
         positions.note(watermark, row_id)
+        row = Row(positions.read)  # its place in the batch's input: "sync source NAME, row N"
         try:
             if row_id is None:
                 at = f" (watermark {watermark})" if watermark is not None else ""
-                raise InputError(f"a row{at} has a NULL id column {source.id_column!r}", path=where,
+                raise InputError(f"a row{at} has a NULL id column {source.id_column!r}", path=where, line=row,
                                  hint="give every row an id")
             with checks.about(row_id):
-                checks.check_string(row_id, where, None, "id")
+                checks.check_string(row_id, where, row, "id")
                 if text is None:
                     raise InputError(f"the row with id {row_id!r} has a NULL text column {source.text_column!r}",
-                                     path=where, hint="give the row a text, or leave it out of the source")
-                checks.check_text(text, where, None)
-                yield Document(row_id, text, checks.metadata(metadata, None, None, where, None), path=where)
+                                     path=where, line=row, hint="give the row a text, or leave it out of the source")
+                checks.check_text(text, where, row)
+                yield Document(row_id, text, checks.metadata(metadata, None, None, where, row), path=where, line=row)
         except InputError as error:
             if error.external_id is None and row_id is not None:
                 error.external_id = row_id
