@@ -25,8 +25,9 @@ skipping or repeating a row.
   new text, which is then matched like any new row.
 - **Bad rows.** A NULL id or text, an empty text, or an id the run reads twice is a reject naming the
   source and the row: ``sync source NAME, row N`` (its place in the batch's input) and its id, or its
-  watermark where the id is NULL. Rows whose watermark is NULL are
-  not read until it is set.
+  watermark where the id is NULL. A row with a NULL id is read once (at its watermark); without a
+  watermark column, by every run until it has an id. Rows whose watermark is NULL are not read until it
+  is set.
 - **One run at a time.** A run holds a session advisory lock on its source: a second run of the same
   source refuses at once (or waits, with ``wait``), and never ingests a row twice.
 """
@@ -120,7 +121,7 @@ class _Positions:
             if self.by_watermark:
                 self.last = (watermark, row_id)  # a NULL id sorts last among its ties: past all of them
             elif row_id is not None:
-                self.last = (None, row_id)  # a NULL id (sorted after every id) is never read again
+                self.last = (None, row_id)  # NULL ids come after every id: a run reads them again
         return self.last
 
 

@@ -184,13 +184,15 @@ def select_rows(source: Source, after: bool) -> sql.Composed:
         column["watermark"] = sql.SQL("s.{}").format(sql.Identifier(source.watermark_column))
         conditions.append(sql.SQL("{} IS NOT NULL").format(column["watermark"]))
         order.insert(0, column["watermark"])
-        if after:  # ties on the watermark go by id; a NULL id, last among its ties, stands for all of them
-            conditions.append(sql.SQL("({w} > %(watermark)s OR ({w} = %(watermark)s AND {i} > %(last_id)s))").format(
-                w=column["watermark"], i=column["id"]))
+        if after and source.last_id is None:  # a NULL id, last among its ties, stands for all of them
+            conditions.append(sql.SQL("{} > %(watermark)s").format(column["watermark"]))
+        elif after:  # ties on the watermark go by id, then the NULL ids
+            conditions.append(sql.SQL("({w} > %(watermark)s OR ({w} = %(watermark)s AND ({i} > %(last_id)s "
+                                      "OR {i} IS NULL)))").format(w=column["watermark"], i=column["id"]))
         if source.lag is not None:
             conditions.append(sql.SQL("{} <= now() - %(lag)s").format(column["watermark"]))
-    elif after:
-        conditions.append(sql.SQL("{} > %(last_id)s").format(column["id"]))
+    elif after:  # the rows with a NULL id come last, read again by every run until they have one
+        conditions.append(sql.SQL("({i} > %(last_id)s OR {i} IS NULL)").format(i=column["id"]))
     return sql.SQL("SELECT {id}::text, s.{text}::text, {metadata}, {watermark} FROM ({base}) AS s{where} "
                    "ORDER BY {order}").format(
         id=column["id"], text=sql.Identifier(source.text_column), metadata=metadata,
