@@ -290,3 +290,97 @@ def test_runs_killed_at_random_chunks_store_every_row_once_as_one_clean_run(seed
         with admin_engine.begin() as connection:
             for schema in schemas.values():
                 connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+def test_the_sql_recipe_puts_verdicts_next_to_the_rows_for_the_reader_role(database_url, schema, table, admin_engine,
+                                                                           tmp_path):
+    import re
+
+    (recipe,) = re.findall(r"```sql sync\n(.*?)```", (ROOT / "docs" / "sql.md").read_text(), flags=re.S)
+    rows = source_rows(9, 40, bad=False)
+    create_table(database_url, table, rows)
+    role = f"sync_reader_{uuid.uuid4().hex[:8]}"
+    try:
+        with Index.create(database_url, schema=schema) as index:
+            index.sync_add("articles", table=table, id_column="id", text_column="body", metadata_columns=["title"],
+                           watermark_column="updated_at")
+            summary = index.sync_run("articles", run_options(tmp_path))
+            index.grant_reader(role)
+            method = index.settings.method
+        with admin_engine.begin() as connection:
+            connection.exec_driver_sql(f"GRANT SELECT ON {table} TO {role}")  # the analyst's own table
+            connection.exec_driver_sql(f"SET LOCAL ROLE {role}")
+            found = connection.execute(sa.text(recipe.replace("simdb.", f"{schema}.").replace(
+                "public.articles", table))).all()
+        want = sorted((int(name), status, duplicate_of, summary.name)
+                      for name, status, duplicate_of, _ in oracle(method, [], items(in_order(rows)))
+                      if status in ("exact", "near"))
+        assert [(r.id, r.status, r.duplicate_of, r.batch) for r in found] == want and want
+        assert [r.title for r in found] == [f"title {r[0]}" for r in want]
+    finally:
+        with admin_engine.begin() as connection:
+            connection.exec_driver_sql(f"DROP OWNED BY {role}")
+            connection.exec_driver_sql(f"DROP ROLE {role}")
+
+
+@pytest.mark.slow
+def test_the_nightly_sync_script_runs(database_url, schema, table, tmp_path, admin_engine):
+    """docs/scripts.md's script, as cron would run it: a first run, new and changed rows, nothing new, a run
+    killed in the middle and the run after it, a run while another holds the source."""
+    import re
+
+    (text,) = re.findall(r"```bash\n(#!/usr/bin/env bash\n# nightly-sync.*?)```",
+                         (ROOT / "docs" / "scripts.md").read_text(), flags=re.S)
+    script = tmp_path / "nightly-sync"
+    script.write_text(text)
+    script.chmod(0o755)
+    env = {**os.environ, "SIMDB_DATABASE_URL": database_url, "SIMDB_SCHEMA": schema, "PYTHONPATH": str(ROOT),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    out = tmp_path / "out"
+
+    def nightly():
+        return subprocess.run([str(script), "articles", str(out)], env=env, capture_output=True, text=True,
+                              timeout=300)
+
+    def latest(kind):
+        return [json.loads(line) for line in sorted(out.glob(f"articles-*.{kind}.jsonl"))[-1].read_text().splitlines()]
+
+    rows = source_rows(10, 50, bad=False)
+    create_table(database_url, table, rows)
+    for command in (["init"], ["sync", "add", "articles", "--table", table, "--id", "id", "--text", "body",
+                               "--watermark", "updated_at"]):
+        assert subprocess.run([sys.executable, "-m", "simdb", *command], env=env, capture_output=True).returncode == 0
+    first = nightly()
+    assert first.returncode == 0, first.stderr
+    verdicts = latest("verdicts")
+    assert [v["id"] for v in verdicts] == [str(row[0]) for row in in_order(rows)]
+    (unique,) = out.glob("sync-articles-*.unique.jsonl")
+    assert [json.loads(line)["id"] for line in unique.read_text().splitlines()] == \
+        [v["id"] for v in verdicts if v["status"] == "new"]
+
+    insert(database_url, table, source_rows(11, 10, first=50, bad=False))
+    with psycopg.connect(database_url, autocommit=True) as connection:
+        connection.execute(f"UPDATE {table} SET body = body || ' (edited)', updated_at = %s WHERE id = %s",
+                           (START + timedelta(days=2), rows[0][0]))
+    second = nightly()
+    assert second.returncode == 0 and "some rows of articles were rejected" in second.stderr, second.stderr
+    assert [r["id"] for r in latest("rejects")] == [str(rows[0][0])] and len(latest("verdicts")) == 11
+
+    nothing = nightly()
+    assert nothing.returncode == 0 and "articles has nothing new" in nothing.stderr, nothing.stderr
+
+    insert(database_url, table, [(*row[:3], row[3] + timedelta(days=3))  # after the edited row's watermark
+                                 for row in source_rows(12, 30, first=60, bad=False)])
+    killed = subprocess.run([sys.executable, "-m", "tests.killsync", "2", "after", "sync", "run", "articles",
+                             "--chunk-size", "10", "--rejects", str(tmp_path / "killed.rejects.jsonl")],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    after = nightly()
+    assert after.returncode == 0, after.stderr
+    assert [v["position"] for v in latest("verdicts")] == list(range(1, 31))  # the whole batch, written again
+
+    with Index.open(database_url, schema=schema) as index, index.database.engine.connect() as holder:
+        assert pg_sync.lock_run(holder, schema, "articles", wait=False)
+        locked = nightly()
+    assert locked.returncode == 75 and "another run of articles is under way" in locked.stderr, locked.stderr
+    assert len(assert_consistent(admin_engine, schema)) == 90
