@@ -175,11 +175,10 @@ def run_source(engine: sa.Engine, schema: str, method: Method, own_url: str, nam
 def _run(engine, schema, method, own_url, name, options, source_url, itersize, store_text, progress) -> BatchSummary:
     with engine.connect() as connection:
         source = pg.get_source(connection, name)
-        resumed = pg.running_batch(connection, source.batch)
-        consumed = connection.execute(sa.text("SELECT position FROM batches WHERE name = :name"),
-                                      {"name": source.batch}).scalar() if resumed else 0
+        consumed = pg.running_batch(connection, source.batch)
+    resumed = consumed is not None
     batch = source.batch if resumed else f"sync-{name}-{datetime.now(timezone.utc):%Y%m%dT%H%M%S.%fZ}"
-    positions = _Positions(consumed, source)
+    positions = _Positions(consumed or 0, source)
 
     def replace_changed(connection: sa.Connection, chunk) -> None:
         pg.remove_changed(connection, schema, method, chunk.external_ids, chunk.content_hashes, batch)

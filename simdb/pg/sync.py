@@ -109,10 +109,11 @@ def finish_run(connection: sa.Connection, name: str) -> None:
     connection.execute(sa.text("UPDATE sync_sources SET last_run_at = now() WHERE name = :name"), {"name": name})
 
 
-def running_batch(connection: sa.Connection, batch: str | None) -> bool:
-    """Whether ``batch`` (a source's latest) is stored in part: an interrupted run to continue."""
-    return batch is not None and connection.execute(sa.text(
-        "SELECT status = 'running' FROM batches WHERE name = :name"), {"name": batch}).scalar() is True
+def running_batch(connection: sa.Connection, batch: str | None) -> int | None:
+    """The input records consumed by ``batch`` (a source's latest) if it is stored in part (an interrupted run to
+    continue), else None."""
+    return None if batch is None else connection.execute(sa.text(
+        "SELECT position FROM batches WHERE name = :name AND status = 'running'"), {"name": batch}).scalar()
 
 
 def batch_summaries(connection: sa.Connection) -> dict[str, dict]:
