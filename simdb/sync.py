@@ -150,6 +150,12 @@ def _records(source: Source, rows: Iterator[tuple], positions: _Positions) -> It
             yield error
 
 
+def source_documents(url: str, source: Source, itersize: int = DEFAULT_ITERSIZE) -> Iterator[Document | InputError]:
+    """The documents (and bad rows, as errors) a run of ``source`` would read now from ``url``, storing nothing
+    (benchmarks: the reader alone)."""
+    return _records(source, pg.source_rows(url, source, itersize), _Positions(0, source))
+
+
 def _naming(error: InputError, row_id: str) -> InputError:
     """The error, saying which row it is about."""
     named = InputError(f"row with id {row_id!r}: {error.reason}", path=error.path, line=error.line, hint=error.hint)
