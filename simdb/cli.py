@@ -1150,6 +1150,8 @@ def sync_run(database_url, schema, data_dir, name, source_url, wait, workers, on
     started = command_started()
     with open_index(database_url, schema, data_dir) as index:
         names = [name] if name is not None else [source.name for source, _ in index.sync_sources()]
+        if not names:
+            click.echo("warning: there are no sync sources; add one with `simdb sync add`", err=True)
         if len(names) > 1 and (rejects or verdicts_path or source_url):
             raise click.UsageError("--rejects, --verdicts and --source-url name one source's files and server: "
                                    "give NAME")
