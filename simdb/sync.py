@@ -153,7 +153,10 @@ def _records(source: Source, rows: Iterator[tuple], positions: _Positions) -> It
 def source_documents(url: str, source: Source, itersize: int = DEFAULT_ITERSIZE) -> Iterator[Document | InputError]:
     """The documents (and bad rows, as errors) a run of ``source`` would read now from ``url``, storing nothing
     (benchmarks: the reader alone)."""
-    return _records(source, pg.source_rows(url, source, itersize), _Positions(0, source))
+    positions = _Positions(0, source)
+    for item in _records(source, pg.source_rows(url, source, itersize), positions):
+        positions.at(positions.read)  # no chunk commits here: keep no row's position
+        yield item
 
 
 def _naming(error: InputError, row_id: str) -> InputError:
