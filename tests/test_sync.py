@@ -86,10 +86,14 @@ def expected(method, stored: list, rows: list[tuple]) -> list[tuple]:
 
 @pytest.fixture
 def table(database_url):
-    name = f"public.sync_{uuid.uuid4().hex[:10]}"
-    yield name
+    """A source table's name, in a schema of its own (a table in ``public`` would be on every index's search path,
+    where ``alembic check`` in another test would see it)."""
+    schema = f"sync_src_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(database_url, autocommit=True) as connection:
-        connection.execute(f"DROP TABLE IF EXISTS {name}")
+        connection.execute(f"CREATE SCHEMA {schema}")
+    yield f"{schema}.articles"
+    with psycopg.connect(database_url, autocommit=True) as connection:
+        connection.execute(f"DROP SCHEMA {schema} CASCADE")
 
 
 @pytest.fixture
@@ -308,7 +312,8 @@ def test_the_sql_recipe_puts_verdicts_next_to_the_rows_for_the_reader_role(datab
             index.grant_reader(role)
             method = index.settings.method
         with admin_engine.begin() as connection:
-            connection.exec_driver_sql(f"GRANT SELECT ON {table} TO {role}")  # the analyst's own table
+            connection.exec_driver_sql(f"GRANT USAGE ON SCHEMA {table.split('.')[0]} TO {role}")  # the analyst's
+            connection.exec_driver_sql(f"GRANT SELECT ON {table} TO {role}")  # own table
             connection.exec_driver_sql(f"SET LOCAL ROLE {role}")
             found = connection.execute(sa.text(recipe.replace("simdb.", f"{schema}.").replace(
                 "public.articles", table))).all()
