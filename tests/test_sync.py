@@ -389,3 +389,19 @@ def test_the_nightly_sync_script_runs(database_url, schema, table, tmp_path, adm
         locked = nightly()
     assert locked.returncode == 75 and "another run of articles is under way" in locked.stderr, locked.stderr
     assert len(assert_consistent(admin_engine, schema)) == 90
+
+
+def test_rows_are_read_through_a_server_side_cursor_a_few_at_a_time(database_url, table):
+    """Memory stays flat in the table's size: the rows come ``itersize`` at a time from a cursor on the server."""
+    import re
+
+    rows = source_rows(13, 30, bad=False)
+    create_table(database_url, table, rows)
+    source = pg_sync.Source("s", table, None, "id", "body", watermark_column="updated_at")
+    read = pg_sync.source_rows(database_url, source, itersize=7)
+    first = next(read)
+    with psycopg.connect(database_url) as connection:
+        queries = [query for (query,) in connection.execute(
+            "SELECT query FROM pg_stat_activity WHERE application_name = 'simdb sync'")]
+    assert any(re.match(r'FETCH FORWARD 7 FROM "?simdb_sync"?', query) for query in queries), queries
+    assert [first[0], *(row[0] for row in read)] == [str(row[0]) for row in in_order(rows)]
