@@ -405,3 +405,19 @@ def test_rows_are_read_through_a_server_side_cursor_a_few_at_a_time(database_url
             "SELECT query FROM pg_stat_activity WHERE application_name = 'simdb sync'")]
     assert any(re.match(r'FETCH FORWARD 7 FROM "?simdb_sync"?', query) for query in queries), queries
     assert [first[0], *(row[0] for row in read)] == [str(row[0]) for row in in_order(rows)]
+
+
+def test_lag_holds_back_rows_whose_watermark_is_too_recent(database_url, schema, table, tmp_path):
+    """A row stamped a moment ago may have neighbours still uncommitted: with --lag it waits for a later run."""
+    now = datetime.now(timezone.utc)
+    rows = [(1, CORPUS[0]["text"], "old", now - timedelta(hours=2)), (2, CORPUS[1]["text"], "new", now)]
+    create_table(database_url, table, rows)
+    with Index.create(database_url, schema=schema) as index:
+        index.sync_add("src", table=table, id_column="id", text_column="body", watermark_column="updated_at",
+                       lag=timedelta(hours=1))
+        first = index.sync_run("src", run_options(tmp_path))
+        assert [v.id for v in index.verdicts(first.name)] == ["1"]
+        with index.database.engine.begin() as connection:  # an hour later, as far as the lag can tell
+            connection.exec_driver_sql("UPDATE sync_sources SET lag = interval '0'")
+        second = index.sync_run("src", run_options(tmp_path))
+        assert [v.id for v in index.verdicts(second.name)] == ["2"]
