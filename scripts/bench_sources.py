@@ -16,9 +16,13 @@ Then, in one run, for each source:
   limits an ingest), with the CLI's peak RSS and the process tree's. JSON lines runs first and last,
   and the mean of the two is the baseline, as the machine may be shared.
 
+The PostgreSQL table source (``simdb sync``) is the same rows COPYed into a table of the same
+database (``simdb_bench_sources_src.corpus``: id, text and the four metadata fields, the timestamp as
+``timestamptz``); its reader alone is :func:`simdb.sync.source_documents` (the run's server-side
+cursor, 2,000 rows a round trip), and end to end ``simdb sync add`` then ``simdb sync run``.
+
 Every source must store the same number of documents and mark the same number of duplicates, or the
-run fails. The PostgreSQL table source (``simdb sync``, issue 39 items 1-2) gets its rows here when
-it exists: add it to ``SOURCES``.
+run fails.
 
 The script prints (progress on stderr, the table on stdout) and asserts nothing about timings. It
 works in its own schemas (``simdb_bench_sources_*``), dropped at the start and the end, and in a
@@ -82,12 +86,36 @@ def write_parquet(jsonl: str, path: str) -> int:
     return os.path.getsize(path)
 
 
-#: name -> (file suffix, how to write it from the JSON lines). The PostgreSQL table source goes here too.
+TABLE_SCHEMA = f"{PREFIX}_src"
+TABLE = "PostgreSQL table"
+
+
+def write_table(jsonl: str, server: Server) -> int:
+    """The JSON lines' rows COPYed into ``TABLE_SCHEMA.corpus``; returns its size with its index."""
+    server.drop_schemas(TABLE_SCHEMA)
+    with server.admin.connect() as connection:
+        connection.exec_driver_sql(f"CREATE SCHEMA {TABLE_SCHEMA}")
+        connection.exec_driver_sql(f"CREATE TABLE {TABLE_SCHEMA}.corpus (id text PRIMARY KEY, text text NOT NULL, "
+                                   "source text, published timestamptz, lang text, score float8)")
+        cursor = connection.connection.dbapi_connection.cursor()
+        with open(jsonl, encoding="utf-8") as lines, cursor.copy(
+                f"COPY {TABLE_SCHEMA}.corpus (id, text, source, published, lang, score) FROM STDIN") as copy:
+            for line in lines:
+                record = json.loads(line)
+                copy.write_row([record[name] for name in ("id", "text", "source", "published", "lang", "score")])
+        connection.exec_driver_sql(f"ANALYZE {TABLE_SCHEMA}.corpus")
+        return connection.exec_driver_sql(f"SELECT pg_total_relation_size('{TABLE_SCHEMA}.corpus')").scalar_one()
+
+
+#: name -> (file suffix, how to write it from the JSON lines); the table's is made by write_table.
 SOURCES = {
     "JSON lines": (".jsonl", None),
     "JSON lines, zstd": (".jsonl.zst", write_zstd),
     "Parquet": (".parquet", write_parquet),
+    TABLE: (None, None),
 }
+ADD_TABLE = ["sync", "add", "corpus", "--table", f"{TABLE_SCHEMA}.corpus", "--id", "id", "--text", "text",
+             *(option for name in ("source", "published", "lang", "score") for option in ("--metadata", name))]
 
 
 # -- the reader alone --------------------------------------------------------------------------------
@@ -97,16 +125,22 @@ def _rss_kb(field: str) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith(field))
 
 
-def read_alone(path: str, count: int) -> dict:
-    """In a fresh process: every document of ``path`` through ``read_documents``; time and memory."""
+def read_alone(path: str, count: int, url: str | None = None) -> dict:
+    """In a fresh process: every document of ``path`` through ``read_documents`` (of the table, through a sync run's
+    reader, when ``url`` is given); time and memory."""
     from simdb.inputs import Document, read_documents
+    from simdb.sync import Source, source_documents
 
+    if url is not None:
+        import psycopg  # noqa: F401  (as pyarrow below)
     if path.endswith(".parquet"):
         import pyarrow.parquet  # noqa: F401  (its libraries are part of what a reader costs, not of its growth)
     before = _rss_kb("VmRSS:")
     marks = {count * q // 4 for q in range(1, 5)}
     by_quarter, documents, start = [], 0, time.perf_counter()
-    for item in read_documents([path]):
+    items = read_documents([path]) if url is None else source_documents(url, Source(
+        "corpus", path, None, "id", "text", ("source", "published", "lang", "score")))
+    for item in items:
         documents += isinstance(item, Document)
         if documents in marks:
             by_quarter.append(_rss_kb("VmRSS:") * 1024)
@@ -114,9 +148,9 @@ def read_alone(path: str, count: int) -> dict:
             "peak": _rss_kb("VmHWM:") * 1024, "quarters": by_quarter}
 
 
-def measure_reader(path: str, count: int) -> dict:
+def measure_reader(path: str, count: int, url: str | None = None) -> dict:
     with multiprocessing.get_context("spawn").Pool(1) as pool:
-        m = pool.apply(read_alone, (path, count))
+        m = pool.apply(read_alone, (path, count, url))
     if m["documents"] != count:
         raise RuntimeError(f"the reader gave {m['documents']:,} of {count:,} documents from {path}")
     log(f"  reader alone: {count / m['seconds']:,.0f} docs/s; RSS {mb(m['before'])} after imports, peak "
@@ -131,8 +165,12 @@ def measure_ingest(server: Server, schema: str, path: str, count: int, args, dir
     server.drop_schemas(schema)
     subprocess.run([*simdb_command(), "init", *common], check=True, stdout=subprocess.DEVNULL)
     server.checkpoint()
-    m = run_cli([*simdb_command(), "ingest", path, *common, "--workers", str(args.workers), "--batch", "bench"],
-                os.path.join(directory, f"{schema}.log"))
+    if path == f"{TABLE_SCHEMA}.corpus":  # the table: the source is added, then one run ingests it all
+        subprocess.run([*simdb_command(), *ADD_TABLE, *common], check=True, stdout=subprocess.DEVNULL)
+        command = [*simdb_command(), "sync", "run", "corpus", *common, "--workers", str(args.workers)]
+    else:
+        command = [*simdb_command(), "ingest", path, *common, "--workers", str(args.workers), "--batch", "bench"]
+    m = run_cli(command, os.path.join(directory, f"{schema}.log"))
     with server.admin.connect() as c:
         m["stored"], m["duplicates"] = c.exec_driver_sql(
             f"SELECT count(*), count(duplicate_of) FROM {schema}.documents").one()
@@ -152,17 +190,18 @@ def table_rows(results: dict, count: int) -> list[tuple[str, str, str, str]]:
     rows = []
     for name, m in results.items():
         read = m["read"]
-        rows.append((f"read {name} alone: `read_documents`, peak RSS", f"{count / read['seconds']:,.0f} docs/s, "
+        reader = "`sync.source_documents`" if name == TABLE else "`read_documents`"
+        rows.append((f"read {name} alone: {reader}, peak RSS", f"{count / read['seconds']:,.0f} docs/s, "
                      f"{mb(read['peak'])}", f"JSON lines {count / base_read['seconds']:,.0f} docs/s",
                      ratio(base_read["seconds"] / read["seconds"])))
     for name, m in results.items():
         rates = [count / run["seconds"] for run in m["ingest"]]
         shown = " and ".join(f"{r:,.0f}" for r in rates) + " docs/s"
         peak = max(run["main"] for run in m["ingest"])
-        rows.append((f"`simdb ingest` {name} (all stages), peak RSS of the CLI", f"{shown}, {mb(peak)}",
+        command = "`simdb sync run`" if name == TABLE else "`simdb ingest`"
+        rows.append((f"{command} {name} (all stages), peak RSS of the CLI", f"{shown}, {mb(peak)}",
                      f"JSON lines {baseline:,.0f} docs/s (mean of first and last)",
                      ratio(sum(rates) / len(rates) / baseline)))
-    rows.append(("`simdb sync run` from a PostgreSQL table", "not yet measured (issue 39 items 1-2)", "", ""))
     return rows
 
 
@@ -189,13 +228,16 @@ def main(argv: list[str] | None = None) -> None:
         sizes = {"JSON lines": write_jsonl(jsonl, args.documents, random.Random(args.seed))}
         paths = {"JSON lines": jsonl}
         for name, (suffix, write) in SOURCES.items():
-            if write is not None:
+            if name == TABLE:
+                paths[name], sizes[name] = f"{TABLE_SCHEMA}.corpus", write_table(jsonl, server)
+            elif write is not None:
                 paths[name] = os.path.join(work, "corpus" + suffix)
                 sizes[name] = write(jsonl, paths[name])
             log(f"{name}: {mb(sizes[name])}")
         for name, path in paths.items():
             log(f"{name}: reader alone")
-            results[name] = {"read": measure_reader(path, args.documents), "ingest": []}
+            results[name] = {"read": measure_reader(path, args.documents, server.url if name == TABLE else None),
+                             "ingest": []}
         order = [*paths, "JSON lines"]  # the baseline first and last
         for i, name in enumerate(order):
             log(f"{name}: simdb ingest --workers {args.workers}")
@@ -206,7 +248,7 @@ def main(argv: list[str] | None = None) -> None:
             raise RuntimeError(f"the sources marked different numbers of duplicates: {duplicates}")
         version = server.version()
     finally:
-        server.drop_schemas(*(f"{PREFIX}_{i}" for i in range(len(SOURCES) + 1)))
+        server.drop_schemas(*(f"{PREFIX}_{i}" for i in range(len(SOURCES) + 1)), TABLE_SCHEMA)
         server.close()
         shutil.rmtree(work, ignore_errors=True)
     log("done")

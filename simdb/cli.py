@@ -11,10 +11,11 @@ import dataclasses
 import functools
 import json
 import os
+import re
 import shlex
 import sys
 import time
-from datetime import timezone
+from datetime import timedelta, timezone
 
 import click
 
@@ -22,7 +23,7 @@ from . import __version__, exports, jsonlines, native, outputs
 from .bits import format_fingerprint, parse_fingerprint
 from .diff import changed_characters, diff, elided
 from .errors import SimdbError
-from .ingest_options import DEFAULT_CHUNK_SIZE, ON_ERROR, IngestOptions
+from .ingest_options import DEFAULT_CHUNK_SIZE, DEFAULT_ITERSIZE, ON_CHANGE, ON_ERROR, IngestOptions
 from .inputs import DEFAULT_MAX_CHARS, FORMATS, check_paths, input_files, read_documents, total_bytes
 from .methods import Method, SimHash
 from .methods.simhash.blocks import DEFAULT_MAX_DISTANCE, MAX_DISTANCE
@@ -104,7 +105,7 @@ def given_secrets(params: dict) -> list[str]:
     from .pg.database import secrets_in
 
     url = params.get("database_url") or os.environ.get("SIMDB_DATABASE_URL")
-    found = [*secrets_in(url), os.environ.get("PGPASSWORD", "")]
+    found = [*secrets_in(url), *secrets_in(params.get("source_url")), os.environ.get("PGPASSWORD", "")]
     if params.get("password_env"):
         found.append(os.environ.get(params["password_env"], ""))
     return [secret for secret in found if secret]
@@ -200,7 +201,7 @@ def read_text_argument(text: str | None, file) -> str:
 
 
 #: The commands that change the index; each writes to standard output only once its change is committed.
-CHANGING_COMMANDS = ("init", "ingest", "remove", "relayout", "compact", "grant-reader", "sql-functions")
+CHANGING_COMMANDS = ("init", "ingest", "remove", "relayout", "compact", "grant-reader", "sql-functions", "sync")
 
 
 class Commands(click.Group):
@@ -500,6 +501,13 @@ def ingest(database_url, schema, data_dir, paths, input_format, id_field, text_f
     finally:
         progress.close()
     summary = dataclasses.replace(summary, seconds=time.perf_counter() - started)
+    if print_summary(summary, as_json, verdicts_path, f"{', '.join(paths)} held no records"):
+        sys.exit(EXIT_REJECTED)
+
+
+def print_summary(summary, as_json: bool, verdicts_path, empty: str) -> bool:
+    """Print an ingest's (or a sync run's) summary, as text or JSON; ``empty`` says what held no record. True
+    when records were rejected (exit status 3)."""
     if as_json:
         click.echo(json.dumps(summary.to_json(verdicts=verdicts_path)))
         if summary.merge_failed:
@@ -507,13 +515,11 @@ def ingest(database_url, schema, data_dir, paths, input_format, id_field, text_f
     for line in summary.warnings:
         click.echo(f"warning: {line}", err=True)
     if not summary.recorded:
-        click.echo(f"warning: {', '.join(paths)} held no records; nothing was stored and no batch was created",
-                   err=True)
-        return
+        click.echo(f"warning: {empty}; nothing was stored and no batch was created", err=True)
+        return False
     if not as_json:
         click.echo(str(summary))
-    if summary.rejected:
-        sys.exit(EXIT_REJECTED)
+    return bool(summary.rejected)
 
 
 @cli.command(name="check")
@@ -1068,6 +1074,192 @@ def calibrate(pairs_path, documents, id_field, text_field, label_field, plot_pat
         f"{flag(name)} {value if isinstance(value, str) else format(value, 'g')}"
         for name, value in method.init_options(best.setting).items()))
     click.echo(f"plot: {plot_path}")
+
+
+@cli.group()
+def sync():
+    """Keep PostgreSQL tables (or queries) in sync with the index.
+
+    A source names a table or a query, its id and text columns, and a watermark
+    column such as updated_at; each `simdb sync run` ingests the rows past the
+    source's watermark as one batch, exactly as `simdb ingest` would.
+
+    \b
+    Example:
+        simdb sync add articles --table public.articles --id id --text body --watermark updated_at
+        simdb sync run articles --json
+        simdb sync list
+    """
+
+
+@sync.command(name="add")
+@database_options
+@click.argument("name")
+@click.option("--table", metavar="SCHEMA.TABLE", default=None,
+              help="The table (or view) to read, as PostgreSQL spells it (case matters).")
+@click.option("--query", default=None, help="A SELECT to read instead of --table.")
+@click.option("--id", "id_column", required=True, metavar="COLUMN", help="Column holding each row's id.")
+@click.option("--text", "text_column", required=True, metavar="COLUMN", help="Column holding each row's text.")
+@click.option("--metadata", "metadata_columns", multiple=True, metavar="COLUMN",
+              help="A column kept as the document's metadata (repeat for several).")
+@click.option("--watermark", "watermark_column", default=None, metavar="COLUMN",
+              help="A column that grows when a row is added or changed (updated_at, a sequence); without it a run "
+                   "reads the ids above the last one stored: new rows only.")
+@click.option("--lag", default=None, metavar="INTERVAL",
+              help="Read only rows whose (timestamp) watermark is at least this old on the source's clock, e.g. "
+                   "'5 minutes': time for transactions that set it earlier to commit.")
+@click.option("--source-url", default=None, metavar="URL",
+              help="The source's server, when it is not the index's database; its password is not stored.")
+@click.option("--on-change", type=click.Choice(ON_CHANGE), default="keep", show_default=True,
+              help="A row whose text changed since it was stored: keep the first version (the row is a reject "
+                   "saying so), or replace the document and its pairs with the new text.")
+@user_errors
+def sync_add(database_url, schema, data_dir, name, table, query, id_column, text_column, metadata_columns,
+             watermark_column, lag, source_url, on_change):
+    """Record a PostgreSQL table or query as source NAME (nothing is read yet).
+
+    \b
+    Example:
+        simdb sync add articles --table public.articles --id id --text body --metadata title \\
+            --watermark updated_at --on-change replace
+        simdb sync add forum --query "SELECT id, body, edited FROM posts WHERE NOT spam" --id id --text body \\
+            --watermark edited --source-url postgresql://reader@forum-db/forum
+    """
+    with open_index(database_url, schema, data_dir) as index:
+        source, had_password = index.sync_add(
+            name, table=table, query=query, id_column=id_column, text_column=text_column,
+            metadata_columns=metadata_columns, watermark_column=watermark_column, source_url=source_url,
+            on_change=on_change, lag=_interval(lag))
+    click.echo(f"sync source {source.name!r} added: {_origin(source)}; `simdb sync run {shlex.quote(name)}` "
+               "ingests its rows")
+    if had_password:
+        click.echo("warning: the source URL's password is not stored; give it to each run with --source-url, or "
+                   "through ~/.pgpass (PGPASSFILE)", err=True)
+
+
+def _interval(text: str | None):
+    """A --lag such as '5 minutes', '2 hours', '30 s' as a timedelta."""
+    if text is None:
+        return None
+    units = {"s": "seconds", "sec": "seconds", "second": "seconds", "min": "minutes", "minute": "minutes",
+             "h": "hours", "hour": "hours", "d": "days", "day": "days"}
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-z]+?)s?\s*", text.lower())
+    if not match or match.group(2) not in {*units, *units.values(), "second", "minute", "hour", "day"}:
+        raise click.BadParameter(f"{text!r} is not an interval; write e.g. '30 seconds', '5 minutes', '2 hours'",
+                                 param_hint="--lag")
+    unit = units.get(match.group(2), match.group(2) + "s")
+    return timedelta(**{unit: float(match.group(1))})
+
+
+def _origin(source) -> str:
+    where = f"table {source.relation}" if source.relation else "a query"
+    order = f"by ({source.watermark_column}, {source.id_column})" if source.watermark_column else \
+        f"by {source.id_column}, new ids only"
+    server = f" on {source.source_url}" if source.source_url else ""
+    return f"{where}{server}, read {order}"
+
+
+@sync.command(name="run")
+@database_options
+@click.argument("name", required=False)
+@click.option("--source-url", default=None, metavar="URL",
+              help="The source's server for this run (with its password), instead of the stored URL.")
+@click.option("--wait", is_flag=True, help="Wait for another run of the source to end, instead of refusing.")
+@click.option("--workers", type=click.IntRange(1), default=None,
+              help="Processes fingerprinting in parallel [default: all cores].")
+@click.option("--on-error", type=click.Choice(ON_ERROR), default="skip", show_default=True,
+              help="At a bad or changed row: skip it into --rejects, or stop (nothing of the chunk is stored).")
+@click.option("--rejects", type=click.Path(dir_okay=False), default=None,
+              help="File for skipped rows, one JSON object each [default: rejects-<batch>.jsonl].")
+@click.option("--verdicts", "verdicts_path", type=click.Path(dir_okay=False), default=None,
+              help="Write every row's verdict to this file, one JSON object per line, in the order read.")
+@click.option("--max-chars", type=click.IntRange(1), default=DEFAULT_MAX_CHARS, show_default=True,
+              help="Longest text accepted; longer documents are rejected, never truncated.")
+@click.option("--chunk-size", type=click.IntRange(1), default=DEFAULT_CHUNK_SIZE, show_default=True,
+              help="Rows per transaction; the watermark advances with each committed chunk.")
+@click.option("--itersize", type=click.IntRange(1), default=DEFAULT_ITERSIZE, show_default=True,
+              help="Rows fetched from the source's server-side cursor at a time.")
+@click.option("--compact/--no-compact", default=True, show_default=True,
+              help="After each chunk, merge segments when the index's policy asks for it (see simdb compact).")
+@click.option("--json", "as_json", is_flag=True, help="Print each run's summary as one JSON object.")
+@user_errors
+def sync_run(database_url, schema, data_dir, name, source_url, wait, workers, on_error, rejects, verdicts_path,
+             max_chars, chunk_size, itersize, compact, as_json):
+    """Ingest the rows of source NAME (of every source, in name order) past its watermark, as one batch each.
+
+    Verdicts, rejects, the summary and exit status are those of `simdb ingest`;
+    a run that is killed or fails keeps its committed chunks, and the next run
+    continues from there. Two runs of one source at once: the second refuses
+    (or waits, with --wait).
+
+    \b
+    Example:
+        simdb sync run articles
+        simdb sync run articles --verdicts verdicts.jsonl --json
+        simdb sync run
+
+    Exit status: 0 done; 1 error (what the run kept is said; run it again to
+    continue); 2 usage; 3 done, but some rows were rejected or changed (--on-change keep).
+    """
+    started = command_started()
+    with open_index(database_url, schema, data_dir) as index:
+        names = [name] if name is not None else [source.name for source, _ in index.sync_sources()]
+        if not names:
+            click.echo("warning: there are no sync sources; add one with `simdb sync add`", err=True)
+        if len(names) > 1 and (rejects or verdicts_path or source_url):
+            raise click.UsageError("--rejects, --verdicts and --source-url name one source's files and server: "
+                                   "give NAME")
+        rejected = False
+        for each in names:
+            options = IngestOptions(on_error=on_error, rejects=rejects, max_chars=max_chars, chunk_size=chunk_size,
+                                    workers=workers, verdicts=verdicts_path, compact=compact, spell=flag)
+            progress = Progress(f"sync {each}", 0)
+            try:
+                summary = index.sync_run(each, options, source_url=source_url, wait=wait, itersize=itersize,
+                                         progress=progress.add_documents)
+            except SimdbError as exc:
+                if exc.kept is None or exc.kept.complete:
+                    raise
+                raise click.ClickException(f"{exc.message(flag)}: `simdb sync run {shlex.quote(each)}` continues "
+                                           "it") from None
+            finally:
+                progress.close()
+            summary = dataclasses.replace(summary, seconds=time.perf_counter() - started)
+            rejected |= print_summary(summary, as_json, verdicts_path, f"source {each!r} has no rows past its "
+                                      "watermark")
+            started = time.perf_counter()
+    if rejected:
+        sys.exit(EXIT_REJECTED)
+
+
+@sync.command(name="list")
+@database_options
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per source.")
+@user_errors
+def sync_list(database_url, schema, data_dir, as_json):
+    """List the sync sources, each with its watermark and last run.
+
+    \b
+    Example:
+        simdb sync list
+        simdb sync list --json
+    """
+    with open_index(database_url, schema, data_dir) as index:
+        sources = index.sync_sources()
+    for source, last in sources:
+        if as_json:
+            click.echo(json.dumps(source.to_json(last)))
+            continue
+        position = (f"watermark {source.watermark}, id {source.last_id}" if source.watermark_column
+                    else f"last id {source.last_id}") if source.started else "nothing stored yet"
+        run = "never run" if source.last_run_at is None and last is None else \
+            f"last run {source.last_run_at:%Y-%m-%d %H:%M:%S %Z}" if source.last_run_at else "last run interrupted"
+        batch = (f"; batch {last['batch']!r} ({last['status']}): {last['documents']:,} documents, {last['new']:,} new, "
+                 f"{last['exact_duplicates']:,} exact, {last['near_duplicates']:,} near, {last['rejected']:,} "
+                 "rejected") if last else ""
+        click.echo(f"{source.name}: {_origin(source)}, on change {source.on_change}; {position}; {run}{batch}")
+    if not sources and not as_json:
+        click.echo("no sync sources; add one with `simdb sync add`", err=True)
 
 
 def main() -> None:

@@ -33,6 +33,7 @@ from .pg.database import Database, check_schema_name
 from .pg.functions import Grant, grant_reader
 from .pg.relayout import relayout
 from .pg.remove import RemovalSummary, remove
+from . import sync
 from .settings import IndexSettings
 from .verdicts import Verdict, stored_verdicts
 
@@ -314,6 +315,32 @@ class Index:
         return BatchSummary(name=batch, documents=result.stored, new=row.new, exact_duplicates=row.exact_duplicates,
                             near_duplicates=row.near_duplicates, within_batch=row.within_batch,
                             already_stored=row.already_stored, seconds=time.perf_counter() - started)
+
+    # -- PostgreSQL sources kept in sync ---------------------------------------------------------------
+
+    @property
+    def _own_url(self) -> str:
+        """The index's database as libpq takes it, password included: a source in the same database is read there."""
+        return self.database.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+
+    def sync_add(self, name: str, **source) -> tuple[sync.Source, bool]:
+        """Record a PostgreSQL table or query to keep in sync (``table`` or ``query``, ``id_column``,
+        ``text_column``, ``metadata_columns``, ``watermark_column``, ``source_url``, ``on_change``, ``lag``: see
+        :mod:`simdb.sync`); returns it and whether a password was left out of its stored URL."""
+        return sync.add_source(self.database.engine, self._own_url, name=name, **source)
+
+    def sync_sources(self) -> list[tuple[sync.Source, dict | None]]:
+        """Every sync source, with its latest run's batch counts (None before its first stored chunk)."""
+        return sync.list_sources(self.database.engine)
+
+    def sync_run(self, name: str, options: IngestOptions | None = None, *, source_url: str | None = None,
+                 wait: bool = False, itersize: int = sync.DEFAULT_ITERSIZE,
+                 progress: Callable[[int], None] | None = None) -> BatchSummary:
+        """Ingest source ``name``'s rows past its watermark as one batch (options as for :meth:`ingest`; the batch
+        name is the run's own)."""
+        return sync.run_source(self.database.engine, self.database.schema, self.sketcher, self._own_url, name,
+                               options or IngestOptions(), source_url=source_url, wait=wait, itersize=itersize,
+                               store_text=self.settings.texts, progress=progress)
 
     # -- removal and layout ------------------------------------------------------------------------
 

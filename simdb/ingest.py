@@ -203,7 +203,8 @@ def ingest(engine: sa.Engine, schema: str, method: Method,
             sync_all(files, position)  # the files as the database has them, whatever a kill left behind
             if resumed[2]:  # complete: nothing to read or store, the files were all it lacked
                 return _summary(engine, name, rejects, started, already_complete=True)
-        stream = fingerprint_stream(size_checked(itertools.islice(items, position, None), options.max_chars),
+        unread = items if options.items_follow_position else itertools.islice(items, position, None)
+        stream = fingerprint_stream(size_checked(unread, options.max_chars),
                                     method, workers=options.workers)
         chunk, chunk_errors, seen = FingerprintedBatch(), [], {}
         consumed, compacted, merge_failed = position, [], None
@@ -212,10 +213,14 @@ def ingest(engine: sa.Engine, schema: str, method: Method,
         def commit(final: bool) -> None:
             nonlocal chunk, chunk_errors, seen, first, kept, merge_failed
             with engine.begin() as connection:
+                if options.before_chunk is not None:
+                    options.before_chunk(connection, chunk)
                 result = store_chunk(connection, schema, method, chunk, name=name, source=options.source,
                                       first=first, final=final, position=consumed, rejects=chunk_errors,
                                       skip_errors=skip_errors, started_at=started_at,
                                       stored_up_to=kept.position if kept else None)
+                if options.after_chunk is not None:
+                    options.after_chunk(connection, consumed)
             kept = KeptBatch(name, consumed, (kept.documents if kept else 0) + result.stored, complete=final)
             sync_all(files, consumed)
             first = False

@@ -15,6 +15,10 @@ from .inputs import DEFAULT_MAX_CHARS
 
 DEFAULT_CHUNK_SIZE = 100_000
 ON_ERROR = ("stop", "skip")
+#: What a sync run does with a row whose text changed since it was ingested (:mod:`simdb.sync`), and how many
+#: rows it fetches from the source at a time.
+ON_CHANGE = ("keep", "replace")
+DEFAULT_ITERSIZE = 2000
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,14 @@ class IngestOptions:
     #: How the verdicts and rejects files spell a parameter that a reject's hint names: the CLI passes its
     #: flags (``--text-field``); None keeps the API's `text_field`.
     spell: Callable[[str], str] | None = None
+    #: Called in each chunk's transaction: ``before_chunk(connection, chunk)`` before the chunk is stored (a sync
+    #: run replacing changed documents), ``after_chunk(connection, position)`` once it is, ``position`` being the
+    #: input records the batch has consumed (a sync run's watermark, committed with the chunk).
+    before_chunk: Callable | None = None
+    after_chunk: Callable | None = None
+    #: The items of a resumed batch start after the records it consumed (a sync run reads its source past the
+    #: watermark), rather than at its first record.
+    items_follow_position: bool = False
 
     def __post_init__(self) -> None:
         if self.on_error not in ON_ERROR:

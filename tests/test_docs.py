@@ -26,6 +26,8 @@ def test_every_command_is_documented():
     for command in cli.commands:
         assert f"simdb {command}" in DOCS["cli.md"], f"`simdb {command}` is not in docs/cli.md"
         assert f"simdb {command}" in README, f"`simdb {command}` is not named in the README"
+        for sub in getattr(cli.commands[command], "commands", {}):  # a group's commands (simdb sync run)
+            assert f"simdb {command} {sub}" in DOCS["cli.md"], f"`simdb {command} {sub}` is not in docs/cli.md"
 
 
 def test_every_link_between_the_documents_resolves():
@@ -50,6 +52,9 @@ def test_every_documented_command_line_uses_options_that_exist():
     for name, arguments in documented_invocations():
         command = cli.commands.get(arguments[0])
         assert command is not None, f"{name}: `simdb {arguments[0]}` is not a command"
+        if hasattr(command, "commands"):  # a group: simdb sync run ...
+            command, arguments = command.commands.get(arguments[1]), arguments[1:]
+            assert command is not None, f"{name}: `simdb ... {arguments[0]}` is not a command"
         options = {option for parameter in command.params for option in getattr(parameter, "opts", [])
                    + getattr(parameter, "secondary_opts", [])} | {"--help"}
         for argument in arguments[1:]:

@@ -22,7 +22,24 @@ from ..methods import Method
 from .citus import SESSION_SETTINGS, is_distributed
 from .plpython import create_placeholders
 
-VIEWS = ("near_duplicate_pairs", "duplicate_clusters", "batch_summary", "document_neighbours", "cluster_members")
+VIEWS = ("near_duplicate_pairs", "duplicate_clusters", "batch_summary", "document_neighbours", "cluster_members",
+         "source_verdicts")
+
+#: The view of each synced source row's verdict (``simdb sync``); migration 0014 creates the same.
+SOURCE_VERDICTS = """CREATE OR REPLACE VIEW {schema}.source_verdicts AS
+        SELECT DISTINCT ON (b.source, r.external_id) substr(b.source, 6) AS source, r.external_id AS id,
+               r.status, r.duplicate_of_external_id AS duplicate_of, r.distance, b.name AS batch,
+               r.document_id, r.reason
+        FROM {schema}.records r JOIN {schema}.batches b ON b.id = r.batch_id
+        WHERE b.source LIKE 'sync %' AND r.external_id IS NOT NULL
+        ORDER BY b.source, r.external_id, CASE WHEN r.status IN ('new', 'exact', 'near') THEN 0
+                 WHEN r.status = 'already_stored' THEN 1 ELSE 2 END, r.batch_id DESC, r.position DESC"""
+
+
+SOURCE_VERDICTS_COMMENT = (
+    "Per row of each synced source (simdb sync), by its id as text: its latest verdict that stored it (new, exact, "
+    "near; else already_stored, else rejected), the id of the earliest near-duplicate, the batch. Join it with the "
+    "source table: ON v.source = 'articles' AND v.id = a.id::text.")
 
 
 def _run(connection: sa.Connection, statement: str) -> None:
@@ -147,6 +164,7 @@ def create_views(connection: sa.Connection, schema: str, method: Method) -> None
                b.near_duplicates, b.exact_duplicates + b.near_duplicates - b.within_batch AS against_archive,
                b.within_batch, b.already_stored, b.rejected
         FROM {schema}.batches b""")
+    _run(connection, SOURCE_VERDICTS.format(schema=schema))
     _create_function(connection, schema, neighbours_function(schema),  # it returns a view's rows: after the views
                      is_distributed(connection))
     for view, comment in {
@@ -165,6 +183,7 @@ def create_views(connection: sa.Connection, schema: str, method: Method) -> None
                            "such similarity in its cluster: how far the cluster has spread.",
         "batch_summary": "Per batch: documents, new, exact and near duplicates (against the archive / within "
                          "the batch), already stored, rejected, duration.",
+        "source_verdicts": SOURCE_VERDICTS_COMMENT,
     }.items():
         _run(connection, sql.SQL("COMMENT ON VIEW {}.{} IS {}").format(
             sql.Identifier(schema), sql.Identifier(view), sql.Literal(comment)).as_string())

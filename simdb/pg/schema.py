@@ -133,6 +133,28 @@ def build_metadata(key_columns: tuple[str, ...]) -> sa.MetaData:
                 "already_stored, rejected), written with its chunk.",
     )
     sa.Table(
+        "sync_sources", metadata,
+        sa.Column("name", sa.Text, primary_key=True),
+        sa.Column("relation", sa.Text),  # schema.table, or NULL when the rows come from a query
+        sa.Column("query", sa.Text),
+        sa.Column("id_column", sa.Text, nullable=False),
+        sa.Column("text_column", sa.Text, nullable=False),
+        sa.Column("metadata_columns", sa.ARRAY(sa.Text), nullable=False, server_default="{}"),
+        sa.Column("watermark_column", sa.Text),
+        sa.Column("source_url", sa.Text),  # another server, its password left out; NULL: the index's database
+        sa.Column("on_change", sa.Text, nullable=False),
+        sa.Column("lag", sa.Interval),
+        sa.Column("watermark", sa.Text),  # the last committed row's watermark and id, as the source prints them
+        sa.Column("last_id", sa.Text),
+        sa.Column("batch", sa.Text),  # the batch of the latest run
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
+        sa.Column("last_run_at", sa.DateTime(timezone=True)),
+        sa.CheckConstraint(sa.text("(relation IS NULL) <> (query IS NULL)"), name="one_origin"),
+        sa.CheckConstraint(sa.text("on_change IN ('keep', 'replace')"), name="on_change"),
+        comment="One row per PostgreSQL table or query kept in sync (simdb sync): how to read it, and the "
+                "(watermark, id) of the last row a committed chunk stored, written in that chunk's transaction.",
+    )
+    sa.Table(
         "idf_terms", metadata,
         sa.Column("term", sa.Text, primary_key=True),
         sa.Column("documents", sa.Integer, nullable=False),
