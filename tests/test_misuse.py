@@ -191,6 +191,7 @@ CASES = [
     ("relayout-same", "simhash", ["relayout", "--blocks", "6"], 1, "already uses 6 blocks"),
     ("relayout-minhash", "minhash", ["relayout"], 1, "bands are fixed"),
     ("relayout-minhash-blocks", "minhash", ["relayout", "--blocks", "5"], 1, "bands are fixed"),
+    ("sql-functions-no-index", "none", ["sql-functions"], 1, "no simdb index"),
     ("sync-run-unknown", "simhash", ["sync", "run", "nope"], 1, "no sync source named 'nope'"),
     ("sync-add-both", "simhash", ["sync", "add", "x", "--table", "public.t", "--query", "SELECT 1", "--id", "id",
                                   "--text", "t"], 1, "exactly one of --table (schema.table) or --query"),
@@ -224,6 +225,7 @@ CASES = [
     *[(f"reader-{args[0]}", "reader", args, 1, "read-only") for args in [
         ["ingest", "good.jsonl"], ["remove", "--id", "doc-0"], ["init"], ["grant-reader", "someone_else"],
         ["relayout", "--blocks", "5"]]],
+    ("reader-sql-functions", "reader", ["sql-functions"], 1, "only a superuser"),
     ("reader-ingest-skip", "reader", ["ingest", "good.jsonl", "--on-error", "skip"], 1, "read-only"),
     *[(f"ungranted-{args[0]}", "ungranted", args, 1, "permission denied for schema") for args in [
         ["report", "--output", "r.html"], ["stats"], ["export"], ["pairs"], ["query", "x"]]],
