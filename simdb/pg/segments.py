@@ -359,12 +359,22 @@ def attach_indexed(connection: sa.Connection, table: str, first_id: int, end_id:
 
 def merge(connection: sa.Connection, run: list[Segment], lock_attempts: int = 24) -> dict:
     """Replace adjacent sealed segments by one, inside the caller's transaction (which holds the ingest
-    and migrate locks): copy in id order, index, then detach and drop the old ones and attach the new."""
+    and migrate locks): copy in id order, index, then detach and drop the old ones and attach the new.
+
+    Adjacent means that no other segment lies between them, not that their ranges meet: ids that were
+    never stored leave gaps between segments (a failed bulk chunk used up its ids, since a sequence does
+    not roll back; a chunk that skipped past a whole segment's width). The new segment's range runs from
+    the first one's start to the last one's end, gaps included: no id in a gap is ever given again (ids
+    only grow), and lookups and removals go by id and by the planner's estimate of the documents, never
+    by a segment's width once it is analyzed, as a merged one is."""
     started = time.perf_counter()
     first, end = run[0].first_id, run[-1].end_id
-    for left, right in zip(run, run[1:]):
-        if left.end_id != right.first_id:
-            raise SimdbError(f"segments {left.name} and {right.name} are not adjacent; cannot merge them")
+    names = {segment.name for segment in run}
+    between = [s.name for s in list_segments(connection) if s.first_id < end and s.end_id > first
+               and s.name not in names]
+    if between:
+        raise SimdbError(f"segment(s) {', '.join(between)} lie between {run[0].name} and {run[-1].name}; "
+                         "cannot merge them")
     staging = segment_name(first) + "_merged"
     _create_segment(connection, first, end, staging, attach=False)
     connection.exec_driver_sql(f'ALTER TABLE "{staging}" SET (autovacuum_enabled = false)')
