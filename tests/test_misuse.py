@@ -196,6 +196,7 @@ CASES = [
     *[(f"reader-{args[0]}", "reader", args, 1, "read-only") for args in [
         ["ingest", "good.jsonl"], ["remove", "--id", "doc-0"], ["init"], ["grant-reader", "someone_else"],
         ["relayout", "--blocks", "5"]]],
+    ("reader-relayout-default-blocks", "reader", ["relayout"], 1, "run this as the role that owns the index"),
     ("reader-ingest-skip", "reader", ["ingest", "good.jsonl", "--on-error", "skip"], 1, "read-only"),
     *[(f"ungranted-{args[0]}", "ungranted", args, 1, "permission denied for schema") for args in [
         ["report", "--output", "r.html"], ["stats"], ["export"], ["pairs"], ["query", "x"]]],
