@@ -245,6 +245,7 @@ def stored_pairs(index) -> set:
     return {(*sorted((p.a, p.b)), p.distance) for p in index.pairs()}
 
 
+@pytest.mark.citus
 def test_a_merge_that_starts_while_relayout_builds_its_indexes_waits_outside_postgresql(
         database_url, schema, admin_engine):
     """Issue 34 item 7: relayout holds the migrate lock while it builds each segment's index with CREATE INDEX
@@ -330,6 +331,7 @@ def test_a_chunk_never_waits_for_a_segment_that_relayout_is_indexing(database_ur
         assert stored_pairs(index) == pairs and pairs
 
 
+@pytest.mark.citus
 def test_relayout_beside_concurrent_ingests_merges_and_lookups_keeps_every_pair(database_url, schema,
                                                                                  admin_engine):
     """Issue 34 item 7, as a user meets it: relayout while ingests (merging after each chunk), merges and lookups

@@ -14,6 +14,7 @@ removes first.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -51,9 +52,24 @@ def index_segments(engine: sa.Engine, connection: sa.Connection, schema: str, na
             # a part left invalid by an interrupted build is built again
             connection.exec_driver_sql(f'DROP INDEX CONCURRENTLY IF EXISTS "{part}"')
             connection.exec_driver_sql(f'CREATE INDEX CONCURRENTLY "{part}" ON "{segment}" {definition}')
+            _attach_part(engine, schema, name, part)
+
+
+def _attach_part(engine: sa.Engine, schema: str, name: str, part: str, attempts: int = 10) -> None:
+    """``ALTER INDEX name ATTACH PARTITION part`` under the ingest lock, tried again when PostgreSQL (on Citus,
+    its distributed deadlock detection) breaks a deadlock with a lookup by stopping it: a lookup that read
+    the segment in an earlier statement of its transaction holds the part that ATTACH locks. A later try
+    finds the lookup gone."""
+    for attempt in range(attempts):
+        try:
             with engine.begin() as attaching:
                 lock(attaching, schema, "ingest")
                 attaching.exec_driver_sql(f'ALTER INDEX {name} ATTACH PARTITION "{part}"')
+            return
+        except sa.exc.OperationalError as exc:
+            if getattr(exc.orig, "sqlstate", None) != "40P01" or attempt == attempts - 1:
+                raise
+            time.sleep(1)
 
 
 def relayout(engine: sa.Engine, schema: str, settings: IndexSettings, blocks: int | None, *,
