@@ -386,3 +386,25 @@ def test_relayout_beside_concurrent_ingests_merges_and_lookups_keeps_every_pair(
         assert sorted(document["id"] for document in index.export()) == sorted(order)
         assert stored_pairs(index) == pairs and len(pairs) > 50
         assert [match.external_id for match in index.query_fingerprint(batches[0][1][0])][0] == "s0-0"
+
+
+def test_an_index_opened_while_a_relayout_switches_opens_with_the_new_layout(database_url, schema, monkeypatch):
+    """Issue 34 item 7: Index.open read the layout, then the key columns, in two statements; a relayout's switch
+    that committed between them made it say "the schema was changed by hand". Here the settings are read as
+    they stood just before the switch (deterministically): the open reads them again and takes the new layout."""
+    from simdb.pg import catalog
+
+    with Index.create(database_url, schema=schema, max_distance=3) as index:
+        index.add_fingerprinted(make_batch([random.getrandbits(64) for _ in range(20)], "a"), batch="a")
+        with index.database.engine.connect() as connection:
+            before_switch = catalog.load_settings(connection)
+        index.relayout(5)
+    real, calls = catalog.load_settings, []
+
+    def read_before_the_switch(connection):
+        calls.append(1)
+        return before_switch if len(calls) == 1 else real(connection)
+
+    monkeypatch.setattr(catalog, "load_settings", read_before_the_switch)
+    with Index.open(database_url, schema=schema) as reopened:
+        assert reopened.layout.blocks == 5 and len(calls) == 2
