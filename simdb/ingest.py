@@ -226,11 +226,13 @@ def ingest(engine: sa.Engine, schema: str, method: Method,
             first = False
             chunk, chunk_errors, seen = FingerprintedBatch(), [], {}
             if options.compact and merge_failed is None:  # between chunks too: bulk chunks must not pile up
-                try:  # housekeeping: its failure (a lock timeout, a full disk) must not fail a stored batch,
-                    # nor may it hold the batch up for long behind an analyst's long query
-                    compact(engine, schema, merged=compacted, lock_attempts=1)
+                try:  # housekeeping: its failure (a lock timeout, a full disk, a merge simdb refuses) must not
+                    # fail a stored batch, nor may it hold the batch up for long behind an analyst's long query
+                    compact(engine, schema, merged=compacted, lock_attempts=1, wait=False)
                 except sa.exc.DBAPIError as error:
                     merge_failed = str(translate(error, engine.url))
+                except SimdbError as error:
+                    merge_failed = str(error)
 
         for item in stream:
             consumed += 1

@@ -226,6 +226,7 @@ CASES = [
         ["ingest", "good.jsonl"], ["remove", "--id", "doc-0"], ["init"], ["grant-reader", "someone_else"],
         ["relayout", "--blocks", "5"]]],
     ("reader-sql-functions", "reader", ["sql-functions"], 1, "only a superuser"),
+    ("reader-relayout-default-blocks", "reader", ["relayout"], 1, "run this as the role that owns the index"),
     ("reader-ingest-skip", "reader", ["ingest", "good.jsonl", "--on-error", "skip"], 1, "read-only"),
     *[(f"ungranted-{args[0]}", "ungranted", args, 1, "permission denied for schema") for args in [
         ["report", "--output", "r.html"], ["stats"], ["export"], ["pairs"], ["query", "x"]]],
@@ -548,3 +549,41 @@ def test_a_closed_pipe_is_a_normal_end(archives, database_url, arguments):
     finally:
         os.close(write_end)
     assert (finished.returncode, finished.stderr) == (0, "")
+
+
+def test_a_merge_that_fails_after_the_last_chunk_leaves_a_complete_batch_and_exit_0(run, schema, admin_engine,
+                                                                                    tmp_path, monkeypatch):
+    """Issue 34 item 6: merging segments after a batch's last chunk is housekeeping. When it failed with simdb's
+    own error (then: "segments ... are not adjacent"), the command exited 1 and offered to resume a batch that
+    was complete. It warns in one line, exits 0, and the next `simdb compact` merges."""
+    from simdb import SimdbError
+    from simdb.pg import segments
+
+    real_merge = segments.merge
+
+    def failing_merge(*args, **kwargs):
+        raise SimdbError("segments documents_a and documents_b cannot be merged (a test's failure)")
+
+    assert run("init", "--segment-size", "1000", "--merge-factor", "2", "--bulk-chunk", "10").exit_code == 0
+    monkeypatch.setattr(segments, "merge", failing_merge)
+    results = []
+    for number in range(4):  # one bulk chunk each, the batch's last: the merges due after them fail
+        path = tmp_path / f"b{number}.jsonl"
+        path.write_text("".join(json.dumps({"id": f"{number}-{i}", "text": f"text {number} {i} " * 8}) + "\n"
+                                for i in range(10)))
+        results.append(run("ingest", str(path), "--batch", f"b{number}", "--workers", "1", "--json"))
+    for result in results:
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.stdout)["documents"] == 10
+        assert "Traceback" not in result.output and "resume" not in result.output
+    failed = [result for result in results if json.loads(result.stdout)["merge_failed"]]
+    assert failed, "no merge was due: the test tried nothing"
+    for result in failed:
+        (line,) = result.stderr.splitlines()
+        assert line.startswith("warning: merging segments failed") and "simdb compact" in line
+    with admin_engine.connect() as connection:
+        assert connection.exec_driver_sql(f"SELECT array_agg(DISTINCT status) FROM {schema}.batches"
+                                          ).scalar_one() == ["complete"]
+    monkeypatch.setattr(segments, "merge", real_merge)
+    result = run("compact", "--json")
+    assert result.exit_code == 0 and json.loads(result.stdout)["merged"], result.output

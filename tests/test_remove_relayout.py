@@ -1,6 +1,8 @@
 """Removal (with duplicate_of re-pointed) and relayout with data in place."""
 
 import random
+import threading
+import time
 from datetime import datetime, timedelta, timezone
 
 import numpy as np
@@ -8,10 +10,11 @@ import pytest
 import sqlalchemy as sa
 from alembic import command
 
-from simdb import IncompatibleIndex, Index, SimdbError
+from simdb import Document, IncompatibleIndex, Index, SimdbError
+from simdb.ingest import IngestOptions
 from simdb.pg import migrate
 from simdb.samples import corpus
-from tests.conftest import assert_consistent, count_rows
+from tests.conftest import Concurrently, assert_consistent, count_rows
 from tests.test_index import flip, make_batch
 
 
@@ -201,3 +204,207 @@ def test_no_statement_on_documents_carries_an_array_that_grows_with_the_work(dat
         assert index.remove(ids=[f"new-{i}" for i in range(2000)]).removed == 2000
         assert max(arrays, default=0) <= 100, sorted(arrays)[-5:]
     assert_consistent(admin_engine, schema)
+
+
+# -- relayout beside ingests and merges ------------------------------------------------------------------
+
+def waiting_for(engine, schema: str, purpose: str) -> int:
+    """Sessions waiting inside PostgreSQL for the ``purpose`` advisory lock of the index in ``schema``."""
+    with engine.connect() as connection:
+        return connection.execute(sa.text(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+            "AND ((classid::int8 << 32) | objid::int8) = hashtextextended(:key, 0)"),
+            {"key": f"simdb {purpose} {schema}"}).scalar_one()
+
+
+def until(condition, what: str, attempts: int = 1200) -> None:
+    """Poll ``condition`` (every 0.1 s) until it holds; a guard against a hang, not a timing assertion."""
+    for _ in range(attempts):
+        if condition():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"never happened: {what}")
+
+
+def fingerprints_near(rng, stored: list[int], count: int, prefix: str) -> list[int]:
+    return [flip(rng.choice(stored), rng.sample(range(64), rng.randrange(4))) if rng.random() < 0.6
+            else rng.getrandbits(64) for _ in range(count)]
+
+
+def brute_force(batches: list[tuple[str, list[int]]], max_distance: int) -> tuple[list[str], set]:
+    """(every id, {(id, id, distance)} of every pair within ``max_distance``, the smaller id first) from the
+    inputs: ``(batch, fingerprints)``, the ids being ``<batch>-<position>``."""
+    rows = [(f"{name}-{i}", fp) for name, fingerprints in batches for i, fp in enumerate(fingerprints)]
+    pairs = {(*sorted((a, b)), (fa ^ fb).bit_count()) for i, (b, fb) in enumerate(rows) for a, fa in rows[:i]
+             if (fa ^ fb).bit_count() <= max_distance}
+    return [name for name, _ in rows], pairs
+
+
+def stored_pairs(index) -> set:
+    """The index's pairs as :func:`brute_force` gives them."""
+    return {(*sorted((p.a, p.b)), p.distance) for p in index.pairs()}
+
+
+@pytest.mark.citus
+def test_a_merge_that_starts_while_relayout_builds_its_indexes_waits_outside_postgresql(
+        database_url, schema, admin_engine):
+    """Issue 34 item 7: relayout holds the migrate lock while it builds each segment's index with CREATE INDEX
+    CONCURRENTLY, which waits for every transaction older than its snapshot. A merge (`simdb compact`, or
+    the one an ingest runs after each chunk) that waited for that lock inside a transaction was one of
+    them: a deadlock, broken by PostgreSQL stopping one side. Here the merges start between two of the
+    relayout's index builds, deterministically; they wait without holding a snapshot, or skip (an ingest's),
+    and everything ends: the pairs are brute force's, every id is stored once."""
+    rng = random.Random(34)
+    batches = [("s0", [rng.getrandbits(64) for _ in range(300)])]
+    with Index.create(database_url, schema=schema, max_distance=3, segment_size=100, merge_factor=2,
+                      bulk_chunk=40) as index:
+        index.add_fingerprinted(make_batch(batches[0][1], "s0"), batch="s0")
+        stored = list(batches[0][1])
+        for number in range(1, 4):  # bulk segments that the policy wants merged
+            batches.append((f"s{number}", fingerprints_near(rng, stored, 50, f"s{number}")))
+            index.add_fingerprinted(make_batch(batches[-1][1], f"s{number}"), batch=f"s{number}")
+        assert len(index.segments()) >= 4
+        concurrent = [(f"c{number}", fingerprints_near(rng, batches[0][1], 60, f"c{number}")) for number in range(2)]
+        words = [f"w{i}" for i in range(200)]
+        texts = [" ".join(rng.choices(words, k=30)) for _ in range(50)]
+        texts += [text.replace("w1 ", "w2 ", 1) for text in texts[:10]]
+        compact_waits, started = threading.Event(), []
+
+        def ingest_then_merge(name, fingerprints):
+            with Index.open(database_url, schema=schema) as other:
+                other.add_fingerprinted(make_batch(fingerprints, name), batch=name)
+                return other.compact(progress=lambda message: "waiting" in message and compact_waits.set())
+
+        def ingest_texts():  # in bulk chunks, merging after each one as an ingest does
+            with Index.open(database_url, schema=schema) as other:
+                return other.ingest((Document(f"t-{i}", text, {}) for i, text in enumerate(texts)),
+                                    IngestOptions(batch="t", chunk_size=40))
+
+        with Concurrently() as threads:
+            def between_index_builds(message):
+                if not message.startswith("indexed") or started:
+                    return
+                started.extend([threads.start(ingest_texts), threads.start(ingest_then_merge, *concurrent[0])])
+                # each merges now, or waits for the relayout: outside PostgreSQL (or skips, the ingest's), or
+                # (before the fix) inside it
+                until(lambda: started[0].done() and (compact_waits.is_set() or started[1].done())
+                      or waiting_for(admin_engine, schema, "migrate"), "the merges wait or end")
+
+            index.relayout(5, progress=between_index_builds)
+            threads.start(ingest_then_merge, *concurrent[1])
+        assert started and index.layout.blocks == 5
+        index.compact()
+        batches.append(("t", [index.fingerprint(text) for text in texts]))
+        order, pairs = brute_force(batches + concurrent, 3)
+        stored_ids = [document["id"] for document in index.export()]
+        assert sorted(stored_ids) == sorted(order)
+        assert stored_pairs(index) == pairs and len(pairs) > 50
+
+
+def test_a_chunk_never_waits_for_a_segment_that_relayout_is_indexing(database_url, schema, admin_engine):
+    """Issue 34 item 7: CREATE INDEX CONCURRENTLY holds a SHARE UPDATE EXCLUSIVE lock on the segment it indexes
+    while it waits for every older transaction, an ingest's chunk among them; the chunk that sealed that
+    segment waited for the same lock (to ANALYZE it): a deadlock. Here a second connection holds that lock,
+    as the index build does, while a chunk runs past the end of the segment: the chunk goes on without
+    waiting, and its pairs are brute force's."""
+    rng = random.Random(7)
+    batches = [("s0", [rng.getrandbits(64) for _ in range(60)])]
+    with Index.create(database_url, schema=schema, max_distance=3, segment_size=100) as index:
+        index.add_fingerprinted(make_batch(batches[0][1], "s0"), batch="s0")
+        (active,) = [s for s in index.segments() if s.active]
+        batches.append(("s1", fingerprints_near(rng, batches[0][1], 80, "s1")))  # past its end: it is sealed
+        with Concurrently() as threads, admin_engine.connect() as relayout:  # the lock goes before the wait
+            relayout.exec_driver_sql(f'LOCK TABLE {schema}."{active.name}" IN SHARE UPDATE EXCLUSIVE MODE')
+            chunk = threads.start(index.add_fingerprinted, make_batch(batches[1][1], "s1"), batch="s1")
+
+            def waiting() -> bool:
+                with admin_engine.connect() as connection:
+                    return connection.execute(sa.text(
+                        "SELECT count(*) FROM pg_locks WHERE relation = CAST(:t AS regclass) AND NOT granted"),
+                        {"t": f'{schema}."{active.name}"'}).scalar_one() > 0
+
+            until(lambda: chunk.done() or waiting(), "the chunk ends or waits")
+            assert chunk.done(), "the chunk waits for the lock that an index build holds on its segment"
+            relayout.rollback()
+        order, pairs = brute_force(batches, 3)
+        assert sorted(document["id"] for document in index.export()) == sorted(order)
+        assert stored_pairs(index) == pairs and pairs
+
+
+@pytest.mark.citus
+def test_relayout_beside_concurrent_ingests_merges_and_lookups_keeps_every_pair(database_url, schema,
+                                                                                 admin_engine):
+    """Issue 34 item 7, as a user meets it: relayout while ingests (merging after each chunk), merges and lookups
+    go on, each in its own thread; none fails (deadlock detected was two of three tries), the pairs are brute
+    force's and every id is stored once."""
+    rng = random.Random(77)
+    batches = [("s0", [rng.getrandbits(64) for _ in range(400)])]
+    words = [f"w{i}" for i in range(200)]
+    texts = [" ".join(rng.choices(words, k=30)) for _ in range(60)]
+    with Index.create(database_url, schema=schema, max_distance=3, segment_size=100, merge_factor=2,
+                      bulk_chunk=30) as index:
+        index.add_fingerprinted(make_batch(batches[0][1], "s0"), batch="s0")
+        concurrent = [(f"c{n}", fingerprints_near(rng, batches[0][1], 40, f"c{n}")) for n in range(6)]
+
+        def reopened(work):
+            """``work(index)`` on an index opened afresh, again when the relayout's switch came in between
+            (a process holding the old layout stops, and nothing of what it was doing is kept)."""
+            for _ in range(5):
+                with Index.open(database_url, schema=schema) as other:
+                    try:
+                        return work(other)
+                    except IncompatibleIndex:
+                        continue
+            raise AssertionError("the layout kept changing")
+
+        def ingests_and_merges(numbers):
+            for number in numbers:
+                reopened(lambda other: other.add_fingerprinted(make_batch(concurrent[number][1], f"c{number}"),
+                                                               batch=f"c{number}"))
+                reopened(lambda other: other.compact())
+
+        def ingest_texts():  # one chunk per batch, merging after it
+            for number in range(2):
+                part = list(enumerate(texts))[30 * number:30 * (number + 1)]
+                reopened(lambda other: other.ingest((Document(f"t-{i}", text, {}) for i, text in part),
+                                                    IngestOptions(batch=f"t{number}", chunk_size=30)))
+
+        def lookups():
+            for fingerprint in batches[0][1][:40]:
+                assert reopened(lambda other: other.query_fingerprint(fingerprint))
+
+        with Concurrently() as threads:
+            threads.start(index.relayout, 5)
+            threads.start(ingests_and_merges, [0, 1, 2])
+            threads.start(ingests_and_merges, [3, 4, 5])
+            threads.start(ingest_texts)
+            threads.start(lookups)
+        assert index.layout.blocks == 5
+    with Index.open(database_url, schema=schema) as index:
+        index.compact()
+        order, pairs = brute_force([*batches, *concurrent, ("t", [index.fingerprint(text) for text in texts])], 3)
+        assert sorted(document["id"] for document in index.export()) == sorted(order)
+        assert stored_pairs(index) == pairs and len(pairs) > 50
+        assert [match.external_id for match in index.query_fingerprint(batches[0][1][0])][0] == "s0-0"
+
+
+def test_an_index_opened_while_a_relayout_switches_opens_with_the_new_layout(database_url, schema, monkeypatch):
+    """Issue 34 item 7: Index.open read the layout, then the key columns, in two statements; a relayout's switch
+    that committed between them made it say "the schema was changed by hand". Here the settings are read as
+    they stood just before the switch (deterministically): the open reads them again and takes the new layout."""
+    from simdb.pg import catalog
+
+    with Index.create(database_url, schema=schema, max_distance=3) as index:
+        index.add_fingerprinted(make_batch([random.getrandbits(64) for _ in range(20)], "a"), batch="a")
+        with index.database.engine.connect() as connection:
+            before_switch = catalog.load_settings(connection)
+        index.relayout(5)
+    real, calls = catalog.load_settings, []
+
+    def read_before_the_switch(connection):
+        calls.append(1)
+        return before_switch if len(calls) == 1 else real(connection)
+
+    monkeypatch.setattr(catalog, "load_settings", read_before_the_switch)
+    with Index.open(database_url, schema=schema) as reopened:
+        assert reopened.layout.blocks == 5 and len(calls) == 2

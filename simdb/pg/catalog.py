@@ -114,7 +114,10 @@ def open_index(connection: sa.Connection, schema: str, where: str) -> IndexSetti
     if revision != migrate.head_revision():
         lock(connection, schema, "migrate")
         migrate.upgrade(connection, schema, layout=stored.layout)
-    missing = set(stored.method.key_columns) - document_columns(connection)
+    columns = document_columns(connection)
+    if not set(stored.method.key_columns) <= columns:  # a relayout's switch between the two reads: read again
+        stored = load_settings(connection)
+    missing = set(stored.method.key_columns) - columns
     if missing:
         raise IncompatibleIndex(f"the documents table lacks key columns {sorted(missing)} that its layout "
                                 "needs; the schema was changed by hand")

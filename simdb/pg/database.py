@@ -17,7 +17,9 @@ from __future__ import annotations
 import itertools
 import os
 import re
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote, quote_plus, unquote, unquote_plus
@@ -45,11 +47,46 @@ def check_schema_name(schema: str) -> str:
     return schema
 
 
+#: Seconds between two tries for the ``migrate`` lock (see :func:`lock`).
+LOCK_POLL = 0.5
+
+
 def lock(connection: sa.Connection, schema: str, purpose: str) -> None:
-    """Transaction-scoped advisory lock, so that two processes never migrate (``migrate``) or match and
-    insert (``ingest``) at once in the same index."""
+    """Transaction-scoped advisory lock, so that two processes never migrate (``migrate``: schema changes,
+    merges of segments, a relayout's index builds) or match and insert (``ingest``) at once in the same
+    index. A transaction that needs both takes ``migrate`` first: a relayout holds it across its index
+    builds, and takes the ingest lock meanwhile.
+
+    The ``migrate`` lock is never waited for inside PostgreSQL. A relayout holds it while it builds
+    indexes with CREATE INDEX CONCURRENTLY, which waits for every transaction whose snapshot is older
+    than its own, and a statement waiting for a lock holds its snapshot: the two would wait for each
+    other (``deadlock detected``). So it is asked for without waiting, and again after :data:`LOCK_POLL`
+    seconds, between statements, where a READ COMMITTED transaction holds no snapshot."""
+    if purpose == "migrate":
+        while not try_lock(connection, schema, purpose):
+            time.sleep(LOCK_POLL)
+        return
     connection.execute(sa.text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"),
                        {"key": f"simdb {purpose} {schema}"})
+
+
+def try_lock(connection: sa.Connection, schema: str, purpose: str) -> bool:
+    """:func:`lock` if no other session holds it now, else False at once."""
+    return connection.execute(sa.text("SELECT pg_try_advisory_xact_lock(hashtextextended(:key, 0))"),
+                              {"key": f"simdb {purpose} {schema}"}).scalar_one()
+
+
+@contextmanager
+def session_lock(connection: sa.Connection, schema: str, purpose: str) -> Iterator[None]:
+    """The advisory lock of :func:`lock` held by an AUTOCOMMIT ``connection`` across its transactions, for the
+    ``with`` block; waited for the way :func:`lock` waits."""
+    key = {"key": f"simdb {purpose} {schema}"}
+    while not connection.execute(sa.text("SELECT pg_try_advisory_lock(hashtextextended(:key, 0))"), key).scalar_one():
+        time.sleep(LOCK_POLL)
+    try:
+        yield
+    finally:
+        connection.execute(sa.text("SELECT pg_advisory_unlock(hashtextextended(:key, 0))"), key)
 
 
 def postgres_url(url: str | URL) -> URL:

@@ -14,6 +14,7 @@ removes first.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -21,15 +22,22 @@ import sqlalchemy as sa
 
 from ..settings import IndexSettings
 from .catalog import check_layout, document_columns, save_method
-from .database import lock
+from .database import lock, session_lock
 from .functions import create_functions
 
 
-def index_segments(connection: sa.Connection, name: str, definition: str) -> None:
-    """In autocommit: the partitioned index ``name`` on ``documents``, built segment by segment with
-    ``CREATE INDEX CONCURRENTLY`` (which a partitioned table does not take) and attached; it becomes valid
-    when every segment has its part. Segments created meanwhile get theirs when they are attached."""
-    connection.exec_driver_sql(f"CREATE INDEX IF NOT EXISTS {name} ON ONLY documents {definition}")
+def index_segments(engine: sa.Engine, connection: sa.Connection, schema: str, name: str, definition: str) -> None:
+    """On an AUTOCOMMIT ``connection``: the partitioned index ``name`` on ``documents``, built segment by
+    segment with ``CREATE INDEX CONCURRENTLY`` (which a partitioned table does not take) and attached; it
+    becomes valid when every segment has its part. Segments created meanwhile get theirs when they are
+    attached.
+
+    Each part is attached in a short transaction of ``engine`` that holds the ingest lock: ATTACH
+    PARTITION locks the partitioned index, then the part, which a chunk that read its segment holds; a
+    chunk that attaches a new segment locks the partitioned index too (``deadlock detected``)."""
+    with engine.begin() as attaching:
+        lock(attaching, schema, "ingest")
+        attaching.exec_driver_sql(f"CREATE INDEX IF NOT EXISTS {name} ON ONLY documents {definition}")
     while True:
         missing = connection.execute(sa.text(
             "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
@@ -44,7 +52,24 @@ def index_segments(connection: sa.Connection, name: str, definition: str) -> Non
             # a part left invalid by an interrupted build is built again
             connection.exec_driver_sql(f'DROP INDEX CONCURRENTLY IF EXISTS "{part}"')
             connection.exec_driver_sql(f'CREATE INDEX CONCURRENTLY "{part}" ON "{segment}" {definition}')
-            connection.exec_driver_sql(f'ALTER INDEX {name} ATTACH PARTITION "{part}"')
+            _attach_part(engine, schema, name, part)
+
+
+def _attach_part(engine: sa.Engine, schema: str, name: str, part: str, attempts: int = 10) -> None:
+    """``ALTER INDEX name ATTACH PARTITION part`` under the ingest lock, tried again when PostgreSQL (on Citus,
+    its distributed deadlock detection) breaks a deadlock with a lookup by stopping it: a lookup that read
+    the segment in an earlier statement of its transaction holds the part that ATTACH locks. A later try
+    finds the lookup gone."""
+    for attempt in range(attempts):
+        try:
+            with engine.begin() as attaching:
+                lock(attaching, schema, "ingest")
+                attaching.exec_driver_sql(f'ALTER INDEX {name} ATTACH PARTITION "{part}"')
+            return
+        except sa.exc.OperationalError as exc:
+            if getattr(exc.orig, "sqlstate", None) != "40P01" or attempt == attempts - 1:
+                raise
+            time.sleep(1)
 
 
 def relayout(engine: sa.Engine, schema: str, settings: IndexSettings, blocks: int | None, *,
@@ -57,8 +82,12 @@ def relayout(engine: sa.Engine, schema: str, settings: IndexSettings, blocks: in
     say = progress or (lambda message: None)
     sketch = old.sketch_column[0]
 
+    # the statements below that change documents hold the ingest lock (after the migrate lock, which the
+    # relayout holds throughout its index builds): an ingest's chunk and a relayout's statement never wait for
+    # each other's rows, tables or indexes
     with engine.begin() as connection:
         lock(connection, schema, "migrate")
+        lock(connection, schema, "ingest")
         check_layout(connection, old)
         leftovers = sorted(c for c in document_columns(connection)
                            if c.startswith("key_") and c not in old.key_columns)
@@ -74,24 +103,24 @@ def relayout(engine: sa.Engine, schema: str, settings: IndexSettings, blocks: in
         last = connection.execute(sa.text("SELECT coalesce(max(id), 0) FROM documents")).scalar_one()
     for start in range(0, last + 1, rows_per_transaction):
         with engine.begin() as connection:
+            lock(connection, schema, "ingest")  # a chunk (and a removal) updates rows of documents too
             connection.execute(sa.text(f"UPDATE documents SET {assignments} WHERE id >= :start AND id < :end"),
                                {"start": start, "end": start + rows_per_transaction})
         say(f"filled keys of documents {start:,}..{min(start + rows_per_transaction, last + 1) - 1:,}")
 
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
-        # no merge of segments meanwhile (it takes the migrate lock): the segments being indexed stay
-        key = {"key": f"simdb migrate {schema}"}
-        connection.execute(sa.text("SELECT pg_advisory_lock(hashtextextended(:key, 0))"), key)
-        try:
+        # no merge of segments meanwhile (it takes the migrate lock): the segments being indexed stay. Nothing
+        # may wait for this lock inside PostgreSQL meanwhile (see simdb.pg.database.lock), nor for a lock that
+        # CREATE INDEX CONCURRENTLY holds on a segment (simdb.pg.segments.seal skips one it cannot have now)
+        with session_lock(connection, schema, "migrate"):
             for column in new.key_columns:
-                index_segments(connection, f"ix_documents_{column}", f"({column}) INCLUDE (simhash, id)")
+                index_segments(engine, connection, schema, f"ix_documents_{column}",
+                               f"({column}) INCLUDE (simhash, id)")
                 say(f"indexed {column}")
-        finally:
-            connection.execute(sa.text("SELECT pg_advisory_unlock(hashtextextended(:key, 0))"), key)
 
     with engine.begin() as connection:
-        lock(connection, schema, "ingest")
         lock(connection, schema, "migrate")
+        lock(connection, schema, "ingest")
         check_layout(connection, old)
         connection.execute(sa.text(f"UPDATE documents SET {assignments} WHERE {new.key_columns[0]} IS NULL"))
         for column in new.key_columns:

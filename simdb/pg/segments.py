@@ -43,7 +43,7 @@ from ..methods import Method
 from ..settings import DEFAULT_BULK_CHUNK, DEFAULT_MERGE_FACTOR, DEFAULT_SEGMENT_SIZE
 from . import probes as probes_module
 from .citus import distribute_like_documents, is_distributed
-from .database import lock
+from .database import LOCK_POLL, lock, try_lock
 from .in_memory import MemoryProbes, segment_pairs_in_memory, worth_reading
 from .probes import Lookup, shared_lookups
 
@@ -209,10 +209,12 @@ def place_chunk(connection: sa.Connection, count: int) -> tuple[np.ndarray, str 
 
 def seal(connection: sa.Connection, sealed: list[Segment]) -> None:
     """Planner statistics for segments that take no more documents, which the merge policy sizes by;
-    a full one (a bulk-loaded or merged segment) was analyzed when it was built."""
+    a full one (a bulk-loaded or merged segment) was analyzed when it was built. A segment that another
+    session holds is skipped, not waited for (autovacuum analyzes it later; until then the policy takes
+    its width): a relayout's CREATE INDEX CONCURRENTLY holds it while it waits for this transaction."""
     for segment in sealed:
         if segment.estimated is None or segment.estimated < segment.width:
-            connection.exec_driver_sql(f'ANALYZE "{segment.name}"')
+            connection.exec_driver_sql(f'ANALYZE (SKIP_LOCKED) "{segment.name}"')
 
 
 def ensure_segments(connection: sa.Connection, policy: SegmentPolicy, segments: list[Segment], first_id: int,
@@ -358,13 +360,23 @@ def attach_indexed(connection: sa.Connection, table: str, first_id: int, end_id:
 
 
 def merge(connection: sa.Connection, run: list[Segment], lock_attempts: int = 24) -> dict:
-    """Replace adjacent sealed segments by one, inside the caller's transaction (which holds the ingest
-    and migrate locks): copy in id order, index, then detach and drop the old ones and attach the new."""
+    """Replace adjacent sealed segments by one, inside the caller's transaction (which holds the migrate
+    and ingest locks): copy in id order, index, then detach and drop the old ones and attach the new.
+
+    Adjacent means that no other segment lies between them, not that their ranges meet: ids that were
+    never stored leave gaps between segments (a failed bulk chunk used up its ids, since a sequence does
+    not roll back; a chunk that skipped past a whole segment's width). The new segment's range runs from
+    the first one's start to the last one's end, gaps included: no id in a gap is ever given again (ids
+    only grow), and lookups and removals go by id and by the planner's estimate of the documents, never
+    by a segment's width once it is analyzed, as a merged one is."""
     started = time.perf_counter()
     first, end = run[0].first_id, run[-1].end_id
-    for left, right in zip(run, run[1:]):
-        if left.end_id != right.first_id:
-            raise SimdbError(f"segments {left.name} and {right.name} are not adjacent; cannot merge them")
+    names = {segment.name for segment in run}
+    between = [s.name for s in list_segments(connection) if s.first_id < end and s.end_id > first
+               and s.name not in names]
+    if between:
+        raise SimdbError(f"segment(s) {', '.join(between)} lie between {run[0].name} and {run[-1].name}; "
+                         "cannot merge them")
     staging = segment_name(first) + "_merged"
     _create_segment(connection, first, end, staging, attach=False)
     connection.exec_driver_sql(f'ALTER TABLE "{staging}" SET (autovacuum_enabled = false)')
@@ -410,36 +422,50 @@ def _lock_documents(connection: sa.Connection, attempts: int = 24, wait: str = "
 
 def compact(engine: sa.Engine, schema: str, *, full: bool = False,
             progress: Callable[[str], None] | None = None, merged: list | None = None,
-            lock_attempts: int = 24) -> CompactionSummary:
+            lock_attempts: int = 24, wait: bool = True) -> CompactionSummary:
     """Merge sealed segments as the policy says (or all of them, ``full``), one merge per transaction.
 
     Each merge holds the ingest lock (ingests wait for it) and, for its last moments, an ACCESS
     EXCLUSIVE lock on ``documents`` to detach the old segments (queries wait for that), tried
-    ``lock_attempts`` times for 5 s each while a long query holds ``documents``. Each merge's
-    summary is appended to ``merged`` (a new list by default) as it commits, so that a caller still
-    knows the merges made before one fails.
+    ``lock_attempts`` times for 5 s each while a long query holds ``documents``. While a relayout
+    builds its indexes (it holds the migrate lock) a merge waits for it, ``wait``, outside any
+    transaction (see :func:`simdb.pg.database.lock`), or merges nothing more now. Each merge's summary
+    is appended to ``merged`` (a new list by default) as it commits, so that a caller still knows the
+    merges made before one fails.
     """
     say = progress or (lambda message: None)
     with engine.connect() as connection:
         before = list_segments(connection)
-    merged = [] if merged is None else merged
+    merged, waiting = [] if merged is None else merged, False
     while True:
         with engine.begin() as connection:
-            lock(connection, schema, "ingest")
-            lock(connection, schema, "migrate")
-            policy = load_policy(connection)
-            sealed = [s for s in list_segments(connection) if not s.active]
-            runs = policy.plan([s.size for s in sealed], full=full)
-            if not runs:
-                break
-            run = [sealed[i] for i in runs[0]]
-            say(f"merging {len(run)} segments ({run[0].name} .. {run[-1].name})")
-            summary = merge(connection, run, lock_attempts)
-        merged.append(summary)  # committed
-        say(f"merged into {merged[-1]['name']}: {merged[-1]['documents']:,} documents in {merged[-1]['seconds']} s")
+            free = try_lock(connection, schema, "migrate")
+            if free:
+                lock(connection, schema, "ingest")
+            run = _next_run(connection, full) if free else None
+            if run:
+                say(f"merging {len(run)} segments ({run[0].name} .. {run[-1].name})")
+                summary = merge(connection, run, lock_attempts)
+        if run:
+            merged.append(summary)  # committed
+            say(f"merged into {summary['name']}: {summary['documents']:,} documents in {summary['seconds']} s")
+        elif free or not wait:
+            break
+        else:
+            if not waiting:
+                say("waiting for the relayout (or schema upgrade) of the index to finish")
+                waiting = True
+            time.sleep(LOCK_POLL)
     with engine.connect() as connection:
         after = list_segments(connection)
     return CompactionSummary(merged=merged, segments_before=len(before), segments_after=len(after))
+
+
+def _next_run(connection: sa.Connection, full: bool) -> list[Segment] | None:
+    """The sealed segments the policy (or ``full``) merges next, or None."""
+    sealed = [s for s in list_segments(connection) if not s.active]
+    runs = load_policy(connection).plan([s.size for s in sealed], full=full)
+    return [sealed[i] for i in runs[0]] if runs else None
 
 
 def needs_compaction(connection: sa.Connection) -> bool:
