@@ -198,6 +198,8 @@ def store_chunk(connection: sa.Connection, schema: str, method: Method, chunk, *
 
 #: At the end of a batch, the tables are analyzed when the documents outgrew their statistics by this share.
 STALE_GROWTH = 0.2
+#: The SQLSTATE of a lock that NOWAIT could not take.
+LOCK_NOT_AVAILABLE = "55P03"
 
 
 def refresh_statistics(connection: sa.Connection) -> list[str]:
@@ -205,7 +207,8 @@ def refresh_statistics(connection: sa.Connection) -> list[str]:
     when the documents outgrew theirs by a fifth: autovacuum never analyzes a partitioned table such as
     ``documents`` (only its segments), and reaches a fresh table a minute or more later, so that the views were
     planned for empty tables. The documents are counted (an index-only scan, tens of milliseconds at 1M): the
-    statistics of the segments lag, and removals leave gaps that no id or batch count shows."""
+    statistics of the segments lag, and removals leave gaps that no id or batch count shows. Tables that another
+    session holds (a relayout's index build) are left for the next batch: the chunk never waits for them."""
     tables = ("documents", "near_duplicates", "clusters")
     estimated = dict(connection.execute(sa.text(
         "SELECT c.relname, c.reltuples FROM pg_class c WHERE c.oid = ANY(ARRAY[to_regclass('documents'), "
@@ -214,8 +217,15 @@ def refresh_statistics(connection: sa.Connection) -> list[str]:
         held = connection.exec_driver_sql("SELECT count(*) FROM documents").scalar_one()
         if held <= (1 + STALE_GROWTH) * estimated["documents"]:
             return []
-    for table in tables:
-        connection.exec_driver_sql(f"ANALYZE {table}")
+    try:  # never wait: an index build (relayout) holds a segment's lock while it waits for this transaction
+        with connection.begin_nested():
+            connection.exec_driver_sql(f"LOCK TABLE {', '.join(tables)} IN SHARE UPDATE EXCLUSIVE MODE NOWAIT")
+            for table in tables:
+                connection.exec_driver_sql(f"ANALYZE {table}")
+    except sa.exc.OperationalError as error:
+        if getattr(error.orig, "sqlstate", None) != LOCK_NOT_AVAILABLE:
+            raise
+        return []  # the next batch's last chunk analyzes them
     return list(tables)
 
 
