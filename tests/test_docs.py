@@ -196,6 +196,26 @@ def test_the_counting_recipes_agree_with_brute_force(corpus_archive, admin_engin
                                                  / sources.count(s), 1)) for s in set(sources)}
 
 
+def test_unique_per_batch_counts_what_was_new_at_ingest_and_export_what_is_still_stored(corpus_archive,
+                                                                                       admin_engine, run):
+    """As the recipe's note says: a document removed later still counts in `batches.new`, and no longer in
+    `simdb export --unique`."""
+    archive = corpus_archive
+    (recipe,) = [r for r in blocks("sql") if r.startswith("SELECT name, new AS unique_documents")]
+
+    def unique():
+        with admin_engine.connect() as connection:
+            return {row.name: row.unique_documents
+                    for row in connection.execute(sa.text(recipe.replace("simdb.", f"{archive}.")))}
+
+    before = unique()
+    exported = run("export", "--batch", "new", "--unique").stdout.splitlines()
+    assert before["new"] == len(exported)
+    assert run("remove", "--id", json.loads(exported[0])["id"]).exit_code == 0
+    assert unique() == before
+    assert len(run("export", "--batch", "new", "--unique").stdout.splitlines()) == before["new"] - 1
+
+
 def corpus_text(external_id):
     return next(r["text"] for r in corpus() if r["id"] == external_id)
 
