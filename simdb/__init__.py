@@ -11,8 +11,8 @@ __version__ = "0.1.0"
 import importlib
 
 from .bits import format_fingerprint, hamming, parse_fingerprint, to_signed, to_unsigned
-from .errors import (BatchError, DatabaseUnavailable, IncompatibleIndex, IndexNotFound, InputError, OutputError,
-                     PermissionDenied, SimdbError)
+from .errors import (BatchError, ConnectionLost, DatabaseUnavailable, IncompatibleIndex, IndexNotFound, InputError,
+                     NotFound, OutputError, PermissionDenied, SimdbError)
 from .inputs import Document, read_documents
 from .methods import Method, MinHash, SimHash
 from .methods.simhash.blocks import BlockLayout
@@ -21,10 +21,11 @@ from .settings import IndexSettings
 from .verdicts import Verdict
 
 __all__ = [
-    "BatchError", "BatchSummary", "BlockLayout", "DatabaseUnavailable", "Document", "FingerprintSettings",
-    "IncompatibleIndex", "Index", "IndexNotFound", "IndexSettings", "InputError", "Match", "Method", "MinHash",
-    "OutputError", "Pair", "PermissionDenied", "SimHash", "SimdbError", "fingerprint", "format_fingerprint", "hamming",
-    "parse_fingerprint", "read_documents", "to_signed", "to_unsigned", "Verdict", "__version__",
+    "BatchError", "BatchSummary", "BlockLayout", "ConnectionLost", "DatabaseUnavailable", "Document",
+    "FingerprintSettings", "IncompatibleIndex", "Index", "IndexNotFound", "IndexSettings", "InputError", "Match",
+    "Method", "MinHash", "NotFound", "OutputError", "Pair", "PermissionDenied", "SimHash", "SimdbError",
+    "fingerprint", "format_fingerprint", "hamming", "parse_fingerprint", "read_documents", "to_signed",
+    "to_unsigned", "Verdict", "__version__",
 ]
 
 #: Names whose modules load the database layer (SQLAlchemy, alembic, psycopg): imported on first use (PEP 562),

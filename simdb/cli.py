@@ -68,8 +68,9 @@ def input_options(command):
 
 
 def user_errors(function):
-    """Turn simdb's errors (and the database's) into ClickException's one-line message and exit 1; no message
-    shows a secret the command was given."""
+    """Turn simdb's errors into ClickException's one-line message and exit 1; no message shows a secret the
+    command was given. The library raises nothing else for a user to act on: a database error became a
+    SimdbError at ``Index``'s boundary (:func:`simdb.pg.database.translating`)."""
     @functools.wraps(function)
     def wrapper(*args, **kwargs):
         # the database layer (SQLAlchemy, psycopg) loads with the first command that opens an index, and with an
@@ -85,19 +86,7 @@ def user_errors(function):
 
             exc.message = redact(exc.message, given_secrets(kwargs))
             raise
-        except Exception as exc:
-            if not database_error(exc):
-                raise
-            from .pg.database import redact, translate
-
-            raise click.ClickException(redact(str(translate(exc)), given_secrets(kwargs))) from None
     return wrapper
-
-
-def database_error(exc: Exception) -> bool:
-    """Whether ``exc`` is the database's (SQLAlchemy's or psycopg's); neither can raise before it is imported."""
-    sa, psycopg = sys.modules.get("sqlalchemy.exc"), sys.modules.get("psycopg")
-    return (sa is not None and isinstance(exc, sa.DBAPIError)) or (psycopg is not None and isinstance(exc, psycopg.Error))
 
 
 def given_secrets(params: dict) -> list[str]:

@@ -97,7 +97,17 @@ class DatabaseUnavailable(SimdbError):
     """The PostgreSQL server cannot be reached or refused the connection."""
 
 
-class IndexNotFound(SimdbError):
+class ConnectionLost(DatabaseUnavailable):
+    """The connection to PostgreSQL broke during an operation (the server restarted, the session was ended, the
+    network dropped): what the operation committed stays, and running it again may succeed."""
+
+
+class NotFound(SimdbError):
+    """What a call names is not stored: a batch, a document, a sync source (or, as :class:`IndexNotFound`, the
+    index itself)."""
+
+
+class IndexNotFound(NotFound):
     """There is no simdb index where one was expected."""
 
 

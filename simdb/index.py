@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -29,7 +31,7 @@ from .inputs import DEFAULT_MAX_CHARS, Document, check_text, checks
 from .methods import Method
 from .pg import catalog, citus, plpython, reads, segments, server
 from .pg.chunks import store_chunk
-from .pg.database import Database, check_schema_name
+from .pg.database import Database, check_schema_name, translating
 from .pg.functions import Grant, grant_reader
 from .pg.relayout import relayout
 from .pg.remove import RemovalSummary, remove
@@ -113,12 +115,38 @@ def _as_document(item: Document | Mapping, index: int) -> Document:
     return Document(external_id, text, metadata)
 
 
+def _url(args: tuple, kwargs: dict):
+    """The database URL a call at the boundary used: the open index's, else the one a classmethod was given."""
+    if args and isinstance(args[0], Index):
+        return args[0].database.engine.url
+    return kwargs.get("database_url") or (args[1] if len(args) > 1 else None) or os.environ.get("SIMDB_DATABASE_URL")
+
+
+def _at_the_boundary(cls: type) -> type:
+    """Every public method (and classmethod) of ``cls`` raises simdb's errors, never the database's: the one
+    place where a database error becomes a :class:`SimdbError` subclass (:func:`simdb.pg.database.translate`).
+    ``tests/test_boundary.py`` holds every public method to it."""
+    for name, member in list(vars(cls).items()):
+        if name.startswith("_"):
+            continue
+        if isinstance(member, classmethod):
+            setattr(cls, name, classmethod(translating(_url)(member.__func__)))
+        elif inspect.isfunction(member):
+            setattr(cls, name, translating(_url)(member))
+    return cls
+
+
 #: Setting names of Index.create -> the names IndexSettings.summary() compares them by.
 _SUMMARY_NAMES = {"idf": ("idf_documents", "weighting"), "expected_size": (), "store_text": ()}
 
 
+@_at_the_boundary
 class Index:
-    """A near-duplicate index stored in one PostgreSQL schema."""
+    """A near-duplicate index stored in one PostgreSQL schema.
+
+    Every public method raises :class:`SimdbError` subclasses (a database error translated by its SQLSTATE,
+    with the original as ``__cause__``): :class:`PermissionDenied` for a read-only role, :class:`ConnectionLost`
+    when the server goes away, ... (see :mod:`simdb.errors`)."""
 
     def __init__(self, database: Database, settings: IndexSettings, *, created: bool = False) -> None:
         self.database = database

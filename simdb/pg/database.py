@@ -14,11 +14,12 @@ indexes side by side.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import re
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +31,7 @@ from psycopg.conninfo import conninfo_to_dict
 from sqlalchemy import event
 from sqlalchemy.engine import URL, make_url
 
-from ..errors import DatabaseUnavailable, PermissionDenied, SimdbError
+from ..errors import ConnectionLost, DatabaseUnavailable, PermissionDenied, SimdbError
 from . import DEFAULT_SCHEMA
 from .embedded import idle_seconds, start_embedded  # noqa: F401 -- start_embedded re-exported
 
@@ -309,7 +310,7 @@ def translate(error: sa.exc.DBAPIError | psycopg.Error, url: str | URL | None = 
                                 "the index, or have the owner grant it (simdb grant-reader grants reading only)")
     if state.startswith(_CONNECTION_LOST) or (not state and isinstance(
             error, (sa.exc.OperationalError, psycopg.OperationalError))):
-        return DatabaseUnavailable(f"lost the database connection: {message}")
+        return ConnectionLost(f"lost the database connection: {message}")
     if state.startswith("53"):
         return DatabaseUnavailable(f"the database server ran out of resources: {message}; free disk space or "
                                    "memory on the server, then run the command again")
@@ -332,6 +333,35 @@ def translate(error: sa.exc.DBAPIError | psycopg.Error, url: str | URL | None = 
                           "database or the role, or someone cancelled it); raise or unset the timeout, then run "
                           "the command again")
     return SimdbError(f"PostgreSQL refused the operation: {message} (SQLSTATE {state or 'unknown'})")
+
+
+#: Where a translated error's redaction and role come from: the URL a call used, from its arguments.
+UrlOf = Callable[[tuple, dict], "str | URL | None"]
+
+
+def translating(url_of: UrlOf) -> Callable[[Callable], Callable]:
+    """A decorator for the library's boundary: a database error the function raises, or the iterator it returns
+    raises while it is read, becomes :func:`translate`'s :class:`SimdbError` (the original kept as its
+    ``__cause__``); simdb's own errors pass as they are. ``url_of(args, kwargs)`` names the URL the call used."""
+    def decorate(function: Callable) -> Callable:
+        @functools.wraps(function)
+        def translated(*args, **kwargs):
+            try:
+                result = function(*args, **kwargs)
+            except (sa.exc.DBAPIError, psycopg.Error) as error:
+                raise translate(error, url_of(args, kwargs)) from error
+            return _translated_items(result, lambda: url_of(args, kwargs)) if isinstance(result, Iterator) \
+                else result
+        translated.translates_database_errors = True
+        return translated
+    return decorate
+
+
+def _translated_items(items: Iterator, url: Callable[[], "str | URL | None"]) -> Iterator:
+    try:
+        yield from items
+    except (sa.exc.DBAPIError, psycopg.Error) as error:
+        raise translate(error, url()) from error
 
 
 LOCAL_SERVER = "postgresql://postgres@127.0.0.1:5432/test"

@@ -13,7 +13,7 @@ from typing import NamedTuple
 import sqlalchemy as sa
 from psycopg.rows import namedtuple_row
 
-from ..errors import SimdbError
+from ..errors import NotFound, SimdbError
 from ..matches import distinct
 from ..methods import Method
 from .citus import is_distributed
@@ -28,7 +28,7 @@ def read_only_snapshot(connection: sa.Connection) -> None:
 def batch_id(connection: sa.Connection, name: str) -> int:
     found = connection.execute(sa.text("SELECT id FROM batches WHERE name = :name"), {"name": name}).scalar()
     if found is None:
-        raise SimdbError(f"no batch named {name!r}; `simdb stats` lists the batches")
+        raise NotFound(f"no batch named {name!r}; `simdb stats` lists the batches")
     return found
 
 
@@ -105,7 +105,7 @@ def stored_document(connection: sa.Connection, method: Method, external_id: str)
         "FROM documents d JOIN batches b ON b.id = d.batch_id WHERE d.external_id = :external_id"),
         {"external_id": external_id}).first()
     if row is None:
-        raise SimdbError(f"no document with id {external_id!r} in the index; `simdb export` lists them")
+        raise NotFound(f"no document with id {external_id!r} in the index; `simdb export` lists them")
     # the other two documents by id (joins of documents with itself on other columns are not co-located)
     names = external_ids(connection, {row.cluster_id, *([row.duplicate_of] if row.duplicate_of else [])})
     return StoredRow(row.id, row.external_id, row.sketch, row.text, row.metadata, row.length, row.created_at,

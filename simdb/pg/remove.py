@@ -15,7 +15,7 @@ from datetime import datetime
 
 import sqlalchemy as sa
 
-from ..errors import SimdbError
+from ..errors import NotFound, SimdbError
 from ..methods import Method
 from .catalog import check_layout
 from .clusters import recluster, refresh_clusters
@@ -63,12 +63,12 @@ def remove(connection: sa.Connection, schema: str, method: Method, *, external_i
                 "WITH found AS (SELECT d.external_id FROM documents d JOIN removing_ids i USING (external_id)) "
                 "SELECT i.external_id FROM removing_ids i WHERE NOT EXISTS "
                 "(SELECT 1 FROM found f WHERE f.external_id = i.external_id) ORDER BY 1 LIMIT 11").scalars().all()
-            raise SimdbError(f"no stored document has the id(s) {', '.join(map(repr, missing[:10]))}"
+            raise NotFound(f"no stored document has the id(s) {', '.join(map(repr, missing[:10]))}"
                              f"{' ...' if len(missing) > 10 else ''}; nothing was removed")
     elif batch is not None:
         batch_id = connection.execute(sa.text("SELECT id FROM batches WHERE name = :name"), {"name": batch}).scalar()
         if batch_id is None:
-            raise SimdbError(f"no batch named {batch!r}; `simdb stats` lists the batches")
+            raise NotFound(f"no batch named {batch!r}; `simdb stats` lists the batches")
         connection.execute(sa.text("INSERT INTO removing SELECT id FROM documents WHERE batch_id = :b"), {"b": batch_id})
     else:
         connection.execute(sa.text("INSERT INTO removing SELECT id FROM documents WHERE created_at < :before"),

@@ -19,7 +19,7 @@ import psycopg
 import sqlalchemy as sa
 from psycopg import sql
 
-from ..errors import SimdbError
+from ..errors import NotFound, SimdbError
 from ..methods import Method
 from .copy import copy_in
 from .database import redact, secrets_in, translate
@@ -93,7 +93,7 @@ def get_source(connection: sa.Connection, name: str) -> Source:
     row = connection.execute(sa.text(f"SELECT {', '.join(_COLUMNS)} FROM sync_sources WHERE name = :name"),
                              {"name": name}).first()
     if row is None:
-        raise SimdbError(f"no sync source named {name!r}; add it with `simdb sync add` (`simdb sync list` shows "
+        raise NotFound(f"no sync source named {name!r}; add it with `simdb sync add` (`simdb sync list` shows "
                          "the sources)")
     return _source(row)
 
