@@ -28,7 +28,7 @@ It measures, on this machine, in one run:
   (200k and 1M) short documents, sampled with psutil while it runs (the CLI process, each
   fingerprint worker, and the sum over the process tree).
 
-Each part lives in a module of its own, which also runs it alone with the options below:
+Each part lives in a module of its own, which also runs it alone, with the same options:
 ``bench_ingest_fingerprint.py`` (fingerprinting), ``bench_ingest_archive.py`` (the archive
 path, the naive path, the PyPI peer) and ``bench_ingest_cli.py`` (end to end); this script runs
 them side by side and prints one table. The inputs they share are in ``bench_corpus.py``, the

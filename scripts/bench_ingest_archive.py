@@ -16,6 +16,7 @@ import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import sqlalchemy as sa
@@ -62,6 +63,21 @@ class BulkIngest:
     sql_seconds: float  # of all SQL statements run through SQLAlchemy
     wal_bytes: int  # written by the whole server meanwhile
     wal_full_pages: int
+
+
+class WalMark(NamedTuple):
+    """Where the server's WAL stood."""
+
+    lsn: str
+    full_pages: int  # full-page images written since the statistics were reset
+
+
+class NaiveMatch(NamedTuple):
+    """A stored document the naive path found within k bits."""
+
+    id: int
+    distance: int
+    row: sa.Row
 
 
 @dataclass(frozen=True)
@@ -176,20 +192,19 @@ def ingest_into(url: str, admin: sa.Engine, schema: str, layout: BlockLayout, bu
                       sql_seconds=sum(timer.seconds.values()), wal_bytes=wal_bytes, wal_full_pages=wal_full_pages)
 
 
-def wal_position(admin: sa.Engine) -> tuple[str, int]:
-    """(the current WAL location, full-page images written so far)"""
+def wal_position(admin: sa.Engine) -> WalMark:
     with admin.connect() as c:
-        return (c.exec_driver_sql("SELECT pg_current_wal_lsn()::text").scalar_one(),
-                c.exec_driver_sql("SELECT wal_fpi FROM pg_stat_wal").scalar_one())
+        return WalMark(c.exec_driver_sql("SELECT pg_current_wal_lsn()::text").scalar_one(),
+                       c.exec_driver_sql("SELECT wal_fpi FROM pg_stat_wal").scalar_one())
 
 
-def wal_since(admin: sa.Engine, before: tuple[str, int]) -> tuple[int, int]:
+def wal_since(admin: sa.Engine, before: WalMark) -> tuple[int, int]:
     """(WAL bytes, full-page images) written by the whole server since ``before``."""
     time.sleep(1.0)  # backends report their WAL counters at most about once a second
     with admin.connect() as c:
         written = c.execute(sa.text("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), CAST(:lsn AS pg_lsn))"),
-                            {"lsn": before[0]}).scalar_one()
-        return int(written), c.exec_driver_sql("SELECT wal_fpi FROM pg_stat_wal").scalar_one() - before[1]
+                            {"lsn": before.lsn}).scalar_one()
+        return int(written), c.exec_driver_sql("SELECT wal_fpi FROM pg_stat_wal").scalar_one() - before.full_pages
 
 
 def naive_ingest(url: str, schema: str, layout: BlockLayout, stored: np.ndarray, count: int, k: int,
@@ -227,23 +242,23 @@ def naive_ingest(url: str, schema: str, layout: BlockLayout, stored: np.ndarray,
             keys = dict(zip(layout.key_columns, layout.block_keys(fp)))
             with engine.begin() as c:
                 rows = c.execute(lookup, keys).all()
-                found = sorted((row.id, ((row.simhash & 0xFFFF_FFFF_FFFF_FFFF) ^ fp).bit_count(), row)
+                found = sorted(NaiveMatch(row.id, ((row.simhash & 0xFFFF_FFFF_FFFF_FFFF) ^ fp).bit_count(), row)
                                for row in rows)
-                found = [(d, distance, row) for d, distance, row in found if distance <= k]
+                found = [match for match in found if match.distance <= k]
                 duplicates += bool(found)
                 row = {"external_id": f"naive-{i:09d}", "batch_id": batch_id,
                        "simhash": fp - (1 << 64) if fp >> 63 else fp, **keys,
                        "content_hash": digests[16 * i:16 * i + 16], "length": 1000, "metadata": {},
-                       "duplicate_of": found[0][0] if found else None,
-                       "duplicate_distance": found[0][1] if found else None}
+                       "duplicate_of": found[0].id if found else None,
+                       "duplicate_distance": found[0].distance if found else None}
                 if clustered or (pairs is not None and found):
                     row["id"] = c.execute(next_id).scalar_one()
                 if clustered:
-                    row["cluster_id"] = found[0][2].cluster_id if found else row["id"]
+                    row["cluster_id"] = found[0].row.cluster_id if found else row["id"]
                 c.execute(insert, row)
                 if pairs is not None and found:
-                    c.execute(pairs.insert(), [{"a_id": d, "b_id": row["id"], "distance": distance,
-                                                "batch_id": batch_id} for d, distance, _ in found])
+                    c.execute(pairs.insert(), [{"a_id": match.id, "b_id": row["id"], "distance": match.distance,
+                                                "batch_id": batch_id} for match in found])
         seconds = time.perf_counter() - start
     log(f"  naive: {count:,} documents in {seconds:.1f} s ({count / seconds:,.0f} docs/s), "
         f"{duplicates:,} near-duplicates (planted {int(count * NEAR_FRACTION):,})")
