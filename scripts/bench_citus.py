@@ -37,11 +37,12 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import psycopg
 import sqlalchemy as sa
 
 from bench_common import DATABASE_HELP, Server, command_line, log, machine, print_table, rate, ratio
-from bench_ingest import fingerprinted_batch, new_fingerprints
+from bench_corpus import fingerprinted_batch, new_fingerprints
 
 from simdb import Index
 from simdb.pg.database import postgres_url
@@ -52,11 +53,10 @@ TOOLS = Path(os.environ.get("SIMDB_CITUS", Path(__file__).resolve().parents[2] /
 
 def loopback_bytes() -> int:
     """Bytes received on the loopback interface since boot (each byte between two local processes, once)."""
-    for line in Path("/proc/net/dev").read_text().splitlines():
-        name, _, counters = line.partition(":")
-        if name.strip() == "lo":
-            return int(counters.split()[0])
-    raise RuntimeError("no loopback interface in /proc/net/dev")
+    counters = psutil.net_io_counters(pernic=True).get("lo")
+    if counters is None:
+        raise RuntimeError("no loopback interface named lo on this machine")
+    return counters.bytes_recv
 
 
 class Cluster:

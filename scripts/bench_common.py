@@ -11,6 +11,7 @@ import sys
 import time
 
 import numpy as np
+import psutil
 import sqlalchemy as sa
 
 import simdb
@@ -174,8 +175,16 @@ def random_u64(rng: np.random.Generator, n: int) -> np.ndarray:
 
 
 def rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    """This process's resident memory now (psutil)."""
+    return psutil.Process().memory_info().rss
+
+
+def mb(count_bytes: float) -> str:
+    return f"{count_bytes / 2**20:,.0f} MB"
+
+
+def load_average() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def rate(count: float, seconds: float, unit: str) -> str:

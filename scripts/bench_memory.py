@@ -1,8 +1,8 @@
 """Benchmark how much memory ``simdb ingest`` takes: for one huge text, and as the archive grows.
 
 It runs the ``simdb ingest`` CLI in a subprocess and samples the memory of its process tree every
-0.2 s from /proc (the CLI's own high-water mark, ``VmHWM``, and the largest sum of the RSS of the CLI
-and its fingerprint workers), for:
+0.2 s with psutil (the CLI's own largest RSS, and the largest sum of the RSS of the CLI and its
+fingerprint workers), for:
 
 * one huge text (``--huge``, default 5M, 20M and 50M characters) of real-looking mixed Chinese and
   English (devset sentences, 60 % Chinese, recombined) as one JSON line, ingested with ``--max-chars``
@@ -37,8 +37,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench_common import DATABASE_HELP, Server, command_line, log, machine
-from bench_ingest import SENTENCE, mb, quarters, run_cli, simdb_command, write_corpus
+from bench_common import DATABASE_HELP, Server, command_line, log, machine, mb
+from bench_corpus import SENTENCE, write_corpus
+from bench_process import ProcessRun, quarters, run_cli, simdb_command
 
 REPO = Path(__file__).resolve().parent.parent
 DEVSET = Path(os.environ.get("SIMDB_DEVSET", REPO.parent / "shared" / "devset")) / "docs"
@@ -75,10 +76,10 @@ def baseline(url: str, schema: str, init: list[str], directory: str) -> int:
     path = os.path.join(directory, "one.jsonl")
     with open(path, "w", encoding="utf-8") as f:
         f.write(json.dumps({"id": "one", "text": "一个很短的文本 a short text"}, ensure_ascii=False) + "\n")
-    return ingest(url, schema, path, init, ["--workers", "1"], directory)["main"]
+    return ingest(url, schema, path, init, ["--workers", "1"], directory).main
 
 
-def ingest(url: str, schema: str, path: str, init: list[str], options: list[str], directory: str) -> dict:
+def ingest(url: str, schema: str, path: str, init: list[str], options: list[str], directory: str) -> ProcessRun:
     common = ["--database-url", url, "--schema", schema]
     subprocess.run([*simdb_command(), "init", *common, *init], check=True,
                    stdout=subprocess.DEVNULL)
@@ -102,10 +103,10 @@ def drop(url: str, schema: str) -> None:
         engine.dispose()
 
 
-def row(case: str, m: dict, size: int, base: int | None = None) -> tuple[str, ...]:
-    above = "" if base is None else f"{mb(m['main'] - base)} ({(m['main'] - base) / size:.1f}x)"
-    return (case, mb(m["tree"]), mb(m["main"]), above, quarters(m), f"{size / 2**20:,.1f} MB",
-            f"{m['tree'] / size:.1f}x", f"{m['seconds']:.0f} s")
+def row(case: str, m: ProcessRun, size: int, base: int | None = None) -> tuple[str, ...]:
+    above = "" if base is None else f"{mb(m.main - base)} ({(m.main - base) / size:.1f}x)"
+    return (case, mb(m.tree), mb(m.main), above, quarters(m), f"{size / 2**20:,.1f} MB",
+            f"{m.tree / size:.1f}x", f"{m.seconds:.0f} s")
 
 
 def measure(server: Server, args, directory: str) -> list[tuple[str, ...]]:
@@ -121,7 +122,7 @@ def measure(server: Server, args, directory: str) -> list[tuple[str, ...]]:
         for i, (method, init) in chosen(args):
             log(f"one text of {characters:,} characters ({mb(size)}), {method}")
             m = ingest(server.url, f"{PREFIX}_{i}", path, init, ["--max-chars", str(characters)], directory)
-            log(f"  peak RSS tree {mb(m['tree'])}, CLI {mb(m['main'])}; {m['seconds']:.0f} s")
+            log(f"  peak RSS tree {mb(m.tree)}, CLI {mb(m.main)}; {m.seconds:.0f} s")
             rows.append(row(f"one text of {characters / 1e6:g}M characters, {method}", m, size, bases[i]))
         os.unlink(path)
     for documents in args.documents:
@@ -131,8 +132,7 @@ def measure(server: Server, args, directory: str) -> list[tuple[str, ...]]:
             log(f"{documents:,} documents ({mb(size)}), {method}, --chunk-size {args.chunk_size:,}")
             m = ingest(server.url, f"{PREFIX}_{i}", path, init,
                        ["--chunk-size", str(args.chunk_size), "--workers", str(args.workers)], directory)
-            log(f"  peak RSS tree {mb(m['tree'])}, CLI {mb(m['main'])} (quarters {quarters(m)}); "
-                f"{m['seconds']:.0f} s")
+            log(f"  peak RSS tree {mb(m.tree)}, CLI {mb(m.main)} (quarters {quarters(m)}); {m.seconds:.0f} s")
             rows.append(row(f"{documents / 1000:g}k documents, --chunk-size {args.chunk_size:,}, {method}", m, size))
         os.unlink(path)
     return rows

@@ -45,9 +45,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 
-from bench_common import DATABASE_HELP, Server, log, machine, print_table, ratio
-from bench_ingest import corpus_pieces, load_average, mb, quarters, run_cli, simdb_command, write_corpus
+import psutil
+
+from bench_common import DATABASE_HELP, Server, load_average, log, machine, mb, print_table, ratio
+from bench_corpus import corpus_pieces, write_corpus
+from bench_process import ProcessRun, quarters, run_cli, simdb_command
 
 PREFIX = "simdb_bench_sources"
 TARGET = 0.9  # of the JSON-lines rate, end to end
@@ -120,9 +124,34 @@ ADD_TABLE = ["sync", "add", "corpus", "--table", f"{TABLE_SCHEMA}.corpus", "--id
 
 # -- the reader alone --------------------------------------------------------------------------------
 
-def _rss_kb(field: str) -> int:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith(field))
+#: documents between two samples of the reader's RSS
+SAMPLE_EVERY = 256
+
+
+@dataclass(frozen=True)
+class ReaderRun:
+    """The reader alone over a whole source, in a fresh process; memory in bytes."""
+
+    seconds: float
+    documents: int
+    before: int  # RSS after the imports
+    peak: int  # largest RSS sampled (every SAMPLE_EVERY documents and at each quarter)
+    quarters: list[int]  # RSS at each quarter of the source
+
+
+@dataclass(frozen=True)
+class SourceIngest:
+    """``simdb ingest`` (or ``simdb sync run``) of a whole source into a fresh index."""
+
+    run: ProcessRun
+    stored: int
+    duplicates: int
+
+
+@dataclass
+class SourceRuns:
+    read: ReaderRun
+    ingest: list[SourceIngest] = field(default_factory=list)
 
 
 def read_alone(path: str, count: int, url: str | None = None) -> dict:
@@ -135,32 +164,38 @@ def read_alone(path: str, count: int, url: str | None = None) -> dict:
         import psycopg  # noqa: F401  (as pyarrow below)
     if path.endswith(".parquet"):
         import pyarrow.parquet  # noqa: F401  (its libraries are part of what a reader costs, not of its growth)
-    before = _rss_kb("VmRSS:")
+    process = psutil.Process()
+    before = peak = process.memory_info().rss
     marks = {count * q // 4 for q in range(1, 5)}
     by_quarter, documents, start = [], 0, time.perf_counter()
     items = read_documents([path]) if url is None else source_documents(url, Source(
         "corpus", path, None, "id", "text", ("source", "published", "lang", "score")))
     for item in items:
-        documents += isinstance(item, Document)
-        if documents in marks:
-            by_quarter.append(_rss_kb("VmRSS:") * 1024)
-    return {"seconds": time.perf_counter() - start, "documents": documents, "before": before * 1024,
-            "peak": _rss_kb("VmHWM:") * 1024, "quarters": by_quarter}
+        if isinstance(item, Document):
+            documents += 1
+            if documents % SAMPLE_EVERY == 0 or documents in marks:
+                rss = process.memory_info().rss
+                peak = max(peak, rss)
+                if documents in marks:
+                    by_quarter.append(rss)
+    # a plain dict back across the process boundary: ReaderRun is made in the parent (measure_reader)
+    return {"seconds": time.perf_counter() - start, "documents": documents, "before": before, "peak": peak,
+            "quarters": by_quarter}
 
 
-def measure_reader(path: str, count: int, url: str | None = None) -> dict:
+def measure_reader(path: str, count: int, url: str | None = None) -> ReaderRun:
     with multiprocessing.get_context("spawn").Pool(1) as pool:
-        m = pool.apply(read_alone, (path, count, url))
-    if m["documents"] != count:
-        raise RuntimeError(f"the reader gave {m['documents']:,} of {count:,} documents from {path}")
-    log(f"  reader alone: {count / m['seconds']:,.0f} docs/s; RSS {mb(m['before'])} after imports, peak "
-        f"{mb(m['peak'])} (by quarter of the file: {' / '.join(mb(q) for q in m['quarters'])})")
+        m = ReaderRun(**pool.apply(read_alone, (path, count, url)))
+    if m.documents != count:
+        raise RuntimeError(f"the reader gave {m.documents:,} of {count:,} documents from {path}")
+    log(f"  reader alone: {count / m.seconds:,.0f} docs/s; RSS {mb(m.before)} after imports, peak "
+        f"{mb(m.peak)} (by quarter of the file: {' / '.join(mb(q) for q in m.quarters)})")
     return m
 
 
 # -- end to end ----------------------------------------------------------------------------------------
 
-def measure_ingest(server: Server, schema: str, path: str, count: int, args, directory: str) -> dict:
+def measure_ingest(server: Server, schema: str, path: str, count: int, args, directory: str) -> SourceIngest:
     common = ["--database-url", server.url, "--schema", schema]
     server.drop_schemas(schema)
     subprocess.run([*simdb_command(), "init", *common], check=True, stdout=subprocess.DEVNULL)
@@ -170,34 +205,33 @@ def measure_ingest(server: Server, schema: str, path: str, count: int, args, dir
         command = [*simdb_command(), "sync", "run", "corpus", *common, "--workers", str(args.workers)]
     else:
         command = [*simdb_command(), "ingest", path, *common, "--workers", str(args.workers), "--batch", "bench"]
-    m = run_cli(command, os.path.join(directory, f"{schema}.log"))
+    run = run_cli(command, os.path.join(directory, f"{schema}.log"))
     with server.admin.connect() as c:
-        m["stored"], m["duplicates"] = c.exec_driver_sql(
-            f"SELECT count(*), count(duplicate_of) FROM {schema}.documents").one()
+        stored, duplicates = c.exec_driver_sql(f"SELECT count(*), count(duplicate_of) FROM {schema}.documents").one()
     server.drop_schemas(schema)
-    if m["stored"] != count:
-        raise RuntimeError(f"the CLI stored {m['stored']:,} of {count:,} documents from {path}")
-    log(f"  ingest: {count / m['seconds']:,.0f} docs/s, {m['duplicates']:,} duplicates; peak RSS: CLI "
-        f"{mb(m['main'])} (by quarter: {quarters(m)}), tree {mb(m['tree'])}")
-    return m
+    if stored != count:
+        raise RuntimeError(f"the CLI stored {stored:,} of {count:,} documents from {path}")
+    log(f"  ingest: {count / run.seconds:,.0f} docs/s, {duplicates:,} duplicates; peak RSS: CLI "
+        f"{mb(run.main)} (by quarter: {quarters(run)}), tree {mb(run.tree)}")
+    return SourceIngest(run=run, stored=stored, duplicates=duplicates)
 
 
 # -- report ----------------------------------------------------------------------------------------
 
-def table_rows(results: dict, count: int) -> list[tuple[str, str, str, str]]:
-    base_read = results["JSON lines"]["read"]
-    baseline = sum(count / m["seconds"] for m in results["JSON lines"]["ingest"]) / len(results["JSON lines"]["ingest"])
+def table_rows(results: dict[str, SourceRuns], count: int) -> list[tuple[str, str, str, str]]:
+    base_read = results["JSON lines"].read
+    baseline = sum(count / m.run.seconds for m in results["JSON lines"].ingest) / len(results["JSON lines"].ingest)
     rows = []
     for name, m in results.items():
-        read = m["read"]
+        read = m.read
         reader = "`sync.source_documents`" if name == TABLE else "`read_documents`"
-        rows.append((f"read {name} alone: {reader}, peak RSS", f"{count / read['seconds']:,.0f} docs/s, "
-                     f"{mb(read['peak'])}", f"JSON lines {count / base_read['seconds']:,.0f} docs/s",
-                     ratio(base_read["seconds"] / read["seconds"])))
+        rows.append((f"read {name} alone: {reader}, peak RSS", f"{count / read.seconds:,.0f} docs/s, "
+                     f"{mb(read.peak)}", f"JSON lines {count / base_read.seconds:,.0f} docs/s",
+                     ratio(base_read.seconds / read.seconds)))
     for name, m in results.items():
-        rates = [count / run["seconds"] for run in m["ingest"]]
+        rates = [count / ingest.run.seconds for ingest in m.ingest]
         shown = " and ".join(f"{r:,.0f}" for r in rates) + " docs/s"
-        peak = max(run["main"] for run in m["ingest"])
+        peak = max(ingest.run.main for ingest in m.ingest)
         command = "`simdb sync run`" if name == TABLE else "`simdb ingest`"
         rows.append((f"{command} {name} (all stages), peak RSS of the CLI", f"{shown}, {mb(peak)}",
                      f"JSON lines {baseline:,.0f} docs/s (mean of first and last)",
@@ -221,7 +255,7 @@ def main(argv: list[str] | None = None) -> None:
     load_start = load_average()
     server = Server(args.database_url)
     work = tempfile.mkdtemp(prefix="simdb-bench-sources-")
-    results: dict[str, dict] = {}
+    results: dict[str, SourceRuns] = {}
     try:
         jsonl = os.path.join(work, "corpus.jsonl")
         log(f"writing {args.documents:,} documents")
@@ -236,14 +270,13 @@ def main(argv: list[str] | None = None) -> None:
             log(f"{name}: {mb(sizes[name])}")
         for name, path in paths.items():
             log(f"{name}: reader alone")
-            results[name] = {"read": measure_reader(path, args.documents, server.url if name == TABLE else None),
-                             "ingest": []}
+            results[name] = SourceRuns(measure_reader(path, args.documents, server.url if name == TABLE else None))
         order = [*paths, "JSON lines"]  # the baseline first and last
         for i, name in enumerate(order):
             log(f"{name}: simdb ingest --workers {args.workers}")
-            results[name]["ingest"].append(measure_ingest(server, f"{PREFIX}_{i}", paths[name], args.documents,
+            results[name].ingest.append(measure_ingest(server, f"{PREFIX}_{i}", paths[name], args.documents,
                                                           args, work))
-        duplicates = {name: {run["duplicates"] for run in m["ingest"]} for name, m in results.items()}
+        duplicates = {name: {ingest.duplicates for ingest in m.ingest} for name, m in results.items()}
         if len(set().union(*duplicates.values())) != 1:
             raise RuntimeError(f"the sources marked different numbers of duplicates: {duplicates}")
         version = server.version()

@@ -11,7 +11,7 @@ It measures, on this machine, in one run:
   results back); beside bare ``rjieba.cut(text, False)`` and ``jieba.lcut(text, HMM=False)`` on the same
   raw texts. The target: the whole fingerprint at >= 0.6x the rate of bare ``rjieba.cut``;
 * end to end, the ``simdb ingest`` CLI in a subprocess (``--workers``, default all cores, timed from start
-  to exit, peak memory sampled from /proc) of ``--documents`` (100k) documents composed of devset
+  to exit, peak memory sampled with psutil) of ``--documents`` (100k) documents composed of devset
   sentences (2 % near copies, lengths as in the devset) into empty archives: Chinese with SimHash and
   with MinHash (0.8, 128), English with SimHash; and, in the same run, a subprocess running
   ``jieba.lcut(text, HMM=False)`` on one core over ``--jieba-documents`` (50k) of the same Chinese
@@ -39,8 +39,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_common import DATABASE_HELP, Server, command_line, log, machine, print_table, ratio
-from bench_ingest import SENTENCE, mb, quarters, run_cli, simdb_command, write_corpus
+from bench_common import DATABASE_HELP, Server, command_line, log, machine, mb, print_table, ratio
+from bench_corpus import SENTENCE, write_corpus
+from bench_process import ProcessRun, quarters, run_cli, simdb_command
 
 from simdb import native
 from simdb.methods import Method
@@ -167,23 +168,24 @@ def compose(path: str, source: Path, count: int, sentence: re.Pattern, seed: int
 
 
 def ingest(url: str, admin, schema: str, path: str, documents: int, workers: int, init: list[str],
-           directory: str) -> dict:
+           directory: str) -> tuple[ProcessRun, int]:
+    """The CLI's run, and the bytes its archive takes."""
     common = ["--database-url", url, "--schema", schema]
     subprocess.run([*simdb_command(), "init", *common, *init], check=True, stdout=subprocess.DEVNULL)
     m = run_cli([*simdb_command(), "ingest", path, *common, "--workers", str(workers), "--batch", "bench"],
                 os.path.join(directory, f"{schema}.log"))
     with admin.connect() as c:
         stored = c.exec_driver_sql(f"SELECT count(*) FROM {schema}.documents").scalar_one()
-        m["bytes"] = c.exec_driver_sql(  # every segment with its indexes and TOAST
+        stored_bytes = c.exec_driver_sql(  # every segment with its indexes and TOAST
             f"SELECT sum(pg_total_relation_size(inhrelid)) FROM pg_inherits "
             f"WHERE inhparent = '{schema}.documents'::regclass").scalar_one()
         c.exec_driver_sql(f"DROP SCHEMA {schema} CASCADE")
     if stored != documents:
         raise RuntimeError(f"the CLI stored {stored:,} of {documents:,} documents")
-    log(f"  {documents / m['seconds']:,.0f} docs/s ({m['seconds']:.1f} s); peak RSS CLI {mb(m['main'])} "
-        f"(quarters {quarters(m)}), largest worker {mb(m['worker'])}; CPU: CLI {m['cpu_main']:.0f} s, "
-        f"workers {m['cpu_children']:.0f} s")
-    return m
+    log(f"  {documents / m.seconds:,.0f} docs/s ({m.seconds:.1f} s); peak RSS CLI {mb(m.main)} "
+        f"(quarters {quarters(m)}), largest worker {mb(m.worker)}; CPU: CLI {m.cpu_main:.0f} s, "
+        f"workers {m.cpu_children:.0f} s")
+    return m, stored_bytes
 
 
 JIEBA_ALONE = """
@@ -224,19 +226,20 @@ def measure_end_to_end(server: Server, args, directory: str) -> list[tuple[str, 
     estimate = None
     for i, (language, method, path, size, init, target) in enumerate(runs):
         log(f"simdb ingest --workers {args.workers}: {args.documents:,} {language} documents ({mb(size)}), {method}")
-        m = ingest(server.url, server.admin, f"{PREFIX}_{i}", path, args.documents, args.workers, init, directory)
-        rate = args.documents / m["seconds"]
-        stored = f"{m['bytes'] / args.documents:,.0f} B/doc stored"
+        m, stored_bytes = ingest(server.url, server.admin, f"{PREFIX}_{i}", path, args.documents, args.workers,
+                                 init, directory)
+        rate = args.documents / m.seconds
+        stored = f"{stored_bytes / args.documents:,.0f} B/doc stored"
         if target is None:  # measured against the estimate-only run just before it
             against = (f"estimate-only MinHash: {estimate[0]:,.0f} docs/s, {estimate[1]:,.0f} B/doc", rate / estimate[0])
         else:
             against = (f"target {target:,} docs/s", rate / target)
         if init[-1:] == ["minhash"]:
-            estimate = (rate, m["bytes"] / args.documents)
+            estimate = (rate, stored_bytes / args.documents)
         rows.append((f"end to end: `simdb ingest --workers {args.workers}`, {args.documents:,} {language} docs "
                      f"({size / args.documents / 1000:.1f} KB avg), {method}, into an empty archive",
-                     f"{rate:,.0f} docs/s, {size / m['seconds'] / 1e6:.2f} MB/s, {stored} (peak RSS CLI "
-                     f"{mb(m['main'])}, worker {mb(m['worker'])})", against[0], ratio(against[1])))
+                     f"{rate:,.0f} docs/s, {size / m.seconds / 1e6:.2f} MB/s, {stored} (peak RSS CLI "
+                     f"{mb(m.main)}, worker {mb(m.worker)})", against[0], ratio(against[1])))
         if i == 0:
             rows.append((f"the same run against single-core `jieba.lcut(HMM=False)` (one process, start to exit, "
                          f"{jieba_documents:,} of the same documents)", f"{rate:,.0f} docs/s",

@@ -27,6 +27,11 @@ RUNS = [
                          "--archive", "20000", "--added", "1000", "--naive", "20", "--peer-documents", "2000",
                          "--text-documents", "300", "--memory-documents", "300,600", "--cli-chunk-size", "100",
                          "--markdown"], False),
+    ("bench_ingest_fingerprint.py", ["--min-seconds", "0.2", "--workers", "2", "--markdown"], True),
+    ("bench_ingest_archive.py", ["--quick", "--documents", "3000", "--chunk", "1000", "--archive", "20000",
+                                 "--added", "1000", "--naive", "20", "--peer-documents", "2000", "--markdown"], False),
+    ("bench_ingest_cli.py", ["--text-documents", "300", "--memory-documents", "300,600", "--cli-chunk-size", "100",
+                             "--workers", "1", "--markdown"], False),
     ("bench_sources.py", ["--documents", "500", "--workers", "1", "--markdown"], False),
     ("bench_segments.py", ["--archive", "20000", "--added", "1000", "--lookups", "20", "--markdown"], False),
     ("bench_minhash.py", ["--limit", "100", "--devset", str(DEVSET)], True),
@@ -54,6 +59,43 @@ def test_the_benchmark_runs_and_prints_its_table(script, arguments, needs_devset
                           env={**os.environ, "SIMDB_DEVSET": str(DEVSET), "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr[-3000:]
     assert "|---" in done.stdout, done.stdout[-3000:]
+
+
+def test_every_benchmark_in_scripts_is_run():
+    """A benchmark added (bench_ingest was split into parts that each run alone) is run here too."""
+    runnable = {path.name for path in (ROOT / "scripts").glob("*.py")
+                if 'if __name__ == "__main__":' in path.read_text(encoding="utf-8")}
+    assert runnable == {run[0] for run in RUNS} | {"bench_citus.py"}
+
+
+def test_the_scripts_sample_processes_with_psutil_not_proc():
+    """Issue 35: the benchmarks read /proc by hand (bench_ingest's process tree, RSS, CPU; bench_sources;
+    bench_common; bench_citus), Linux only and parsed by position; they use psutil, through bench_process."""
+    readers = [f"{path.name}:{number}" for path in sorted((ROOT / "scripts").glob("*.py"))
+               for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+               if '"/proc' in line or "'/proc" in line]
+    assert readers == []
+
+
+def test_the_sampler_names_what_it_found(tmp_path):
+    """bench_process.run_cli gives a named record: the command's own peak, its child's, the tree's, CPU seconds.
+    Oracle: the sizes the command itself allocates (a parent holding 200 MB and a child holding 100 MB, both
+    alive for a second, so that samples every 0.2 s see them)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from bench_process import ProcessRun, run_cli
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    child = "import time; held = bytearray(100 * 2**20); held[::4096] = b'x' * len(held[::4096]); time.sleep(1.5)"
+    parent = (f"import subprocess, sys, time; held = bytearray(200 * 2**20); held[::4096] = b'x' * len(held[::4096]); "
+              f"subprocess.run([sys.executable, '-c', {child!r}], check=True)")
+    run = run_cli([sys.executable, "-c", parent], str(tmp_path / "log"))
+    assert isinstance(run, ProcessRun)
+    assert run.main >= 200 * 2**20 and 100 * 2**20 <= run.worker < 200 * 2**20
+    assert run.tree >= 300 * 2**20 and run.processes == 2
+    assert run.cpu_main > 0 and len(run.quarters) == 4
+    with pytest.raises(RuntimeError, match="exited with 3"):
+        run_cli([sys.executable, "-c", "import sys; print('no'); sys.exit(3)"], str(tmp_path / "log"))
 
 
 @pytest.mark.slow
