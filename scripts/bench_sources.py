@@ -202,7 +202,8 @@ def measure_ingest(server: Server, schema: str, path: str, count: int, args, dir
     server.checkpoint()
     if path == f"{TABLE_SCHEMA}.corpus":  # the table: the source is added, then one run ingests it all
         subprocess.run([*simdb_command(), *ADD_TABLE, *common], check=True, stdout=subprocess.DEVNULL)
-        command = [*simdb_command(), "sync", "run", "corpus", *common, "--workers", str(args.workers)]
+        command = [*simdb_command(), "sync", "run", "corpus", *common, "--workers", str(args.workers),
+                   "--rejects", os.path.join(directory, f"{schema}-rejects.jsonl")]  # not in the working directory
     else:
         command = [*simdb_command(), "ingest", path, *common, "--workers", str(args.workers), "--batch", "bench"]
     run = run_cli(command, os.path.join(directory, f"{schema}.log"))
