@@ -1,4 +1,4 @@
-"""Builds simdb's compiled fast paths (``simdb/_native.c``) into the wheel, or beside the sources for an
+"""Builds simdb's compiled fast paths (``simdb/csrc/*.c``, one extension module ``simdb._native``) into the wheel, or beside the sources for an
 editable install.
 
 The extension is optional: simdb computes the same fingerprints without it, more slowly (simdb/native.py).
@@ -18,7 +18,9 @@ from pathlib import Path
 
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
-SOURCE = "simdb/_native.c"
+#: One file per kernel and the module that puts them together (simdb/csrc/module.c).
+SOURCES = ("simdb/csrc/module.c", "simdb/csrc/text.c", "simdb/csrc/simhashes.c", "simdb/csrc/minhashes.c")
+SOURCE = "simdb/csrc"
 
 
 def compile_native(root: Path, build_dir: Path) -> Path:
@@ -27,7 +29,8 @@ def compile_native(root: Path, build_dir: Path) -> Path:
     from setuptools import Distribution, Extension
     from setuptools.command.build_ext import build_ext
 
-    extension = Extension("simdb._native", [str(root / SOURCE)],
+    extension = Extension("simdb._native", [str(root / source) for source in SOURCES],
+                          depends=[str(root / SOURCE / "native.h")],
                           extra_compile_args=[] if sys.platform == "win32" else ["-O3", "-std=c99"])
     command = build_ext(Distribution({"name": "simdb", "ext_modules": [extension]}))
     command.build_lib = str(build_dir / "lib")

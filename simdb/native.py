@@ -1,4 +1,4 @@
-"""The compiled fast paths (``simdb/_native.c``), chosen once, here, at import: the per-character and
+"""The compiled fast paths (``simdb/csrc/``), chosen once, here, at import: the per-character and
 per-token loops of a fingerprint, and the per-shingle loop of a MinHash signature.
 
 No other module imports the compiled module or asks whether it is there: each calls the functions chosen

@@ -1,4 +1,4 @@
-"""The compiled fast paths (simdb/_native.c) give exactly what their Python twins give.
+"""The compiled fast paths (simdb/csrc/) give exactly what their Python twins give.
 
 Each compiled function is held to the Python function that defines it (simdb/native.py lists the pairs), on
 every devset text, on generated text rich in the characters that make paths differ (full-width and

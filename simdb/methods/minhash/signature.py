@@ -444,7 +444,7 @@ def exact_distances(sets: dict[int, np.ndarray], left: np.ndarray, right: np.nda
 def signatures(hash_sets: list[np.ndarray], settings: MinHashSettings) -> np.ndarray:
     """Signatures of many shingle-hash arrays at once: ``(len(hash_sets), num_perm)`` uint32.
 
-    The documents' hashes are laid end to end. The compiled ``minhashes`` (``simdb/_native.c``) takes each
+    The documents' hashes are laid end to end. The compiled ``minhashes`` (``simdb/csrc/``) takes each
     text's minima in one pass over its hashes, vectorized over the permutations (with AVX-512 about ten times
     numpy's speed); its twin, :func:`_signatures_in_numpy`, makes every permutation one vectorised pass with
     a segmented minimum (``np.minimum.reduceat``). Integer arithmetic: the two give the same bits.

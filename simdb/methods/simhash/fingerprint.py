@@ -492,7 +492,7 @@ def _simhashes_of_ids(ids: np.ndarray, lengths: np.ndarray, vocabulary: _Vocabul
     return _simhashes(np.concatenate(owners), np.concatenate(hashes), np.concatenate(weights), texts)
 
 
-#: The weightings ``simdb/_native.c`` computes, by its codes (``tfidf`` has no bigrams, so no batch path).
+#: The weightings ``simdb/csrc/`` computes, by its codes (``tfidf`` has no bigrams, so no batch path).
 _COMPILED_WEIGHTINGS = {"tf": 0, "sublinear_tf": 1, "binary": 2}
 
 
