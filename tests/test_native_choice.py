@@ -124,3 +124,29 @@ def test_no_module_but_native_imports_the_compiled_module_or_branches_on_it():
                         and call.func.attr == "chosen"):
                     offences.append(f"{where}:{call.lineno} chooses inside {function.name}, not once at import")
     assert offences == []
+
+
+def _hook(monkeypatch, tmp_path):
+    sys.path.insert(0, str(ROOT))
+    try:
+        import hatch_build
+    finally:
+        sys.path.remove(str(ROOT))
+
+    def no_compiler(root, build_dir):
+        raise OSError("no C compiler here (the test)")
+
+    monkeypatch.setattr(hatch_build, "compile_native", no_compiler)
+    return hatch_build.NativeBuildHook(str(tmp_path), {}, None, None, str(tmp_path), "wheel")
+
+
+def test_the_build_fails_when_required_and_says_so_on_stderr_when_not(monkeypatch, tmp_path, capfd):
+    hook = _hook(monkeypatch, tmp_path)
+    monkeypatch.setenv(native.NATIVE_ENV, "required")
+    with pytest.raises(RuntimeError, match="SIMDB_NATIVE=required and simdb/csrc did not compile .no C compiler"):
+        hook.initialize("standard", {"force_include": {}})
+    monkeypatch.delenv(native.NATIVE_ENV)
+    build_data = {"force_include": {}}
+    hook.initialize("standard", build_data)
+    assert "pure_python" not in build_data  # a pure wheel, and said so:
+    assert "building simdb WITHOUT its compiled fast paths" in capfd.readouterr().err
