@@ -1,9 +1,11 @@
-"""Builds simdb's compiled fast paths (``simdb/_native.c``) into the wheel, or beside the sources for an
+"""Builds simdb's compiled fast paths (``simdb/csrc/*.c``, one extension module ``simdb._native``) into the wheel, or beside the sources for an
 editable install.
 
 The extension is optional: simdb computes the same fingerprints without it, more slowly (simdb/native.py).
-Where it cannot be compiled (no C compiler, no Python headers), the build says so and goes on without it;
-``SIMDB_NATIVE=0`` at build time skips it. ``simdb version`` tells whether an installation has it.
+``SIMDB_NATIVE`` at build time chooses, as at run time: unset, where it cannot be compiled (no C compiler, no
+Python headers) the build says so on standard error (``pip install -v`` shows it) and goes on without it;
+``required``, the build fails instead (CI: ``scripts/test``); ``off`` (or ``0``) skips it.
+``simdb --version`` tells whether an installation takes the compiled paths.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from pathlib import Path
 
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
-SOURCE = "simdb/_native.c"
+#: One file per kernel and the module that puts them together (simdb/csrc/module.c).
+SOURCES = ("simdb/csrc/module.c", "simdb/csrc/text.c", "simdb/csrc/simhashes.c", "simdb/csrc/minhashes.c")
+SOURCE = "simdb/csrc"
 
 
 def compile_native(root: Path, build_dir: Path) -> Path:
@@ -25,7 +29,8 @@ def compile_native(root: Path, build_dir: Path) -> Path:
     from setuptools import Distribution, Extension
     from setuptools.command.build_ext import build_ext
 
-    extension = Extension("simdb._native", [str(root / SOURCE)],
+    extension = Extension("simdb._native", [str(root / source) for source in SOURCES],
+                          depends=[str(root / SOURCE / "native.h")],
                           extra_compile_args=[] if sys.platform == "win32" else ["-O3", "-std=c99"])
     command = build_ext(Distribution({"name": "simdb", "ext_modules": [extension]}))
     command.build_lib = str(build_dir / "lib")
@@ -41,17 +46,24 @@ class NativeBuildHook(BuildHookInterface):
     def initialize(self, version: str, build_data: dict) -> None:
         if self.target_name != "wheel":
             return
-        if os.environ.get("SIMDB_NATIVE", "").strip() == "0":
-            self.app.display_info("SIMDB_NATIVE=0: building simdb without its compiled fast paths")
+        asked = os.environ.get("SIMDB_NATIVE", "").strip().lower()
+        if asked in ("0", "off"):
+            print(f"simdb: SIMDB_NATIVE={asked}: building simdb without its compiled fast paths", file=sys.stderr)
             return
         root = Path(self.root)
         build_dir = Path(tempfile.mkdtemp(prefix="simdb-native-"))
         try:
             built = compile_native(root, build_dir)
         except Exception as exc:  # noqa: BLE001 -- any failure to compile leaves the pure-Python paths
-            self.app.display_warning(f"simdb: could not compile {SOURCE} ({exc}); simdb will work without its "
-                                     "compiled fast paths, several times slower at fingerprinting")
             shutil.rmtree(build_dir, ignore_errors=True)
+            if asked == "required":
+                raise RuntimeError(f"simdb: SIMDB_NATIVE=required and {SOURCE} did not compile ({exc}): install a "
+                                   "C compiler and Python's headers (Debian: apt-get install gcc python3-dev), or "
+                                   "unset SIMDB_NATIVE to build without the compiled fast paths") from exc
+            # on standard error, where `pip install -v` shows it (hatchling's warnings went unseen)
+            print(f"simdb: WARNING: could not compile {SOURCE} ({exc}); building simdb WITHOUT its compiled fast "
+                  "paths: the same fingerprints, several times slower (SIMDB_NATIVE=required makes this an "
+                  "error)", file=sys.stderr)
             return
         build_data["pure_python"] = False
         build_data["infer_tag"] = True

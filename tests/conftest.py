@@ -104,6 +104,27 @@ def devset_texts() -> list[str]:
     return [json.loads(line)["text"] for path in files for line in path.open(encoding="utf-8")]
 
 
+def use_python_twins(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Within a test, what ``SIMDB_NATIVE=off`` chooses at import: every function :mod:`simdb.native` chose set
+    to its Python twin (``tests/test_native_choice.py`` holds this list to what a process with
+    ``SIMDB_NATIVE=off`` imports)."""
+    from simdb import native
+    from simdb.methods.minhash import signature
+    from simdb.methods.simhash import fingerprint
+
+    for name, twin in native.PYTHON_TWINS.items():
+        monkeypatch.setattr(native, name, twin)
+    monkeypatch.setattr(fingerprint, "_sums_of_ids", fingerprint._simhashes_of_ids)
+    monkeypatch.setattr(fingerprint, "_batch_simhashes", fingerprint._simhashes_in_numpy)
+    monkeypatch.setattr(signature, "_minhashes", signature._signatures_in_numpy)
+
+
+@pytest.fixture
+def python_twins(monkeypatch) -> None:
+    """Every compiled path off for the test: the Python twins alone."""
+    use_python_twins(monkeypatch)
+
+
 @pytest.fixture
 def plpython(admin_engine) -> None:
     """Skips the test, saying why, where the test server cannot run simdb's Python (``simdb sql-functions``)."""

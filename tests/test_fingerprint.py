@@ -12,7 +12,8 @@ import xxhash
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from simdb import InputError, fingerprint, hamming, native
+from simdb import InputError, fingerprint, hamming
+from tests.conftest import use_python_twins
 import simdb.methods.simhash.fingerprint as fingerprint_module
 from simdb.methods.simhash.fingerprint import (FingerprintSettings, feature_vector, fingerprints, simhash,
                                               simhash_of_hashes, tokens_for, weighted_features)
@@ -217,7 +218,7 @@ def test_the_bit_sums_hold_blas_to_one_thread(monkeypatch):
     """OpenBLAS's pool, woken for a small product, spin-waits after it: a worker took 1,160 us of CPU a
     document where one thread takes 730, from the other worker and the database. (The compiled sums use no
     BLAS: this is the pure-Python path's.)"""
-    monkeypatch.setattr(native, "module", lambda: None)
+    use_python_twins(monkeypatch)
     _Recorded.threads = []
     monkeypatch.setattr(fingerprint_module, "_BYTE_BITS", fingerprint_module._BYTE_BITS.view(_Recorded))
     texts = ["数据库索引的近似重复检测", "near duplicate detection in a text archive", "第三个文本"]

@@ -181,7 +181,7 @@ COMPILED_SUMS = textwrap.dedent("""
 """)
 
 
-@pytest.mark.skipif(not native.available(), reason="the compiled module is not built here")
+@pytest.mark.skipif(not native.enabled(), reason="the compiled module is not built here")
 def test_the_compiled_sums_hold_what_a_text_has_distinct_not_a_slot_per_token():
     """4M tokens of 100 distinct ones: the tables were sized by the tokens (249 MB above the ids); they hold the
     distinct tokens and bigrams now (the ids themselves take 32 MB, made before the measure)."""

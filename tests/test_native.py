@@ -1,4 +1,4 @@
-"""The compiled fast paths (simdb/_native.c) give exactly what their Python twins give.
+"""The compiled fast paths (simdb/csrc/) give exactly what their Python twins give.
 
 Each compiled function is held to the Python function that defines it (simdb/native.py lists the pairs), on
 every devset text, on generated text rich in the characters that make paths differ (full-width and
@@ -10,7 +10,6 @@ pure-Python pipeline.
 
 from __future__ import annotations
 
-import os
 import unicodedata
 
 import numpy as np
@@ -19,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simdb import native
+from tests.conftest import use_python_twins
 from simdb.methods.minhash import signature as minhash_signature
 from simdb.methods.minhash.signature import MinHashSettings
 from simdb.methods.simhash import fingerprint as fp
@@ -30,7 +30,7 @@ from simdb.text.segment import BLOCKS_DIFFER
 from simdb.text.tokenize import TokenizerSettings, punctuated_parts, punctuated_parts_many, punctuated_runs
 
 compiled = native.module()
-needs_native = pytest.mark.skipif(compiled is None, reason="simdb._native is not built here, or SIMDB_NATIVE=0")
+needs_native = pytest.mark.skipif(compiled is None, reason="simdb._native is not built here, or SIMDB_NATIVE=off")
 
 _CHARACTERS = st.sampled_from(
     list("abcXYZ019 \t\n\u3000\u00a0,.!?;'\"()+-_~|，。！？：；（）《》、…—·「」人民日报北京中文與網路設定頭髮後來的了是和")
@@ -44,9 +44,9 @@ _TEXT = st.lists(_CHARACTERS, max_size=40).map("".join)
 def test_the_compiled_module_is_built_here():
     """The build compiles it wherever a C compiler is at hand, as on the machines the tests run on: without
     it, the comparisons below would be skipped and the speed would be the pure-Python one."""
-    if os.environ.get(native.NATIVE_ENV, "").strip() == "0":
-        pytest.skip("SIMDB_NATIVE=0 turns the compiled paths off")
-    assert native.available(), "simdb._native was not compiled: see the warnings of `pip install -e .`"
+    if native.mode() == "off":
+        pytest.skip("SIMDB_NATIVE=off turns the compiled paths off")
+    assert native.enabled(), "simdb._native was not compiled: see `pip install -v -e .`"
     assert compiled is not None and native.description() == "on"
 
 
@@ -200,7 +200,7 @@ def test_without_t2s_dictionaries_the_batch_leaves_every_text_to_the_plain_way(d
 @pytest.fixture
 def python_only(monkeypatch):
     """Every compiled path off: the Python twins alone."""
-    monkeypatch.setattr(native, "module", lambda: None)
+    use_python_twins(monkeypatch)
 
 
 def _tokens_of(texts):
@@ -210,7 +210,7 @@ def _tokens_of(texts):
 def _both_ways(token_lists, settings_, monkeypatch):
     fast = simhashes_of_tokens(token_lists, settings_)
     with monkeypatch.context() as m:
-        m.setattr(native, "module", lambda: None)
+        use_python_twins(m)
         plain = simhashes_of_tokens(token_lists, settings_)
     return fast, plain
 
@@ -262,7 +262,7 @@ def test_devset_fingerprints_are_those_of_the_pure_python_pipeline(devset_texts,
                       FingerprintSettings(tokenizer=TokenizerSettings(stopwords=False))):
         fast = fingerprints(devset_texts, settings_)
         with monkeypatch.context() as m:
-            m.setattr(native, "module", lambda: None)
+            use_python_twins(m)
             plain = fingerprints(devset_texts, settings_)
         assert fast == plain
 
@@ -303,7 +303,7 @@ def test_devset_signatures_are_those_of_numpy(devset_texts, monkeypatch):
     hash_sets = [minhash_signature.shingle_hashes(text, settings_) for text in devset_texts]
     fast = minhash_signature.signatures(hash_sets, settings_)
     with monkeypatch.context() as m:
-        m.setattr(native, "module", lambda: None)
+        use_python_twins(m)
         plain = minhash_signature.signatures(hash_sets, settings_)
     assert (fast == plain).all()
 

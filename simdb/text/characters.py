@@ -21,7 +21,7 @@ import numpy as np
 from .scripts import HAN, OTHER_WITHOUT_SPACES, character_class, expand
 from .segment import BLOCKS_DIFFER
 
-#: Class bits of :func:`character_classes`, as ``simdb/_native.c`` reads them.
+#: Class bits of :func:`character_classes`, as ``simdb/csrc/`` reads them.
 HAN_BIT, NOSPACE_BIT, WORD_BIT, DIFFERS_BIT = 1, 2, 4, 8
 BMP = 0x10000
 

@@ -25,11 +25,9 @@ def simplify(text: str) -> str:
     """Traditional Chinese -> simplified (OpenCC ``t2s``). A text that holds none of the characters at which
     the conversion can change it (:mod:`.t2s`; compiled: one bit lookup per character), or no Han character
     at all, is returned as is."""
-    compiled = native.module()
-    if compiled is not None:
-        marks = t2s.marks()
-        if marks is not None:
-            return t2s.convert(text) if compiled.any_marked(text, marks) else text
+    marks = t2s.marks()
+    if marks is not None:
+        return t2s.convert(text) if native.any_marked(text, marks) else text
     return t2s.convert(text) if HAN_CHARACTER.search(text) else text
 
 
@@ -46,12 +44,8 @@ def fold(text: str) -> str:
     in one pass of table lookups)."""
     if text.isascii():
         return text.casefold()
-    compiled = native.module()
-    if compiled is not None:
-        folded = compiled.fold(text)
-        if folded is not None:
-            return folded
-    return fold_in_python(text)
+    folded = native.fold(text)
+    return folded if folded is not None else fold_in_python(text)
 
 
 def fold_in_python(text: str) -> str:

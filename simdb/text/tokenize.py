@@ -26,7 +26,7 @@ from .. import native
 from . import t2s
 from .characters import punctuated_runs
 from .normalize import ascii_words, fold_and_simplify, strip_punctuation, text_pieces
-from .scripts import ASTRAL_CHARACTER, HAN, OTHER_WITHOUT_SPACES
+from .scripts import HAN, OTHER_WITHOUT_SPACES
 from .segment import cut, cutter
 
 TOKENIZERS = ("auto", "words", "jieba", "shingles")
@@ -113,8 +113,7 @@ def _auto_kinds(normalized: str, settings: TokenizerSettings) -> tuple[list[str]
 
 def _has_astral(text: str) -> bool:
     """Whether ``text`` holds a character beyond the Basic Multilingual Plane (compiled: without reading it)."""
-    compiled = native.module()
-    return compiled.has_astral(text) if compiled is not None else ASTRAL_CHARACTER.search(text) is not None
+    return native.has_astral(text)
 
 
 def _punctuated_parts(folded: str, settings: TokenizerSettings) -> list[str]:
@@ -123,8 +122,7 @@ def _punctuated_parts(folded: str, settings: TokenizerSettings) -> list[str]:
     :func:`_punctuated_parts_in_python`)."""
     if folded.isascii():  # no Han, no script without spaces: only words (isascii reads a flag of the string)
         return ascii_words(folded)
-    compiled = native.module()
-    runs = compiled.runs(folded) if compiled is not None else None
+    runs = native.runs(folded)
     if runs is None:
         return _punctuated_parts_in_python(folded, settings)
     return _parts_of_runs(runs, settings.shingle_size, cutter(settings.jieba_hmm))
@@ -180,8 +178,7 @@ def punctuated_kinds(folded: str, settings: TokenizerSettings = TokenizerSetting
         return [], ascii_words(folded), []
     if _has_astral(folded):  # rare: the plain way
         return _auto_kinds(strip_punctuation(folded), settings)
-    compiled = native.module()
-    runs = compiled.runs(folded) if compiled is not None else None
+    runs = native.runs(folded)
     if runs is None:
         return _punctuated_kinds_in_python(folded, settings)
     return _kinds_of_runs(runs, settings.shingle_size, cutter(settings.jieba_hmm))
@@ -207,13 +204,12 @@ def punctuated_parts_many(texts: list[str], settings: TokenizerSettings = Tokeni
     may change, and the segmenter chosen once. A short text's fingerprint spends a third of its time in the
     calls between those stages otherwise. All None where the compiled module is not built, or where t2s's
     dictionaries cannot be read (every Han text is then converted)."""
-    compiled = native.module()
     marks = t2s.marks() if simplify_script else None
-    if compiled is None or settings.name != "auto" or (simplify_script and marks is None):
+    if settings.name != "auto" or (simplify_script and marks is None):
         return [None] * len(texts)
-    cut_, size, convert, runs_of = cutter(settings.jieba_hmm), settings.shingle_size, t2s.convert, compiled.runs
+    cut_, size, convert, runs_of = cutter(settings.jieba_hmm), settings.shingle_size, t2s.convert, native.runs
     parts: list[list[str] | None] = []
-    for runs in compiled.auto_runs(texts if isinstance(texts, list) else list(texts), marks):
+    for runs in native.auto_runs(texts if isinstance(texts, list) else list(texts), marks):
         if runs.__class__ is str:  # folded text that OpenCC may change
             runs = runs_of(convert(runs))
         parts.append(None if runs is None else _parts_of_runs(runs, size, cut_))

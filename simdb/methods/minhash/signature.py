@@ -444,7 +444,7 @@ def exact_distances(sets: dict[int, np.ndarray], left: np.ndarray, right: np.nda
 def signatures(hash_sets: list[np.ndarray], settings: MinHashSettings) -> np.ndarray:
     """Signatures of many shingle-hash arrays at once: ``(len(hash_sets), num_perm)`` uint32.
 
-    The documents' hashes are laid end to end. The compiled ``minhashes`` (``simdb/_native.c``) takes each
+    The documents' hashes are laid end to end. The compiled ``minhashes`` (``simdb/csrc/``) takes each
     text's minima in one pass over its hashes, vectorized over the permutations (with AVX-512 about ten times
     numpy's speed); its twin, :func:`_signatures_in_numpy`, makes every permutation one vectorised pass with
     a segmented minimum (``np.minimum.reduceat``). Integer arithmetic: the two give the same bits.
@@ -457,11 +457,8 @@ def signatures(hash_sets: list[np.ndarray], settings: MinHashSettings) -> np.nda
     if (lengths == 0).any():
         raise ValueError("every document needs at least one shingle")
     values = np.concatenate(hash_sets).astype(np.uint64, copy=False)
-    compiled = native.module()
-    if compiled is not None:  # the same minima, each text's in one pass (vectorized over the permutations)
-        compiled.minhashes(values, lengths, a, b, out)
-        return out
-    return _signatures_in_numpy(values, lengths, a, b, out)
+    _minhashes(values, lengths, a, b, out)
+    return out
 
 
 def _signatures_in_numpy(values: np.ndarray, lengths: np.ndarray, a: np.ndarray, b: np.ndarray,
@@ -477,6 +474,11 @@ def _signatures_in_numpy(values: np.ndarray, lengths: np.ndarray, a: np.ndarray,
     # the top 32 bits of the minimum are the minimum of the top 32 bits (shifting keeps the order)
     out[:] = (minima >> np.uint64(32)).T
     return out
+
+
+#: Chosen once (:mod:`simdb.native`): the compiled minima where built (each text's in one pass, vectorized
+#: over the permutations), else their numpy twin; either fills ``out``.
+_minhashes = native.chosen("minhashes", _signatures_in_numpy)
 
 
 def signature(text: str, settings: MinHashSettings) -> np.ndarray:

@@ -302,13 +302,7 @@ def _long_fingerprint(text: str, settings: FingerprintSettings) -> int | None:
     ids = np.concatenate([ids for kind in kinds for ids in kind], dtype=np.int64)
     del kinds
     lengths = np.array([len(ids)], dtype=np.int64)
-    compiled = native.module()
-    if compiled is not None and settings.weighting in _COMPILED_WEIGHTINGS:
-        out = np.empty(1, dtype=np.uint64)
-        compiled.simhashes(ids, lengths, vocabulary.hashes, vocabulary.kinds, _SUBLINEAR, out,
-                           _COMPILED_WEIGHTINGS[settings.weighting], settings.bigrams, settings.tokenizer.stopwords)
-        return int(out[0])
-    return _simhashes_of_ids(ids, lengths, vocabulary, settings)[0]
+    return _sums_of_ids(ids, lengths, vocabulary, settings)[0]
 
 
 def feature_vector(text: str, settings: FingerprintSettings = FingerprintSettings()) -> tuple[np.ndarray, np.ndarray]:
@@ -452,10 +446,13 @@ def simhashes_of_tokens(token_lists: Sequence[list[str]], settings: FingerprintS
     texts = len(token_lists)
     if not texts:
         return []
-    vocabulary = _vocabulary(settings.seed)
-    compiled = native.module()
-    if compiled is not None and settings.weighting in _COMPILED_WEIGHTINGS:
-        return _compiled_simhashes(compiled, vocabulary, token_lists, settings)
+    return _batch_simhashes(_vocabulary(settings.seed), token_lists, settings)
+
+
+def _simhashes_in_numpy(vocabulary: _Vocabulary, token_lists: Sequence[list[str]],
+                        settings: FingerprintSettings) -> list[int]:
+    """:func:`simhashes_of_tokens` of at most :data:`BATCH_TEXTS` texts, in numpy (the definition)."""
+    texts = len(token_lists)
     ids = vocabulary.lookup(list(itertools.chain.from_iterable(token_lists)))
     if texts * max(len(vocabulary.ids), 1) ** 2 >= KEY_BOUND and texts > 1:  # the keys below could overflow
         middle = texts // 2
@@ -495,15 +492,28 @@ def _simhashes_of_ids(ids: np.ndarray, lengths: np.ndarray, vocabulary: _Vocabul
     return _simhashes(np.concatenate(owners), np.concatenate(hashes), np.concatenate(weights), texts)
 
 
-#: The weightings ``simdb/_native.c`` computes, by its codes (``tfidf`` has no bigrams, so no batch path).
+#: The weightings ``simdb/csrc/`` computes, by its codes (``tfidf`` has no bigrams, so no batch path).
 _COMPILED_WEIGHTINGS = {"tf": 0, "sublinear_tf": 1, "binary": 2}
+
+
+def _compiled_sums(compiled, ids: np.ndarray, lengths: np.ndarray, vocabulary: _Vocabulary,
+                   settings: FingerprintSettings) -> list[int]:
+    """:func:`_simhashes_of_ids` by the compiled twin: each text's features counted in hash tables and summed,
+    with the same exact signs near zero, hence the same fingerprints (``tfidf``: by numpy)."""
+    if settings.weighting not in _COMPILED_WEIGHTINGS:
+        return _simhashes_of_ids(ids, lengths, vocabulary, settings)
+    out = np.empty(len(lengths), dtype=np.uint64)
+    compiled.simhashes(ids, lengths, vocabulary.hashes, vocabulary.kinds, _SUBLINEAR, out,
+                       _COMPILED_WEIGHTINGS[settings.weighting], settings.bigrams, settings.tokenizer.stopwords)
+    return out.tolist()
 
 
 def _compiled_simhashes(compiled, vocabulary: _Vocabulary, token_lists: Sequence[list[str]],
                         settings: FingerprintSettings) -> list[int]:
-    """:func:`simhashes_of_tokens` by the compiled twin: the ids looked up in the vocabulary's dictionary
-    without the interpreter (only the new tokens are added in Python), each text's features counted in hash
-    tables and summed, with the same exact signs near zero, hence the same fingerprints."""
+    """:func:`_simhashes_in_numpy` by the compiled twins: the ids looked up in the vocabulary's dictionary
+    without the interpreter (only the new tokens are added in Python), then :func:`_compiled_sums`."""
+    if settings.weighting not in _COMPILED_WEIGHTINGS:
+        return _simhashes_in_numpy(vocabulary, token_lists, settings)
     token_lists = token_lists if isinstance(token_lists, list) else list(token_lists)
     lengths = np.fromiter(map(len, token_lists), dtype=np.int64, count=len(token_lists))
     ids = np.empty(int(lengths.sum()), dtype=np.int64)
@@ -514,10 +524,12 @@ def _compiled_simhashes(compiled, vocabulary: _Vocabulary, token_lists: Sequence
             ids = vocabulary.lookup(list(itertools.chain.from_iterable(token_lists)))
         else:
             ids[ids < 0] = added
-    out = np.empty(len(token_lists), dtype=np.uint64)
-    compiled.simhashes(ids, lengths, vocabulary.hashes, vocabulary.kinds, _SUBLINEAR, out,
-                       _COMPILED_WEIGHTINGS[settings.weighting], settings.bigrams, settings.tokenizer.stopwords)
-    return out.tolist()
+    return _compiled_sums(compiled, ids, lengths, vocabulary, settings)
+
+
+#: Chosen once (:mod:`simdb.native`): the compiled sums and batches where built, else their numpy twins.
+_sums_of_ids = native.chosen(_compiled_sums, _simhashes_of_ids)
+_batch_simhashes = native.chosen(_compiled_simhashes, _simhashes_in_numpy)
 
 
 def _simhashes(owner: np.ndarray, hashes: np.ndarray, weights: np.ndarray, texts: int) -> list[int]:
