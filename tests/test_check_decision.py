@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from simdb import Index
+from simdb import Index, InputError
 from simdb.check import check
 from simdb.ingest import IngestOptions
 from simdb.inputs import DEFAULT_MAX_CHARS, Document, read_documents
@@ -84,7 +84,10 @@ def test_check_gives_ingests_verdicts_on_fuzzed_files(indexes, admin_engine, tmp
     for number, (fmt, data, compression) in enumerate([*earlier, new]):
         path = folder / (f"{number}.{fmt}" + (f".{compression}" if compression else ""))
         path.write_bytes(compress(data, compression))
-        items = list(read_documents([str(path)], skip_errors=True, max_chars=MAX_CHARS))
+        try:
+            items = list(read_documents([str(path)], skip_errors=True, max_chars=MAX_CHARS))
+        except InputError:  # an error of the whole file (a header naming a column twice): no records
+            items = []
         if number < len(earlier):  # the archive's earlier batches
             index.ingest(items, IngestOptions(batch=f"earlier-{number}", chunk_size=3, on_error="skip",
                                               max_chars=MAX_CHARS, rejects="/dev/null"))
