@@ -31,7 +31,7 @@ from simdb.inputs import Document
 from simdb.samples import corpus
 
 ROOT = Path(__file__).resolve().parents[1]
-DEVSET = Path("/work/shared/devset/docs")
+DEVSET = Path(os.environ.get("SIMDB_DEVSET", "/work/shared/devset")) / "docs"
 METHODS = {"simhash": {}, "minhash": {"method": "minhash", "threshold": 0.7}}
 TIME_CHECK = """
 import hashlib, sys, time

@@ -135,13 +135,12 @@ def _decided(connection: sa.Connection, method: Method, matched: list[tuple[int,
         lambda wanted: input_or_stored(wanted, earlier.hashes, lambda some: reads.content_hashes(connection, some)))
     names = input_or_stored(decision.duplicates[:, 1], earlier.names,
                             lambda some: reads.external_ids(connection, some))
-    statuses = decision.statuses()
+    statuses = decision.statuses(ids.tolist())
     duplicates = {probe: (names[match], distance) for probe, match, distance in decision.duplicates.tolist()}
     earlier.chunks.append((ids, stored, keys))
     outcome = {}
-    for i, (position, item) in zip(ids.tolist(), matched):
+    for i, status, (position, item) in zip(ids.tolist(), statuses, matched):
         duplicate_of, distance = duplicates.get(i, (None, None))
         outcome[position] = verdict(method, position=position, external_id=item.document.external_id,
-                                    status=statuses.get(i, "new"), batch=batch, duplicate_of=duplicate_of,
-                                    distance=distance)
+                                    status=status, batch=batch, duplicate_of=duplicate_of, distance=distance)
     return outcome

@@ -31,11 +31,11 @@ class ChunkDecision:
     duplicates: np.ndarray
     exact: list[int]
 
-    def statuses(self) -> dict[int, str]:
-        """{id: "exact" or "near"} of the matched records; every other record of the chunk is "new" (the same rule
-        as the ``CASE`` by which ``ingest`` records them from :attr:`exact` and :attr:`duplicates`)."""
-        exact = set(self.exact)
-        return {i: "exact" if i in exact else "near" for i in self.duplicates[:, 0].tolist()}
+    def statuses(self, ids: Iterable[int]) -> list[str]:
+        """The status of each of the chunk's records ``ids``: "exact", "near" or "new" (the rule of the ``CASE`` by
+        which ``ingest`` records them from :attr:`exact` and :attr:`duplicates`)."""
+        exact, matched = set(self.exact), set(self.duplicates[:, 0].tolist())
+        return ["exact" if i in exact else "near" if i in matched else "new" for i in ids]
 
 
 def decide_chunk(method: Method, earlier_pairs: Iterable[np.ndarray], ids: np.ndarray, stored: Sequence,
