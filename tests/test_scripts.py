@@ -43,6 +43,8 @@ RUNS = [
     ("simhash_ceiling.py", ["--categories", "long-en", "--seeds", "1", "--devset", str(DEVSET), "--markdown"], True),
     ("short_texts.py", ["--limit", "300", "--devset", str(DEVSET), "--markdown"], True),
     ("bench_cli.py", ["--runs", "1", "--markdown"], False),
+    ("bench_check.py", ["--docs", "300", "--archive", "300", "--runs", "1", "--baseline", str(ROOT), "--markdown"],
+     False),
 ]
 #: the scripts that do not use PostgreSQL, or only an embedded one of their own
 NO_DATABASE = {"bench_minhash.py", "simhash_ceiling.py", "short_texts.py", "bench_cli.py"}

@@ -7,7 +7,7 @@ candidate joins match the staging table against each segment of the archive (by 
 order, :mod:`simdb.pg.probes`, or, for a segment of few documents per probe, in memory,
 :mod:`simdb.pg.in_memory`) and against the chunk's earlier
 documents; the verified pairs give each document its earliest near-duplicate, its cluster and whether
-its exact text is stored (:func:`exact_duplicates`), and one ``INSERT ... SELECT`` stores the chunk:
+its exact text is stored (:func:`simdb.decisions.decide_chunk`, as ``check`` decides), and one ``INSERT ... SELECT`` stores the chunk:
 into the active segment, or, for a chunk of at least the policy's ``bulk_chunk`` documents, into a bare
 segment of its own that is indexed and attached after it is filled (:func:`simdb.pg.segments.place_chunk`).
 Every input record's outcome goes to ``records`` and the batch row is updated with the counts and how
@@ -16,7 +16,6 @@ many input records it has consumed.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -26,7 +25,7 @@ import sqlalchemy as sa
 
 from ..errors import BatchError, InputError, SimdbError
 from ..inputs import checks
-from ..matches import distinct, earliest
+from ..decisions import decide_chunk
 from ..methods import Method
 from .catalog import check_layout, record_segmenter
 from .citus import is_distributed
@@ -124,20 +123,21 @@ def store_chunk(connection: sa.Connection, schema: str, method: Method, chunk, *
         connection.execute(sa.text("DELETE FROM staging WHERE id = ANY(:ids)"), {"ids": unstored})
     connection.exec_driver_sql("ANALYZE staging")
 
-    k = method.max_distance
-    wide = method.candidate_distance(k)  # k itself unless the method decides by the texts
+    wide = method.candidate_distance(method.max_distance)  # the distance itself unless the method decides by the texts
     staged = ~np.isin(ids, unstored)
     staged_ids, staged_sketches, staged_keys = ids[staged], _kept(stored_sketches, staged), keys[staged]
-    pairs = method.decide(distinct(itertools.chain(  # (new id, earlier id, distance), every pair
-        segment_pairs(connection, method, "staging", count - len(unstored), wide, below=int(ids[0]) if count else 1,
-                      probe_rows=lambda: _probe_rows(ids, stored_sketches, keys, set(unstored)),
-                      memory_probes=lambda: MemoryProbes.of(method, staged_ids, staged_sketches, staged_keys)),
-        [method.pairs_within(staged_ids, staged_sketches, staged_keys, wide)])),  # the chunk's own pairs, from memory
+    decision = decide_chunk(  # the decision ``check`` reaches the same way
+        method, segment_pairs(connection, method, "staging", count - len(unstored), wide,
+                              below=int(ids[0]) if count else 1,
+                              probe_rows=lambda: _probe_rows(ids, stored_sketches, keys, set(unstored)),
+                              memory_probes=lambda: MemoryProbes.of(method, staged_ids, staged_sketches, staged_keys)),
+        staged_ids, staged_sketches, staged_keys,
         lambda wanted: chunk_or_stored(connection, ids, wanted, "text",  # UTF-8 in the chunk
-                                       None if texts is None else lambda at: texts[at].decode("utf-8")), k)
-    duplicates = earliest(pairs)
+                                       None if texts is None else lambda at: texts[at].decode("utf-8")),
+        lambda wanted: chunk_or_stored(connection, ids, np.asarray(wanted, dtype=np.int64), "content_hash",
+                                       chunk.content_hashes.__getitem__))
+    pairs, duplicates, exact = decision.pairs, decision.duplicates, decision.exact
     clusters = merge_clusters(connection, pairs, ids)
-    exact = exact_duplicates(connection, chunk, ids, pairs)
     copy_in(connection, "staging_exact (id)", ["int8"], ((i,) for i in exact), create=True)
     # the name of each one's earliest near-duplicate, which its verdict keeps whatever is removed later
     names = chunk_or_stored(connection, ids, duplicates[:, 1], "external_id", chunk.external_ids.__getitem__)
@@ -268,23 +268,6 @@ def stored_column(connection: sa.Connection, column: str, ids: list[int]) -> dic
         f"SELECT d.id, d.{column} FROM documents d JOIN {id_table(connection, 'wanted_ids', ids)} USING (id)").all())
     connection.exec_driver_sql("DROP TABLE wanted_ids")
     return found
-
-
-def exact_duplicates(connection: sa.Connection, chunk, ids: np.ndarray, pairs: np.ndarray) -> list[int]:
-    """The staged ids whose exact text is stored or comes earlier in the chunk, from the verified pairs.
-
-    The same text has the same sketch under the index's settings, so such a document has a pair at
-    distance 0 with it (every pair within the index's distance is found): of those pairs, the ones whose
-    two content hashes agree. This reads only the hashes of those pairs' stored sides, where probing the
-    content hash index of every segment for every staged document took 1-13 s per 100k at 10M.
-    """
-    same = pairs[pairs[:, 2] == 0]
-    if not len(same):
-        return []
-    hashes = {int(i): h for i, h in zip(ids.tolist(), chunk.content_hashes)}
-    hashes.update(stored_column(connection, "content_hash",
-                                [int(t) for t in np.unique(same[:, 1]).tolist() if t not in hashes]))
-    return sorted({int(p) for p, t in same[:, :2].tolist() if hashes[p] == hashes[t]})
 
 
 def _stored_ids(connection: sa.Connection, chunk, ids: np.ndarray, batch_id: int

@@ -223,13 +223,12 @@ def stored_ids(connection: sa.Connection, external_ids: Sequence[str]) -> dict[s
         "WHERE d.external_id = ANY(:ids)"), {"ids": list(external_ids)})}
 
 
-def stored_texts(connection: sa.Connection, content_hashes: Sequence[bytes]) -> set[bytes]:
-    """Those of ``content_hashes`` that a stored document has (its exact text is stored)."""
-    if not content_hashes:
-        return set()
-    return set(connection.execute(sa.text(
-        "SELECT DISTINCT content_hash FROM documents WHERE content_hash = ANY(:hashes)"),
-        {"hashes": list(content_hashes)}).scalars())
+def content_hashes(connection: sa.Connection, ids: Sequence[int]) -> dict[int, bytes]:
+    """{id: content hash} of those of the stored documents ``ids`` (read-only: the ids go in an array)."""
+    if not len(ids):
+        return {}
+    return dict(connection.execute(sa.text("SELECT id, content_hash FROM documents WHERE id = ANY(:ids)"),
+                                   {"ids": [int(i) for i in ids]}).all())
 
 
 def pairs(connection: sa.Connection, condition: str, params: dict) -> Iterator[sa.Row]:
