@@ -1144,7 +1144,9 @@ def _origin(source) -> str:
     where = f"table {source.relation}" if source.relation else "a query"
     order = f"by ({source.watermark_column}, {source.id_column})" if source.watermark_column else \
         f"by {source.id_column}, new ids only"
-    server = f" on {source.source_url}" if source.source_url else ""
+    from .pg.database import redact
+
+    server = f" on {redact(source.source_url)}" if source.source_url else ""  # stored without one: and if not
     return f"{where}{server}, read {order}"
 
 

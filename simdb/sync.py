@@ -57,12 +57,15 @@ __all__ = ["ON_CHANGE", "Source", "add_source", "list_sources", "run_source"]
 
 
 def stored_url(url: str | None) -> tuple[str | None, bool]:
-    """A source URL as a source row keeps it, without its password; and whether it had one."""
+    """A source URL as a source row keeps it, without its passwords (userinfo, ``?password=``,
+    ``?sslpassword=``, libpq's ``password=``); and whether it had one."""
     if url is None:
         return None, False
     parsed = postgres_url(url)
+    secret_parameters = [name for name in parsed.query if name.lower().endswith("password")]
     kept = parsed._replace(password=None).set(drivername="postgresql")  # URL.set() takes None as "unchanged"
-    return kept.render_as_string(hide_password=False), bool(parsed.password or secrets_in(url))
+    kept = kept.difference_update_query(secret_parameters)
+    return kept.render_as_string(hide_password=False), bool(parsed.password or secret_parameters or secrets_in(url))
 
 
 def add_source(engine: sa.Engine, own_url: str, *, name: str, table: str | None = None, query: str | None = None,

@@ -162,6 +162,28 @@ def test_a_source_password_is_neither_stored_nor_printed(database_url, schema, t
     assert failed.exit_code == 1 and "s3cr3t-sync" not in failed.output and "***" in failed.output
 
 
+@pytest.mark.parametrize("form", ["query", "sslpassword", "keywords"])
+def test_a_password_in_the_source_urls_parameters_is_neither_stored_nor_printed(database_url, schema, table, run,
+                                                                                admin_engine, form):
+    """A review found ``?password=`` and ``?sslpassword=`` kept in the stored URL (only a userinfo password was
+    left out), printed by ``sync add`` and ``sync list`` and readable by the reader role."""
+    create_table(database_url, table, source_rows(4, 5, bad=False))
+    assert run("init").exit_code == 0
+    url = sa.make_url(database_url)
+    source_url = {"query": f"{url.render_as_string(hide_password=False)}?password=s3cr3t-q&application_name=simdb",
+                  "sslpassword": f"{url.render_as_string(hide_password=False)}?sslpassword=s3cr3t-q",
+                  "keywords": f"host={url.host} port={url.port} dbname={url.database} user={url.username} "
+                              f"password=s3cr3t-q"}[form]
+    added = run("sync", "add", "t", "--table", table, "--id", "id", "--text", "body", "--source-url", source_url)
+    assert added.exit_code == 0, added.output
+    assert "s3cr3t-q" not in added.output and "password is not stored" in added.output
+    for listed in (run("sync", "list"), run("sync", "list", "--json")):
+        assert listed.exit_code == 0 and "s3cr3t-q" not in listed.output, listed.output
+    with admin_engine.connect() as connection:
+        stored = connection.exec_driver_sql(f"SELECT source_url FROM {schema}.sync_sources").scalar_one()
+    assert stored and "s3cr3t-q" not in stored and "password" not in stored.lower()
+
+
 def test_bad_rows_are_rejects_naming_the_source_and_the_row(database_url, schema, table, tmp_path):
     rows = source_rows(5, 20)
     create_table(database_url, table, rows)
