@@ -62,11 +62,11 @@ def test_the_server_outlives_a_command_and_stops_after_the_idle_time(data_dir):
 
 
 def test_a_connected_client_keeps_it_up(data_dir):
-    simdb(data_dir, "init")
+    simdb(data_dir, "init", idle="6")  # long enough for the client to connect on a loaded machine
     pid = embedded.postmaster_pid(data_dir)
     socket_dir = (data_dir / "postmaster.pid").read_text().splitlines()[4]
     with psycopg.connect(host=socket_dir, user="postgres", dbname="postgres") as client:
-        time.sleep(6)  # twice the idle time
+        time.sleep(9)  # one and a half times the idle time
         assert embedded.postmaster_pid(data_dir) == pid
         assert client.execute("SELECT count(*) FROM simdb.documents").fetchone() == (0,)
     assert wait_until(lambda: embedded.postmaster_pid(data_dir) is None)
@@ -84,3 +84,14 @@ def test_a_bad_idle_time_is_one_line():
     assert result.stderr.strip().splitlines() == [
         "Error: SIMDB_SERVER_IDLE='soon' is not a number of seconds: set it to how long the embedded PostgreSQL "
         "stays up after its last use (0 stops it with the last simdb process)"]
+
+
+def test_a_relative_data_directory_such_as_the_current_one_works(data_dir):
+    """A review found ``--data-dir .`` (as ``cd pgdata && simdb ...``) refused: its lock and watcher files were
+    named from the path's last part, which ``.`` has none of."""
+    data_dir.mkdir()
+    for arguments in (["init"], ["stats", "--json"]):
+        result = subprocess.run([sys.executable, "-m", "simdb", *arguments, "--data-dir", "."], cwd=data_dir,
+                                env=environment(".", "3"), capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["documents"] == 0

@@ -65,7 +65,8 @@ def start_embedded(data_dir: str | Path | None = None, *, idle: float = 0):
     ``idle`` is how many seconds it stays up after its last use (a watcher stops it); 0 stops it when the
     last process using it exits (or calls the handle's ``cleanup()``), as tests and benchmarks want of a
     server in a temporary directory."""
-    path = Path(data_dir) if data_dir is not None else default_data_dir()
+    # absolute: its lock and watcher files are named after its last part, which "." has none of
+    path = (Path(data_dir) if data_dir is not None else default_data_dir()).absolute()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
