@@ -244,6 +244,8 @@ _LOOKUPS = re.compile(r"FROM \(\n(?P<lookups>.*?)\n\s*\) c\s+WHERE", re.S)
 def _as_plpgsql(statement: str, parallel_safe: bool) -> str:
     attributes = "STABLE PARALLEL SAFE" if parallel_safe else "STABLE"
     statement = statement.replace("LANGUAGE plpgsql STABLE PARALLEL SAFE AS", f"LANGUAGE plpgsql {attributes} AS")
+    if not parallel_safe:  # distributed: Citus plans no generic plan's parameters, only PL/pgSQL's values
+        statement = statement.replace(" SET plan_cache_mode = force_generic_plan", "")
     return _SQL_BODY.sub(lambda m: f"LANGUAGE plpgsql {attributes} AS $$\n#variable_conflict use_column\nBEGIN\n"
                                    f"RETURN QUERY {m.group(1).strip()};\nEND $$", statement)
 
