@@ -24,7 +24,7 @@ def environment(data_dir, idle: str) -> dict[str, str]:
     return {**found, "SIMDB_DATA_DIR": str(data_dir), embedded.IDLE_ENV: idle}
 
 
-def simdb(data_dir, *arguments, idle="3"):
+def simdb(data_dir, *arguments, idle="10"):
     result = subprocess.run([sys.executable, "-m", "simdb", *arguments], env=environment(data_dir, idle),
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
@@ -52,7 +52,7 @@ def data_dir(tmp_path):
 def test_the_server_outlives_a_command_and_stops_after_the_idle_time(data_dir):
     simdb(data_dir, "init")
     started = embedded.postmaster_pid(data_dir)
-    assert started is not None, "the server stopped with the command although SIMDB_SERVER_IDLE=3"
+    assert started is not None, "the server stopped with the command although SIMDB_SERVER_IDLE=10"
     stats = json.loads(simdb(data_dir, "stats", "--json"))
     assert stats["documents"] == 0
     assert embedded.postmaster_pid(data_dir) == started, "the second command started another server"
@@ -62,11 +62,11 @@ def test_the_server_outlives_a_command_and_stops_after_the_idle_time(data_dir):
 
 
 def test_a_connected_client_keeps_it_up(data_dir):
-    simdb(data_dir, "init", idle="6")  # long enough for the client to connect on a loaded machine
+    simdb(data_dir, "init", idle="10")  # long enough for the next step on a loaded machine
     pid = embedded.postmaster_pid(data_dir)
     socket_dir = (data_dir / "postmaster.pid").read_text().splitlines()[4]
     with psycopg.connect(host=socket_dir, user="postgres", dbname="postgres") as client:
-        time.sleep(9)  # one and a half times the idle time
+        time.sleep(15)  # one and a half times the idle time
         assert embedded.postmaster_pid(data_dir) == pid
         assert client.execute("SELECT count(*) FROM simdb.documents").fetchone() == (0,)
     assert wait_until(lambda: embedded.postmaster_pid(data_dir) is None)
