@@ -22,8 +22,10 @@ skipping or repeating a row.
   keeps the first version and records the change as the row's verdict, ``rejected`` with the reason
   "already stored with a different text" (so a run with changes exits 3); ``replace`` removes the stored
   document and its pairs (:func:`simdb.pg.remove.remove`) in the transaction of the chunk that stores the
-  new text, which is then matched like any new row.
-- **Bad rows.** A NULL id or text, an empty text, or an id the run reads twice is a reject naming the
+  new text, which is then matched like any new row; only a document of this source's batches is replaced (one
+  of another origin is a reject, as under ``keep``). A row that an interrupted run stored and its resumed run
+  (the same batch) reads again is such a changed row.
+- **Bad rows.** A NULL id or text, an empty text, or an id one run reads twice is a reject naming the
   source and the row: ``sync source NAME, row N`` (its place in the batch's input) and its id, or its
   watermark where the id is NULL. A row with a NULL id is read once (at its watermark); without a
   watermark column, by every run until it has an id. Rows whose watermark is NULL are not read until it
