@@ -22,8 +22,10 @@ skipping or repeating a row.
   keeps the first version and records the change as the row's verdict, ``rejected`` with the reason
   "already stored with a different text" (so a run with changes exits 3); ``replace`` removes the stored
   document and its pairs (:func:`simdb.pg.remove.remove`) in the transaction of the chunk that stores the
-  new text, which is then matched like any new row.
-- **Bad rows.** A NULL id or text, an empty text, or an id the run reads twice is a reject naming the
+  new text, which is then matched like any new row; only a document of this source's batches is replaced (one
+  of another origin is a reject, as under ``keep``). A row that an interrupted run stored and its resumed run
+  (the same batch) reads again is such a changed row.
+- **Bad rows.** A NULL id or text, an empty text, or an id one run reads twice is a reject naming the
   source and the row: ``sync source NAME, row N`` (its place in the batch's input) and its id, or its
   watermark where the id is NULL. A row with a NULL id is read once (at its watermark); without a
   watermark column, by every run until it has an id. Rows whose watermark is NULL are not read until it
@@ -42,7 +44,7 @@ from datetime import datetime, timedelta, timezone
 
 import sqlalchemy as sa
 
-from .errors import InputError, Row, SimdbError
+from .errors import InputError, Row, SimdbError, place
 from .ingest import BatchSummary, IngestOptions, ingest
 from .ingest_options import DEFAULT_ITERSIZE, ON_CHANGE
 from .inputs import Document, checks
@@ -128,7 +130,10 @@ class _Positions:
 
 
 def _records(source: Source, rows: Iterator[tuple], positions: _Positions) -> Iterator[Document | InputError]:
-    where = f"sync source {source.name}"
+    """The run's rows as documents, or errors. An id this run reads twice is a reject here, in memory (its
+    first row's place kept by id): the index cannot tell it apart from a row that an earlier, interrupted run
+    of the same batch stored and that was read again because its watermark moved (a changed row)."""
+    where, first_at = f"sync source {source.name}", {}
     for row_id, text, metadata, watermark in rows:
         positions.note(watermark, row_id)
         row = Row(positions.read)  # its place in the batch's input: "sync source NAME, row N"
@@ -137,13 +142,18 @@ def _records(source: Source, rows: Iterator[tuple], positions: _Positions) -> It
                 at = f" (watermark {watermark})" if watermark is not None else ""
                 raise InputError(f"a row{at} has a NULL id column {source.id_column!r}", path=where, line=row,
                                  hint="give every row an id")
+            if row_id in first_at:
+                raise checks.repeated_id(row_id, place(where, row), f"first at {place(where, first_at[row_id])}")
             with checks.about(row_id):
                 checks.check_string(row_id, where, row, "id")
                 if text is None:
                     raise InputError(f"the row with id {row_id!r} has a NULL text column {source.text_column!r}",
                                      path=where, line=row, hint="give the row a text, or leave it out of the source")
                 checks.check_text(text, where, row)
-                yield Document(row_id, text, checks.metadata(metadata, None, None, where, row), path=where, line=row)
+                document = Document(row_id, text, checks.metadata(metadata, None, None, where, row), path=where,
+                                    line=row)
+            first_at[row_id] = row
+            yield document
         except InputError as error:
             if error.external_id is None and row_id is not None:
                 error.external_id = row_id
@@ -189,17 +199,17 @@ def _run(engine, schema, method, own_url, name, options, source_url, itersize, s
         consumed = pg.running_batch(connection, source.batch)
     resumed = consumed is not None
     batch = source.batch if resumed else f"sync-{name}-{datetime.now(timezone.utc):%Y%m%dT%H%M%S.%fZ}"
-    positions = _Positions(consumed or 0, source)
+    positions, origin = _Positions(consumed or 0, source), f"sync {name}"  # origin: its batches' source
 
     def replace_changed(connection: sa.Connection, chunk) -> None:
-        pg.remove_changed(connection, schema, method, chunk.external_ids, chunk.content_hashes, batch)
+        pg.remove_changed(connection, schema, method, chunk.external_ids, chunk.content_hashes, origin)
 
     def advance(connection: sa.Connection, position: int) -> None:
         pg.advance(connection, name, *positions.at(position), batch)
 
     url = source_url or source.source_url or own_url
     rows = pg.source_rows(url, source, itersize)
-    run_options = replace(options, batch=batch, resume=resumed, source=f"sync {name}", items_follow_position=True,
+    run_options = replace(options, batch=batch, resume=resumed, source=origin, items_follow_position=True,
                           before_chunk=replace_changed if source.on_change == "replace" else None,
                           after_chunk=advance)
     try:

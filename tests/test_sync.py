@@ -110,7 +110,8 @@ def other_database(database_url):
 def run_options(tmp_path: Path, **more) -> IngestOptions:
     """A run's options, its rejects file under ``tmp_path`` (the default is in the working folder)."""
     more.setdefault("rejects", str(tmp_path / f"rejects-{uuid.uuid4().hex[:8]}.jsonl"))
-    return IngestOptions(on_error="skip", chunk_size=more.pop("chunk_size", 7), workers=1, **more)
+    more.setdefault("on_error", "skip")
+    return IngestOptions(chunk_size=more.pop("chunk_size", 7), workers=1, **more)
 
 
 def test_runs_over_a_table_give_the_oracles_verdicts_row_by_row(database_url, schema, table, admin_engine, tmp_path):
@@ -443,3 +444,160 @@ def test_lag_holds_back_rows_whose_watermark_is_too_recent(database_url, schema,
             connection.exec_driver_sql("UPDATE sync_sources SET lag = interval '0'")
         second = index.sync_run("src", run_options(tmp_path))
         assert [v.id for v in index.verdicts(second.name)] == ["2"]
+
+
+def test_replace_removes_only_the_documents_of_its_own_source(database_url, schema, table, admin_engine, tmp_path):
+    """External ids are global to the index: a replace run of source b whose ids collide with source a's rows and
+    with a plain ingest's documents stores none of them and removes none of theirs."""
+    other = f"{table}_b"
+    rows_a = [(i, CORPUS[i]["text"], f"a {i}", START) for i in range(1, 11)]
+    rows_b = [(i, CORPUS[20 + i]["text"], f"b {i}", START) for i in range(1, 11)]
+    rows_b.append((99, CORPUS[40]["text"], "b 99", START))  # an id of the plain ingest, another text
+    create_table(database_url, table, rows_a)
+    create_table(database_url, other, rows_b)
+    with Index.create(database_url, schema=schema) as index:
+        index.add_many([Document("99", CORPUS[50]["text"])], batch="plain")
+        index.sync_add("a", table=table, id_column="id", text_column="body", watermark_column="updated_at")
+        index.sync_add("b", table=other, id_column="id", text_column="body", watermark_column="updated_at",
+                       on_change="replace")
+        index.sync_run("a", run_options(tmp_path))
+        summary = index.sync_run("b", run_options(tmp_path))
+        verdicts = {v.id: v for v in index.verdicts(summary.name)}
+    with admin_engine.connect() as connection:
+        stored = dict(connection.execute(sa.text(f"SELECT external_id, content_hash FROM {schema}.documents")).all())
+    want = {str(row[0]): content_hash(row[1]) for row in rows_a}
+    want["99"] = content_hash(CORPUS[50]["text"])
+    assert stored == want
+    different = {str(row[0]) for row in rows_b if content_hash(row[1]) != want[str(row[0])]}
+    assert {i for i, v in verdicts.items() if v.status == "rejected" and "different text" in v.reason} == different
+    assert summary.documents == 0 and summary.rejected == len(different) == 11
+    assert len(assert_consistent(admin_engine, schema)) == 11
+
+
+def test_a_replace_run_waits_for_a_removal_under_way_before_it_looks_for_changed_rows(database_url, schema, table,
+                                                                                    admin_engine, tmp_path):
+    """A `simdb remove --id X` that commits while the run's chunk is looking for changed rows: the chunk sees
+    the removal (X is stored as a new row), rather than removing X again and failing with "no stored document"."""
+    import time
+
+    from simdb.pg.remove import remove
+
+    rows = source_rows(17, 12, bad=False)
+    create_table(database_url, table, rows)
+    changed, new_text = rows[3][0], CORPUS[130]["text"]
+    with Index.create(database_url, schema=schema) as index:
+        method = index.settings.method
+        index.sync_add("src", table=table, id_column="id", text_column="body", watermark_column="updated_at",
+                       on_change="replace")
+        index.sync_run("src", run_options(tmp_path))
+        with psycopg.connect(database_url, autocommit=True) as connection:
+            connection.execute(f"UPDATE {table} SET body = %s, updated_at = %s WHERE id = %s",
+                               (new_text, START + timedelta(days=1), changed))
+        with index.database.engine.connect() as remover, psycopg.connect(database_url, autocommit=True) as watcher, \
+                Concurrently() as threads:
+            remover.begin()
+            remove(remover, schema, method, external_ids=[str(changed)])  # holds the ingest lock
+            holder = remover.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
+            run = threads.start(index.sync_run, "src", run_options(tmp_path))
+            while not watcher.execute("SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
+                                      (holder,)).fetchone()[0]:  # a transaction's own view of it would stand still
+                assert not run.done(), run.result()
+                time.sleep(0.05)
+            remover.commit()
+            summary = run.result(120)
+        got = {v.id: v for v in index.verdicts(summary.name)}[str(changed)]
+    survivors = [(str(row[0]), method.sketch(row[1]), content_hash(row[1])) for row in in_order(rows)
+                 if row[0] != changed]
+    assert (got.id, got.status, got.duplicate_of, got.distance) == \
+        oracle(method, survivors, [Document(str(changed), new_text)])[0]
+    assert len(assert_consistent(admin_engine, schema)) == 12
+
+
+def _killed_after_first_chunk(monkeypatch, index, name: str, options: IngestOptions) -> None:
+    """Run source ``name`` and stop it (as a kill would) once its first chunk has committed."""
+    from simdb import ingest as ingest_module
+
+    synced = ingest_module.sync_all
+
+    def stop(files, position):
+        raise KeyboardInterrupt("killed after the first chunk")
+
+    monkeypatch.setattr(ingest_module, "sync_all", stop)
+    with pytest.raises(KeyboardInterrupt):
+        index.sync_run(name, options)
+    monkeypatch.setattr(ingest_module, "sync_all", synced)
+
+
+@pytest.mark.parametrize("policy", ["keep", "replace"])
+def test_a_resumed_run_reads_a_row_its_killed_run_stored_as_a_changed_row(policy, monkeypatch, database_url, schema,
+                                                                          table, admin_engine, tmp_path):
+    rows = source_rows(13, 14, bad=False)
+    create_table(database_url, table, rows)
+    first_chunk = in_order(rows)[:7]
+    changed, touched, new_text = first_chunk[2][0], first_chunk[4][0], CORPUS[120]["text"]
+    with Index.create(database_url, schema=schema) as index:
+        method = index.settings.method
+        index.sync_add("src", table=table, id_column="id", text_column="body", watermark_column="updated_at",
+                       on_change=policy)
+        _killed_after_first_chunk(monkeypatch, index, "src", run_options(tmp_path))
+        with psycopg.connect(database_url, autocommit=True) as connection:
+            connection.execute(f"UPDATE {table} SET body = %s, updated_at = %s WHERE id = %s",
+                               (new_text, START + timedelta(days=1), changed))
+            connection.execute(f"UPDATE {table} SET updated_at = %s WHERE id = %s", (START + timedelta(days=1), touched))
+        on_error = "skip" if policy == "keep" else "stop"  # keep rejects the changed row
+        resumed = index.sync_run("src", run_options(tmp_path, on_error=on_error))
+        verdicts = {v.id: v for v in index.verdicts(resumed.name)}
+    with admin_engine.connect() as connection:
+        digest = connection.execute(sa.text(f"SELECT content_hash FROM {schema}.documents WHERE external_id = :id"),
+                                    {"id": str(changed)}).scalar_one()
+    assert verdicts[str(touched)].status == "already_stored"
+    if policy == "keep":
+        assert verdicts[str(changed)].status == "rejected" and "different text" in verdicts[str(changed)].reason
+        assert digest == content_hash(dict((row[0], row[1]) for row in rows)[changed]) and resumed.rejected == 1
+    else:
+        survivors = [(str(row[0]), method.sketch(row[1]), content_hash(row[1])) for row in in_order(rows)
+                     if row[0] != changed]
+        want = oracle(method, survivors, [Document(str(changed), new_text)])[0]
+        got = verdicts[str(changed)]
+        assert (got.id, got.status, got.duplicate_of, got.distance) == want
+        assert digest == content_hash(new_text) and resumed.rejected == 0
+    assert len(assert_consistent(admin_engine, schema)) == 14
+
+
+def test_a_row_read_twice_by_one_resumed_run_is_still_a_reject(monkeypatch, database_url, schema, table, tmp_path):
+    rows = source_rows(14, 14, bad=False)
+    create_table(database_url, table, rows)
+    with Index.create(database_url, schema=schema) as index:
+        index.sync_add("src", table=table, id_column="id", text_column="body", watermark_column="updated_at")
+        _killed_after_first_chunk(monkeypatch, index, "src", run_options(tmp_path))
+        later = in_order(rows)[9]  # read by the resumed run, then again in the same snapshot
+        insert(database_url, table, [(later[0], later[1], "again", START + timedelta(days=2))])
+        resumed = index.sync_run("src", run_options(tmp_path))
+        verdicts = list(index.verdicts(resumed.name))
+    again = [v for v in verdicts if v.id == str(later[0]) and v.status == "rejected"]
+    assert len(again) == 1 and "appears twice" in again[0].reason and resumed.rejected == 1
+
+
+def test_a_query_ending_in_a_comment_is_read(database_url, schema, table, tmp_path):
+    rows = source_rows(15, 10, bad=False)
+    create_table(database_url, table, rows)
+    with Index.create(database_url, schema=schema) as index:
+        index.sync_add("q", query=f"SELECT id, body FROM {table} -- every row", id_column="id", text_column="body")
+        assert index.sync_run("q", run_options(tmp_path)).documents == 10
+
+
+def test_checking_a_source_runs_its_query_read_only(database_url, schema, table):
+    """``sync add`` proves the query runs, and nothing it calls may write: a function the planner folds (declared
+    immutable) runs at planning time even under LIMIT 0."""
+    create_table(database_url, table, source_rows(16, 3, bad=False))
+    sequence, function = f"{table}_seq", f"{table}_bump"
+    with psycopg.connect(database_url, autocommit=True) as connection:
+        connection.execute(f"CREATE SEQUENCE {sequence}")
+        connection.execute(f"CREATE FUNCTION {function}() RETURNS bigint IMMUTABLE LANGUAGE sql "
+                           f"AS $$ SELECT nextval('{sequence}') $$")
+    with Index.create(database_url, schema=schema) as index:
+        with pytest.raises(SimdbError, match="read-only transaction"):
+            index.sync_add("w", query=f"SELECT id, body FROM {table} WHERE {function}() > 0", id_column="id",
+                           text_column="body")
+    with psycopg.connect(database_url, autocommit=True) as connection:
+        assert connection.execute(f"SELECT last_value, is_called FROM {sequence}").fetchone() == (1, False)

@@ -89,10 +89,13 @@ class ChunkResult:
 def store_chunk(connection: sa.Connection, schema: str, method: Method, chunk, *,
                  name: str, source: str, first: bool, final: bool, position: int,
                  rejects: list[tuple[int, InputError]] = (), skip_errors: bool,
-                 started_at: datetime | None = None, stored_up_to: int | None = None) -> ChunkResult:
+                 started_at: datetime | None = None, stored_up_to: int | None = None,
+                 rereads: bool = False) -> ChunkResult:
     """Match and insert one chunk inside the caller's transaction; record every input record's outcome
     (``rejects`` are the reader's, by position) and update the batch's counts. A chunk that is not the
-    batch's first follows its records ``stored_up_to`` (checked: see :func:`open_batch`)."""
+    batch's first follows its records ``stored_up_to`` (checked: see :func:`open_batch`). ``rereads``: the
+    reader rejects an id it reads twice itself (a sync run), so an id that an earlier chunk of the batch stored
+    is a row an interrupted run stored and this run read again: it is handled as one of another batch."""
     lock(connection, schema, "ingest")
     check_layout(connection, method)
     record_segmenter(connection, method)
@@ -116,7 +119,7 @@ def store_chunk(connection: sa.Connection, schema: str, method: Method, chunk, *
                             chunk.content_hashes[i], chunk.lengths[i], chunk.metadata[i],
                             *((texts[i],) if texts is not None else ()), chunk.positions[i]))
 
-    errors, unstored, already = _stored_ids(connection, chunk, ids, batch_id)
+    errors, unstored, already = _stored_ids(connection, chunk, ids, None if rereads else batch_id)
     if errors and not skip_errors:
         raise errors[0][1]
     if unstored:
@@ -270,16 +273,16 @@ def stored_column(connection: sa.Connection, column: str, ids: list[int]) -> dic
     return found
 
 
-def _stored_ids(connection: sa.Connection, chunk, ids: np.ndarray, batch_id: int
+def _stored_ids(connection: sa.Connection, chunk, ids: np.ndarray, batch_id: int | None
                 ) -> tuple[list[tuple[int, InputError]], list[int], list[tuple[int, int]]]:
     """Staged ids that are already stored: (rejects by input position, every staging id to leave out,
     (chunk index, stored document id) of the ones already stored with the same text).
 
-    The same id with the same text in another batch is a re-run: skipped. In this
-    batch, or with another text, it is an error.
+    The same id with the same text in another batch is a re-run: skipped. In this batch (``batch_id``; None:
+    every batch counts as another), or with another text, it is an error.
     """
     rows = connection.execute(sa.text(
-        "SELECT s.id, d.id AS stored_id, d.batch_id = :batch AS same_batch, d.content_hash = s.content_hash "
+        "SELECT s.id, d.id AS stored_id, d.batch_id IS NOT DISTINCT FROM :batch AS same_batch, d.content_hash = s.content_hash "
         "AS same_text, b.name FROM staging s JOIN documents d USING (external_id) JOIN batches b "
         "ON b.id = d.batch_id ORDER BY s.id"), {"batch": batch_id}).all()
     errors, unstored, already = [], [], []

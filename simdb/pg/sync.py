@@ -22,7 +22,7 @@ from psycopg import sql
 from ..errors import NotFound, SimdbError
 from ..methods import Method
 from .copy import copy_in
-from .database import redact, secrets_in, translate
+from .database import lock, redact, secrets_in, translate
 from .remove import remove
 
 
@@ -149,17 +149,21 @@ def unlock_run(connection: sa.Connection, schema: str, name: str) -> None:
 
 
 def remove_changed(connection: sa.Connection, schema: str, method: Method, external_ids: list[str],
-                   content_hashes: list[bytes], batch: str) -> list[str]:
-    """Inside a chunk's transaction, before it is stored: remove the documents of other batches that the chunk
-    holds with another text (their pairs go with them, see :mod:`simdb.pg.remove`); returns their ids."""
+                   content_hashes: list[bytes], origin: str) -> list[str]:
+    """Inside a chunk's transaction, before it is stored: remove the documents that the source's batches
+    (``batches.source`` = ``origin``, "sync NAME") stored and that the chunk holds with another text (their
+    pairs go with them, see :mod:`simdb.pg.remove`); returns their ids. An earlier chunk of the running batch
+    counts: its run read no row twice (:func:`simdb.sync._records`), so the row was stored by an interrupted run
+    and read again because it changed. A document of another origin is left to the chunk to reject."""
     if not external_ids:
         return []
+    lock(connection, schema, "ingest")  # before the SELECT: no `simdb remove` between it and remove()
     copy_in(connection, "sync_chunk (external_id, content_hash)", ["text", "bytea"],
             zip(external_ids, content_hashes), create=True)
     changed = connection.execute(sa.text(
         "SELECT DISTINCT d.external_id FROM sync_chunk c JOIN documents d USING (external_id) "
-        "JOIN batches b ON b.id = d.batch_id WHERE b.name <> :batch AND d.content_hash <> c.content_hash "
-        "ORDER BY 1"), {"batch": batch}).scalars().all()
+        "JOIN batches b ON b.id = d.batch_id WHERE b.source = :origin AND d.content_hash <> c.content_hash "
+        "ORDER BY 1"), {"origin": origin}).scalars().all()
     connection.exec_driver_sql("DROP TABLE sync_chunk")
     if changed:
         remove(connection, schema, method, external_ids=list(changed))
@@ -194,7 +198,7 @@ def select_rows(source: Source, after: bool) -> sql.Composed:
             conditions.append(sql.SQL("{} <= now() - %(lag)s").format(column["watermark"]))
     elif after:  # the rows with a NULL id come last, read again by every run until they have one
         conditions.append(sql.SQL("({i} > %(last_id)s OR {i} IS NULL)").format(i=column["id"]))
-    return sql.SQL("SELECT {id}::text, s.{text}::text, {metadata}, {watermark} FROM ({base}) AS s{where} "
+    return sql.SQL("SELECT {id}::text, s.{text}::text, {metadata}, {watermark} FROM ({base}\n) AS s{where} "
                    "ORDER BY {order}").format(
         id=column["id"], text=sql.Identifier(source.text_column), metadata=metadata,
         watermark=sql.SQL("{}::text").format(column["watermark"]) if "watermark" in column else sql.SQL("NULL"),
@@ -220,6 +224,7 @@ def connect_source(url: str) -> psycopg.Connection:
 def check_source(url: str, source: Source) -> None:
     """Read no row, but prove the source's statement runs and names its columns (at ``sync add``)."""
     with connect_source(url) as connection:
+        connection.read_only = True  # as a run reads it: nothing the statement calls may write
         try:
             connection.execute(sql.SQL("SELECT * FROM ({}) AS checked LIMIT 0").format(select_rows(source, False)),
                                parameters(source))
