@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -41,12 +44,17 @@ def wait_until(condition, seconds=60.0) -> bool:
 
 
 @pytest.fixture
-def data_dir(tmp_path):
-    path = tmp_path / "postgres"
+def data_dir():
+    """Not under pytest's temporary folder: run as root, pgserver opens the folders above the data directory to
+    the user it runs PostgreSQL as, and every pytest session that starts on the machine closes its own folder
+    again (mode 0700), so that a server lingering there lost its files mid-test (PANIC: pg_control)."""
+    folder = Path(tempfile.mkdtemp(prefix="simdb-embedded-test-"))
+    path = folder / "postgres"
     yield path
     pid = embedded.postmaster_pid(path)
     if pid is not None:  # whatever a failed test left running
         embedded.stop(path, pid)
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_the_server_outlives_a_command_and_stops_after_the_idle_time(data_dir):
