@@ -209,15 +209,16 @@ def refresh_statistics(connection: sa.Connection) -> list[str]:
     """ANALYZE the tables analysts' queries read (the tables analyzed) when one has no planner statistics, or
     when the documents outgrew theirs by a fifth: autovacuum never analyzes a partitioned table such as
     ``documents`` (only its segments), and reaches a fresh table a minute or more later, so that the views were
-    planned for empty tables. The documents are counted (an index-only scan, tens of milliseconds at 1M): the
-    statistics of the segments lag, and removals leave gaps that no id or batch count shows. Tables that another
+    planned for empty tables. The documents held are read from the batches' counts (a scan of ``documents``
+    would grow with the archive, at every batch's end); removals do not lower those counts, so after large ones
+    the tables are analyzed more often than they need, at ANALYZE's bounded sampling cost. Tables that another
     session holds (a relayout's index build) are left for the next batch: the chunk never waits for them."""
     tables = ("documents", "near_duplicates", "clusters")
     estimated = dict(connection.execute(sa.text(
         "SELECT c.relname, c.reltuples FROM pg_class c WHERE c.oid = ANY(ARRAY[to_regclass('documents'), "
         "to_regclass('near_duplicates'), to_regclass('clusters')]::oid[])")).all())
     if all(estimated.get(table, -1) >= 0 for table in tables):
-        held = connection.exec_driver_sql("SELECT count(*) FROM documents").scalar_one()
+        held = connection.exec_driver_sql("SELECT coalesce(sum(documents), 0) FROM batches").scalar_one()
         if held <= (1 + STALE_GROWTH) * estimated["documents"]:
             return []
     try:  # never wait: an index build (relayout) holds a segment's lock while it waits for this transaction
