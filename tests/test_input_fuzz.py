@@ -40,7 +40,7 @@ import pyarrow.parquet as pq
 import pytest
 import sqlalchemy as sa
 import zstandard
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from simdb import Index, InputError

@@ -23,7 +23,6 @@ import unicodedata
 import numpy as np
 import pytest
 
-import simdb.methods.minhash as minhash_method
 import simdb.methods.minhash.signature as minhash_signature
 import simdb.methods.simhash.fingerprint as fingerprint_module
 import simdb.text.normalize as normalize_module

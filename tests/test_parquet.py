@@ -307,7 +307,7 @@ def test_calibrate_reads_parquet_pairs_and_documents_as_it_reads_json_lines(run,
     assert json.loads(from_parquet.stdout)["pairs"] == 39
     write(tmp_path / "unlabelled.parquet", {"a": ["x"], "b": ["y"], "duplicate": ["yes"]})
     bad = run("calibrate", str(tmp_path / "unlabelled.parquet"))
-    assert bad.exit_code == 1 and f"unlabelled.parquet, row 1: the label 'duplicate' is 'yes'" in bad.stderr
+    assert bad.exit_code == 1 and "unlabelled.parquet, row 1: the label 'duplicate' is 'yes'" in bad.stderr
 
 
 @pytest.mark.slow

@@ -38,7 +38,7 @@ def test_until_enabled_the_functions_exist_and_say_in_one_line_how_to_enable_the
                       "`simdb query TEXT`", "`simdb fingerprint --index TEXT`"):
             assert words in message, (words, message)
     with admin_engine.connect() as connection:  # the sketch's type is the stored sketch's
-        returns = connection.execute(sa.text(f"SELECT pg_get_function_result(to_regprocedure(:f))"),
+        returns = connection.execute(sa.text("SELECT pg_get_function_result(to_regprocedure(:f))"),
                                      {"f": f"{schema}.simdb_sketch(text)"}).scalar_one()
     assert returns == ("bytea" if options["method"] == "minhash" else "bigint")
 

@@ -19,7 +19,6 @@ checking that the server's Python imports that simdb and sketches as it does.
 from __future__ import annotations
 
 import json
-import sys
 import sysconfig
 from pathlib import Path
 from typing import TYPE_CHECKING

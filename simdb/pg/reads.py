@@ -13,7 +13,7 @@ from typing import NamedTuple
 import sqlalchemy as sa
 from psycopg.rows import namedtuple_row
 
-from ..errors import NotFound, SimdbError
+from ..errors import NotFound
 from ..matches import distinct
 from ..methods import Method
 from .citus import is_distributed
