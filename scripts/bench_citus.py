@@ -148,7 +148,7 @@ def join_traffic(index: Index, fingerprints: np.ndarray) -> dict:
     every segment: probe rows and bytes sent to the workers (each intermediate result times the nodes it is
     sent to), and candidate rows and bytes received from them."""
     from simdb.bits import to_signed
-    from simdb.methods.simhash.sql import candidate_sql
+    from simdb.pg.methods.simhash import candidate_sql
     from simdb.pg.chunks import create_staging
     from simdb.pg.copy import copy_in
     from simdb.pg.segments import list_segments

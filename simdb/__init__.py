@@ -6,8 +6,6 @@ The pipeline, one layer a folder::
         -> pg (candidate joins in SQL) -> verified matches -> ingest / index / cli / report
 """
 
-__version__ = "0.1.0"
-
 import importlib
 
 from .bits import format_fingerprint, hamming, parse_fingerprint, to_signed, to_unsigned
@@ -19,6 +17,7 @@ from .methods.simhash.blocks import BlockLayout
 from .methods.simhash.fingerprint import FingerprintSettings, fingerprint
 from .settings import IndexSettings
 from .verdicts import Verdict
+from .version import __version__
 
 __all__ = [
     "BatchError", "BatchSummary", "BlockLayout", "ConnectionLost", "DatabaseUnavailable", "Document",

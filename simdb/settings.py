@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 
 from .errors import IncompatibleIndex
 from .methods import Method, SimHash
+from .version import __version__
 
 #: Documents (ids) per new segment, sealed segments of one size that merge into one, and the chunk size from
 #: which a chunk is bulk-loaded into a segment of its own (simdb.pg.segments).
@@ -86,8 +87,6 @@ class IndexSettings:
     def new(cls, *, method: str = "simhash", store_text: bool = False, **options) -> "IndexSettings":
         """Settings for a new index; ``options`` are the method's (see its ``new``); ``store_text`` keeps the
         texts (a method that decides by them keeps them anyway)."""
-        from . import __version__
-
         try:
             made = Method.named(method).new(**options)
         except TypeError as exc:  # an option of another method

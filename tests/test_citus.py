@@ -80,7 +80,7 @@ def test_the_tables_are_sharded_and_co_located_as_designed(database_url, schema)
 
 @on_citus
 def test_a_chunks_candidate_join_runs_on_every_shard_and_ships_only_the_probes(database_url, schema, admin_engine):
-    from simdb.methods.simhash.sql import candidate_sql
+    from simdb.pg.methods.simhash import candidate_sql
     from simdb.pg.chunks import create_staging
 
     with Index.create(database_url, schema=schema, distributed=True, shards=CITUS_SHARDS) as index:

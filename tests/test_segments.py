@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from simdb import Index
 from simdb.errors import IncompatibleIndex
 from simdb.pg import segments
+from simdb.pg.methods import sql_of
 from simdb.pg.segments import SegmentPolicy
 from simdb.text import content_hash
 from tests.conftest import Concurrently, assert_consistent, killed
@@ -554,8 +555,8 @@ def test_a_segment_read_into_memory_gives_the_pairs_its_index_lookups_give(datab
             copy_in(connection, f"probes_t ({', '.join(n for n, _ in columns)})", [t for _, t in columns],
                     ((int(i), s, *row) for i, s, row in zip(ids, stored, keys.tolist())), create=True)
             [segment] = segments.list_segments(connection)
-            by_index = distinct(method.candidate_pairs(connection, "probes_t", f'"{segment.name}"', k,
-                                                       index_probes=True))
+            by_index = distinct(sql_of(method).candidate_pairs(connection, "probes_t", f'"{segment.name}"', k,
+                                                               index_probes=True))
             read = distinct(in_memory.segment_pairs_in_memory(
                 connection, method, segment.name, segment.first_id, segment.first_id + 400,
                 in_memory.MemoryProbes.of(method, ids, stored, keys), k))

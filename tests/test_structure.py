@@ -1,9 +1,11 @@
 """The shape maintainers rely on: layers that point one way, frozen migrations, one place per method.
 
-* No module of simdb imports, directly or through others, a module that imports it back.
-* The layers point one way: ``text`` knows no method, ``methods`` know no surface (and of the
-  PostgreSQL layer only the COPY path), ``pg`` knows no surface; nothing outside ``methods``
-  tests which method it holds.
+* No module of simdb imports, directly or through others, a module that imports it back (a package's
+  ``__init__`` is a module like any other).
+* The layers point one way (:data:`LAYERS`: base -> text -> methods -> pg -> surfaces; ``python -m
+  tests.test_structure`` prints them): ``text`` knows no method, ``methods`` compute and know neither a
+  surface nor the database (no SQLAlchemy, psycopg, alembic or ``simdb.pg``, no SQL), ``pg`` knows no
+  surface; nothing outside ``methods`` tests which method it holds.
 * Migrations (and env.py) import nothing from simdb, so today's code cannot change what an old
   migration does; and what they create is what today's code would create (no drift).
 """
@@ -34,8 +36,29 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def bound_names(path: Path) -> set[str]:
+    """The names a module binds at its top level (and lists in ``__all__``): ``from package import name`` reads
+    such a name from the package's ``__init__``, and any other name is the package's submodule."""
+    names = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(alias.asname or alias.name).partition(".")[0] for alias in node.names}
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                names |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+                if isinstance(target, ast.Name) and target.id == "__all__":
+                    names |= {c.value for c in ast.walk(node.value) if isinstance(c, ast.Constant)}
+    return names
+
+
 def imports_of(path: Path) -> set[str]:
-    """The simdb modules a file imports, anywhere in it (lazy imports count: they are layering too)."""
+    """The simdb modules a file imports, anywhere in it (lazy imports count: they are layering too).
+
+    ``from package import name`` depends on the package's ``__init__`` when that binds ``name`` (or it is a
+    module attribute such as ``__version__``), and on the submodule ``package.name`` otherwise: Python reads
+    the attribute first and imports the submodule only when there is none."""
     module = module_name(path)
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found = set()
@@ -49,9 +72,15 @@ def imports_of(path: Path) -> set[str]:
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            if target.startswith("simdb"):
-                found.add(target)
-                found |= {f"{target}.{alias.name}" for alias in node.names}
+            if not target.startswith("simdb"):
+                continue
+            init = PACKAGE.parent / Path(*target.split(".")) / "__init__.py"
+            bound = bound_names(init) if init.exists() else None
+            for alias in node.names:
+                if bound is None or alias.name in bound or alias.name.startswith("__"):
+                    found.add(target)  # a name defined in a module, or bound by a package's __init__
+                else:
+                    found.add(f"{target}.{alias.name}")  # a submodule (compiled ones have no node in the graph)
     return found
 
 
@@ -60,38 +89,47 @@ def graph() -> dict[str, set[str]]:
     return {name: {m for m in imports_of(path) if m in modules and m != name} for name, path in modules.items()}
 
 
-def test_no_module_imports_in_a_cycle():
-    edges = graph()
-    for package in [m for m in edges if (PACKAGE / Path(*m.split(".")[1:]) / "__init__.py").exists()]:
-        edges[package] = {m for m in edges[package] if not m.startswith(package + ".")}  # a package's own parts
-        for m in edges:  # importing a module runs its package's __init__: not a dependency of ours on it
-            if m.startswith(package + "."):
-                edges[m].discard(package)
-    cycles = []
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan): each holds at least one cycle."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
 
-    def visit(node, stack, on_stack, done):
+    def connect(node: str) -> None:
+        index[node] = low[node] = len(index)
         stack.append(node)
-        on_stack.add(node)
         for nxt in sorted(edges[node]):
-            if nxt in on_stack:
-                cycles.append(stack[stack.index(nxt):] + [nxt])
-            elif nxt not in done:
-                visit(nxt, stack, on_stack, done)
-        on_stack.discard(node)
-        stack.pop()
-        done.add(node)
+            if nxt not in index:
+                connect(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while not component or component[-1] != node:
+                component.append(stack.pop())
+            if len(component) > 1:
+                found.append(sorted(component))
 
-    done: set[str] = set()
     for node in sorted(edges):
-        if node not in done:
-            visit(node, [], set(), done)
-    assert cycles == []
+        if node not in index:
+            connect(node)
+    return found
+
+
+def test_no_module_imports_in_a_cycle():
+    """Every edge counts, a package's to its parts and a part's to its package's ``__init__`` too: a package
+    that imports its parts is a module like any other. A cycle is shown with each of its modules' edges."""
+    edges = graph()
+    found = {" <-> ".join(component): {module: sorted(edges[module] & set(component)) for module in component}
+             for component in cycles(edges)}
+    assert found == {}
 
 
 @pytest.mark.parametrize("layer, forbidden", [
     ("simdb.text", ("simdb.methods", "simdb.pg", "simdb.ingest", "simdb.index", "simdb.cli", "simdb.report")),
-    ("simdb.methods", ("simdb.ingest", "simdb.index", "simdb.cli", "simdb.report", "simdb.pg.chunks",
-                       "simdb.pg.reads", "simdb.pg.catalog", "simdb.settings")),
+    ("simdb.methods", ("simdb.ingest", "simdb.index", "simdb.cli", "simdb.report", "simdb.pg", "simdb.settings")),
     ("simdb.pg", ("simdb.ingest", "simdb.index", "simdb.cli", "simdb.report", "simdb.calibrate")),
     ("simdb.inputs", ("simdb.methods", "simdb.pg", "simdb.ingest", "simdb.index", "simdb.cli")),
 ])
@@ -100,6 +138,86 @@ def test_layers_point_one_way(layer, forbidden):
     leaks = {(module, target) for module, targets in edges.items() if module.startswith(layer)
              for target in targets if target.startswith(forbidden)}
     assert leaks == set()
+
+
+#: The layers, lowest first: a module is in the first whose prefixes name it, and imports only from its own
+#: layer and those below.
+LAYERS = [
+    ("base", ("simdb.errors", "simdb.bits", "simdb.version", "simdb.matches", "simdb.jsonlines", "simdb.outputs",
+              "simdb.progress", "simdb.charts", "simdb.diff")),
+    ("text", ("simdb.text", "simdb.inputs", "simdb.native")),  # native: the compiled kernels of text and sketches
+    ("methods", ("simdb.methods", "simdb.settings", "simdb.decisions")),
+    ("pg", ("simdb.pg",)),
+    ("surfaces", ("simdb",)),  # ingest, index, cli, report, ... and the package's __init__
+]
+
+
+def layer_of(module: str) -> int:
+    return next(number for number, (_, prefixes) in enumerate(LAYERS)
+                if any(module == prefix or module.startswith(prefix + ".") for prefix in prefixes))
+
+
+def layer_table() -> str:
+    """The layers, lowest first: each with its modules' count and the layers it imports from."""
+    edges = graph()
+    lines = []
+    for number, (name, _) in enumerate(LAYERS):
+        modules = sorted(m for m in edges if layer_of(m) == number)
+        below = sorted({layer_of(t) for m in modules for t in edges[m]} - {number})
+        folders = sorted({m.split(".")[1] if "." in m else "__init__" for m in modules})
+        lines.append(f"{name:<9} {len(modules):>3} modules, imports {', '.join(LAYERS[i][0] for i in below) or '-':<22}"
+                     f" {' '.join(folders)}")
+    return "\n".join(lines)
+
+
+def test_the_layers_point_down():
+    """Printed with ``python -m tests.test_structure`` (or this test with ``-s``)."""
+    edges = graph()
+    print("\n" + layer_table())
+    upward = sorted(f"{module} ({LAYERS[layer_of(module)][0]}) -> {target} ({LAYERS[layer_of(target)][0]})"
+                    for module, targets in edges.items() for target in targets if layer_of(target) > layer_of(module))
+    assert upward == []
+
+
+#: What the methods never import: they compute, and the PostgreSQL layer runs their SQL.
+DATABASE_MODULES = ("sqlalchemy", "psycopg", "alembic", "simdb.pg")
+#: Words that make a string SQL (upper case, as simdb writes its SQL).
+SQL_WORDS = re.compile(r"\b(SELECT|INSERT|UPDATE|DELETE|CREATE|ALTER|DROP|JOIN|WHERE|COPY|UNION)\b")
+#: Calls that execute SQL on a connection, a cursor or an engine.
+EXECUTING = {"execute", "executemany", "exec_driver_sql", "copy", "cursor", "connect", "begin", "scalar", "scalars"}
+
+
+def test_the_methods_compute_and_run_no_sql():
+    """Nothing under simdb/methods imports a database module, calls what executes SQL, or writes SQL."""
+    found = []
+    for path in sorted((PACKAGE / "methods").rglob("*.py")):
+        here = str(path.relative_to(ROOT))
+        imported = {name for name in imports_of(path)}
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                imported.add(node.module or "")
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in EXECUTING:
+                found.append(f"{here}:{node.lineno}: calls .{node.func.attr}()")
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and SQL_WORDS.search(node.value):
+                found.append(f"{here}:{node.lineno}: SQL {node.value.strip()[:60]!r}")
+        found += [f"{here}: imports {name}" for name in sorted(imported)
+                  if any(name == m or name.startswith(m + ".") for m in DATABASE_MODULES)]
+    assert found == []
+
+
+def test_the_methods_sketch_without_loading_the_database_layer():
+    """Both methods turn a text into a sketch, keys and distances with no database module loaded."""
+    code = ("import sys; from simdb.methods import MinHash, SimHash\n"
+            "for method in (SimHash.new(), MinHash.new()):\n"
+            "    sketches = method.sketch_all(['a text to sketch, long enough for its shingles', 'another text'])\n"
+            "    method.keys(sketches); method.distances(sketches[0], method.stored(sketches))\n"
+            f"print(sorted(m for m in sys.modules if m.split('.')[0] in {DATABASE_MODULES[:3]!r}"
+            " or m.startswith('simdb.pg')))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
 
 
 def test_only_the_methods_know_which_method_they_are():
@@ -163,10 +281,10 @@ def test_the_scripts_import_what_exists(path):
                     importlib.import_module(alias.name)
 
 
-def test_only_the_postgresql_layer_and_the_methods_speak_sql():
+def test_only_the_postgresql_layer_speaks_sql():
     pattern = re.compile(r"sa\.text\(|exec_driver_sql\(|\.copy\(f?\"COPY")
     found = [f"{path.relative_to(ROOT)}:{number}" for path in PACKAGE.rglob("*.py")
-             if not {"pg", "methods"} & set(path.relative_to(PACKAGE).parts)
+             if "pg" not in path.relative_to(PACKAGE).parts
              for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if pattern.search(line)]
     assert found == []
 
@@ -182,3 +300,7 @@ def test_the_unit_lane_needs_no_database():
     collected = [line for line in done.stdout.splitlines() if "::" in line]
     assert len(collected) > 150 and any("test_fast_paths.py" in line for line in collected)
     assert not any("test_segments.py::test_segments_merges" in line for line in collected)
+
+
+if __name__ == "__main__":
+    print(layer_table())

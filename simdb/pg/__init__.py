@@ -7,10 +7,9 @@
 * :mod:`.chunks`: one ingest chunk's transaction; :mod:`.clusters`, :mod:`.remove`,
   :mod:`.relayout`: what else writes to an archive;
 * :mod:`.reads`: what the library reads (pairs, exports, statistics, the report's data);
-* :mod:`.functions`: the analysts' functions and views, and the read-only role.
-
-The methods (:mod:`simdb.methods`) own their candidate SQL and SQL functions and run them
-through this layer.
+* :mod:`.functions`: the analysts' functions and views, and the read-only role;
+* :mod:`.methods`: each method's SQL (candidate joins, key expressions, the analysts' functions),
+  registered by the method's name: the methods (:mod:`simdb.methods`) compute and run no SQL.
 """
 
 #: The PostgreSQL schema an index lives in unless told otherwise (here, not in :mod:`.database`, so that the

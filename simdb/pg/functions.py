@@ -1,6 +1,6 @@
 """What analysts query: SQL functions, views and a read-only role.
 
-The functions are the method's (:meth:`simdb.methods.Method.sql_functions`), written for the
+The functions are the method's (:meth:`simdb.pg.methods.MethodSQL.functions`), written for the
 index's key layout, with every table schema-qualified so they work whatever the caller's
 ``search_path``; migrations create them and ``relayout`` rewrites them. They answer from the key
 indexes, never a table scan. Those that read tables run as PL/pgSQL: a SQL function is inlined into
@@ -20,6 +20,7 @@ from psycopg import sql
 from ..errors import SimdbError
 from ..methods import Method
 from .citus import SESSION_SETTINGS, is_distributed
+from .methods import sql_of
 from .plpython import create_placeholders
 
 VIEWS = ("near_duplicate_pairs", "duplicate_clusters", "batch_summary", "document_neighbours", "cluster_members",
@@ -88,7 +89,7 @@ def _create_function(connection: sa.Connection, schema: str, function: tuple[str
 def create_functions(connection: sa.Connection, schema: str, method: Method) -> None:
     """The method's analysts' functions, written for its current key layout."""
     distributed = is_distributed(connection)
-    for function in method.sql_functions(schema, one_statement=distributed):
+    for function in sql_of(method).functions(schema, one_statement=distributed):
         _create_function(connection, schema, function, distributed)
 
 
@@ -130,7 +131,7 @@ def pairs_view(schema: str, similarity: str, distributed: bool) -> str:
 def create_views(connection: sa.Connection, schema: str, method: Method) -> None:
     """The views, ``simdb_neighbours`` (it returns a view's rows) and the lookups of a typed-in text, with
     ``simdb_sketch`` a placeholder until ``simdb sql-functions`` (:mod:`simdb.pg.plpython`)."""
-    similarity = method.similarity_sql("p.distance")
+    similarity = sql_of(method).similarity_sql("p.distance")
     connection.exec_driver_sql(pairs_view(schema, similarity, is_distributed(connection)))
     connection.exec_driver_sql(f"""
         CREATE OR REPLACE VIEW {schema}.duplicate_clusters AS
@@ -148,7 +149,7 @@ def create_views(connection: sa.Connection, schema: str, method: Method) -> None
         f"CREATE OR REPLACE VIEW {schema}.document_neighbours AS "
         + side.format(me="b", other="a", earlier="true", similarity=similarity) + " UNION ALL "
         + side.format(me="a", other="b", earlier="false", similarity=similarity))
-    to_canonical = method.similarity_between_sql(schema, "d", "c")
+    to_canonical = sql_of(method).similarity_between_sql(schema, "d", "c")
     connection.exec_driver_sql(f"""
         CREATE OR REPLACE VIEW {schema}.cluster_members AS
         SELECT d.cluster_id, c.external_id AS canonical_id, k.size AS cluster_size, d.id AS document_id,

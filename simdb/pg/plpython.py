@@ -42,7 +42,9 @@ NOT_ENABLED = f"simdb_sketch cannot run simdb's Python in this database yet: {EN
 
 def sketch_type(method: Method | str) -> str:
     """The SQL type of a sketch as the documents table stores it."""
-    return "bytea" if (method if isinstance(method, str) else method.name) == "minhash" else "bigint"
+    from .methods import MethodSQL
+
+    return MethodSQL.named(method if isinstance(method, str) else method.name).sketch_type
 
 
 def placeholder_functions(schema: str, method: Method | str) -> list[tuple[str, str, str]]:
@@ -94,9 +96,7 @@ def create_placeholders(connection: sa.Connection, schema: str, method: Method) 
 def environment_paths() -> list[str]:
     """Where this process finds simdb and its dependencies: simdb's parent folder and this environment's
     site-packages (whose ``.pth`` files the server's Python reads too, as an editable install needs)."""
-    import simdb
-
-    found = [str(Path(simdb.__file__).resolve().parent.parent)]
+    found = [str(Path(__file__).resolve().parent.parent.parent)]  # simdb/pg/plpython.py: the folder above simdb
     for name in ("purelib", "platlib"):
         path = sysconfig.get_paths()[name]
         if path not in found and Path(path).is_dir():
@@ -137,7 +137,7 @@ def install(connection: sa.Connection, schema: str, method: Method, *, paths: li
 
     Raises :class:`PermissionDenied` or :class:`SimdbError`, each one line saying what to do, when the server
     lacks PL/Python, the role may not install it, or the server's Python cannot import this simdb."""
-    from .. import __version__
+    from ..version import __version__
     from ..settings import CANARY_TEXTS
 
     paths = environment_paths() if paths is None else paths
@@ -179,14 +179,14 @@ def sketch_in_server(plpy, cache: dict, schema: str, content: str, installed: st
     """The body of ``simdb_sketch`` in the server's Python (``plpy`` and its session dictionary ``cache``): the
     index's method read from its settings (once per session until they change), checked against the canaries,
     then :meth:`simdb.Index.fingerprint`'s path."""
-    from .. import __file__ as imported, __version__
+    from ..version import __version__
     from ..errors import SimdbError as Error
     from ..inputs import check_text
     from ..settings import IndexSettings
 
     if __version__ != installed:
         plpy.error(f"simdb_sketch was installed by simdb {installed}, and the server's Python imports simdb "
-                   f"{__version__} from {Path(imported).parent}: run `simdb sql-functions` again")
+                   f"{__version__} from {Path(__file__).parent.parent}: run `simdb sql-functions` again")
     rows = {row["name"]: row["value"] for row in plpy.execute(
         f"SELECT name, value::text AS value FROM {schema}.settings ORDER BY name")}
     key = (schema, tuple(rows.items()))

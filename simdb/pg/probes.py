@@ -22,13 +22,16 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import psycopg
 import sqlalchemy as sa
 
-from ..methods import Method
 from .copy import copy_in
+
+if TYPE_CHECKING:
+    from .methods.base import MethodSQL
 
 #: How long the second connection of :func:`shared_lookups` waits for a lock.
 LOCK_WAIT = "2s"
@@ -73,7 +76,7 @@ def split(lookups: Sequence[Lookup], key_columns: Sequence[str]) -> tuple[list[L
     return mine, theirs
 
 
-def shared_lookups(connection: sa.Connection, method: Method, probe: str, lookups: Sequence[Lookup],
+def shared_lookups(connection: sa.Connection, method: MethodSQL, probe: str, lookups: Sequence[Lookup],
                    max_distance: int, probe_rows: Callable[[], Iterable[tuple]]) -> list[np.ndarray]:
     """Verified pairs of ``lookups`` of ``probe``'s rows, half of the index lookups run on a second
     connection of the same engine at the same time (PostgreSQL runs one statement on one core).

@@ -18,6 +18,7 @@ from ..matches import distinct
 from ..methods import Method
 from .citus import is_distributed
 from .copy import copy_in
+from .methods import sql_of
 
 
 def read_only_snapshot(connection: sa.Connection) -> None:
@@ -154,7 +155,7 @@ def _compiled(sql: str, dialect: sa.Dialect) -> sa.sql.compiler.Compiled:
 def lookup(connection: sa.Connection, method: Method, sketch, max_distance: int) -> list[tuple[tuple, int]]:
     """(document, distance) of every stored document within ``max_distance`` of one sketch, in one statement
     through the method's lookup (the analysts' function where it has one), verified by the method."""
-    candidates, params = method.lookup_sql(sketch, max_distance)
+    candidates, params = sql_of(method).lookup_sql(sketch, max_distance)
     statement = _compiled(f"SELECT d.id, d.external_id, d.{method.sketch_column[0]} AS sketch, d.metadata "
                           f"FROM ({candidates}) c JOIN documents d ON d.id = c.document_id", connection.dialect)
     # the driver's cursor, the statement prepared from its first run: a lookup is planned once per connection
@@ -183,8 +184,8 @@ def match_many(connection: sa.Connection, method: Method, sketches: Sequence, ma
         copy_in(connection, f"probes ({', '.join(name for name, _ in columns)})", [t for _, t in columns],
                 ((i, value, *key_row) for i, (value, key_row) in enumerate(zip(values, keys.tolist()))), create=True)
         connection.exec_driver_sql("ANALYZE probes")
-        pairs = distinct(method.candidate_pairs(connection, "probes", "documents", max_distance,
-                                                index_probes=not is_distributed(connection))).tolist()
+        pairs = distinct(sql_of(method).candidate_pairs(connection, "probes", "documents", max_distance,
+                                                        index_probes=not is_distributed(connection))).tolist()
     for probe, document, distance in pairs:
         found[probe][document] = distance
     return found
@@ -198,8 +199,8 @@ def probe_arrays(connection: sa.Connection, method: Method, sketches: Sequence, 
     transaction. A pair may come more than once."""
     keys = method.keys(sketches).tolist() if keys is None else keys
     probe, params = _array_probe(method, list(range(len(sketches))), method.stored(sketches), keys)
-    for chunk in method.candidate_pairs(connection, probe, "documents", max_distance, params=params,
-                                        index_probes=not is_distributed(connection)):
+    for chunk in sql_of(method).candidate_pairs(connection, probe, "documents", max_distance, params=params,
+                                                index_probes=not is_distributed(connection)):
         yield from chunk.tolist()
 
 
@@ -343,9 +344,9 @@ def _distance_sample(connection: sa.Connection, method: Method, batch: int | Non
     # arrays, not a temporary table: the report reads in a read-only transaction
     sample, params = _array_probe(method, [row[0] for row in rows], [row[1] for row in rows],
                                   [list(row[2:]) for row in rows])
-    found = distinct(method.candidate_pairs(connection, sample, "documents", method.max_possible_distance,
-                                            where="t.id <> p.id", params=params,
-                                            index_probes=not is_distributed(connection)))
+    found = distinct(sql_of(method).candidate_pairs(connection, sample, "documents", method.max_possible_distance,
+                                                    where="t.id <> p.id", params=params,
+                                                    index_probes=not is_distributed(connection)))
     counts = [0] * (method.max_possible_distance + 1)
     for distance in found[:, 2].tolist():
         counts[distance] += 1
@@ -490,7 +491,7 @@ def cluster_members_csv(connection: sa.Connection, method: Method, batch: str | 
         chosen = list(connection.execute(sa.text(
             "SELECT DISTINCT k.cluster_id FROM clusters k JOIN documents d ON d.cluster_id = k.cluster_id "
             "WHERE d.batch_id = :batch"), {"batch": batch_id(connection, batch)}).scalars())
-    similarity = method.similarity_sql("m.duplicate_distance")
+    similarity = sql_of(method).similarity_sql("m.duplicate_distance")
     sql = (
         "WITH members AS MATERIALIZED (SELECT k.size, k.cluster_id, d.id, d.external_id, d.batch_id, d.created_at, "
         f"d.duplicate_of, d.duplicate_distance, d.metadata, left(d.text, {int(text_chars)}) AS text FROM clusters k "

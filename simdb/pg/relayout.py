@@ -24,6 +24,7 @@ from ..settings import IndexSettings
 from .catalog import check_layout, document_columns, save_method
 from .database import lock, session_lock
 from .functions import create_functions
+from .methods import sql_of
 
 
 def index_segments(engine: sa.Engine, connection: sa.Connection, schema: str, name: str, definition: str) -> None:
@@ -98,7 +99,7 @@ def relayout(engine: sa.Engine, schema: str, settings: IndexSettings, blocks: in
     say(f"added {len(new.key_columns)} key columns ({new.key_columns[0]}..{new.key_columns[-1]})")
 
     assignments = ", ".join(f"{column} = {expression}"
-                            for column, expression in zip(new.key_columns, new.key_sql(sketch)))
+                            for column, expression in zip(new.key_columns, sql_of(new).key_sql(sketch)))
     with engine.connect() as connection:
         last = connection.execute(sa.text("SELECT coalesce(max(id), 0) FROM documents")).scalar_one()
     for start in range(0, last + 1, rows_per_transaction):

@@ -45,6 +45,7 @@ from . import probes as probes_module
 from .citus import distribute_like_documents, is_distributed
 from .database import LOCK_POLL, lock, try_lock
 from .in_memory import MemoryProbes, segment_pairs_in_memory, worth_reading
+from .methods import sql_of
 from .probes import Lookup, shared_lookups
 
 _BOUNDS = re.compile(r"FROM \('?(-?\d+|MINVALUE)'?\) TO \('?(-?\d+|MAXVALUE)'?\)")
@@ -283,11 +284,11 @@ def segment_pairs(connection: sa.Connection, method: Method, probe: str, probes:
             yield from segment_pairs_in_memory(connection, method, name, first, end, in_memory, max_distance)
     wide = any(lookup.index_probes for lookup in lookups)
     if probe_rows is not None and wide and probes >= probes_module.SHARED_PROBES:
-        yield from shared_lookups(connection, method, probe, lookups, max_distance, probe_rows)
+        yield from shared_lookups(connection, sql_of(method), probe, lookups, max_distance, probe_rows)
         return
     for lookup in lookups:
-        yield from method.candidate_pairs(connection, probe, f'"{lookup.target}"', max_distance,
-                                          index_probes=lookup.index_probes)
+        yield from sql_of(method).candidate_pairs(connection, probe, f'"{lookup.target}"', max_distance,
+                                                  index_probes=lookup.index_probes)
 
 
 def _documents_at_most(connection: sa.Connection, segment: Segment, capacity: int, probes: int) -> int:

@@ -1,7 +1,7 @@
 """MinHash-LSH: a signature of min-wise hashes per text; near-duplicates reach a Jaccard threshold.
 
 The pipeline: text -> shingles -> signature -> band keys (:mod:`.signature`) -> band joins and the
-analysts' functions (:mod:`.sql`) -> the signatures compared in numpy. Bands are chosen so that a
+analysts' functions (:mod:`simdb.pg.methods.minhash`) -> the signatures compared in numpy. Bands are chosen so that a
 pair at the threshold becomes a candidate with probability at least 0.995.
 """
 
@@ -9,18 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 import xxhash
 
 from ...errors import IncompatibleIndex, InputError, SimdbError
-from ..base import Method, similarity_sql
+from ..base import Method
 from . import signature as sig
 from .signature import ALGORITHM, MinHashSettings
-
-if TYPE_CHECKING:  # the SQL (:mod:`.sql`) loads with the first query, not with a signature
-    import sqlalchemy as sa
 
 
 #: Exact mode: the most texts whose shingle sets are held at once while candidate pairs are decided (a 100k chunk
@@ -219,39 +215,6 @@ class MinHash(Method):
 
     def match_sketch(self, stored: bytes) -> None:
         return None
-
-    def similarity_sql(self, distance: str) -> str:
-        return similarity_sql(distance, self.settings.scale)
-
-    def similarity_between_sql(self, schema: str, a: str, b: str) -> str:
-        return f"{schema}.simdb_similarity({a}.signature, {b}.signature)"  # the estimate, even when deciding exactly
-
-    # -- SQL -----------------------------------------------------------------------------------
-
-    def candidate_pairs(self, connection: sa.Connection, probe: str, target: str, max_distance: int, *,
-                        where: str | None = None, params: dict | None = None, index_probes: bool = False,
-                        columns: Sequence[str] | None = None) -> Iterator[np.ndarray]:
-        from .sql import band_candidate_sql, band_pairs
-
-        return band_pairs(connection, self.settings, band_candidate_sql(self.settings, probe, target, where=where,
-                                                                        index_probes=index_probes, columns=columns),
-                          max_distance, params)
-
-    def lookup_sql(self, sketch: bytes, max_distance: int) -> tuple[str, dict]:
-        keys = self.keys([sketch])[0].tolist()
-        union = " UNION ".join(f"SELECT id AS document_id FROM documents WHERE {column} = :band_{i}"
-                               for i, column in enumerate(self.key_columns))
-        return union, {f"band_{i}": key for i, key in enumerate(keys)}
-
-    def key_sql(self, sketch: str) -> list[str]:
-        from .sql import band_key_sql
-
-        return [band_key_sql(self.settings, i, sketch) for i in range(self.settings.bands)]
-
-    def sql_functions(self, schema: str, one_statement: bool = False) -> list[tuple[str, str, str]]:
-        from .sql import function_statements
-
-        return function_statements(schema, self.settings, one_statement)
 
     # -- calibration ---------------------------------------------------------------------------
 

@@ -2,31 +2,26 @@
 
 The pipeline: text -> tokens (:mod:`simdb.text`) -> weighted features -> fingerprint
 (:mod:`.fingerprint`) -> block keys (:mod:`.blocks`) -> candidate joins and the analysts'
-functions (:mod:`.sql`) -> popcount in numpy. Two fingerprints within *k* bits share at least one
+functions (:mod:`simdb.pg.methods.simhash`) -> popcount in numpy. Two fingerprints within *k* bits share at least one
 block key (the pigeonhole argument of Manku, Jain & Das Sarma), so the lookup is exact.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...bits import (BITS, format_fingerprint, hamming_array, to_signed, to_signed_array, to_unsigned,
-                     to_unsigned_array)
+from ...bits import BITS, format_fingerprint, hamming_array, to_signed_array, to_unsigned, to_unsigned_array
 from ...errors import IncompatibleIndex, InputError, SimdbError
 from ...text.segment import segmenter_name
 from ...text.tokenize import TokenizerSettings
-from ..base import Method, similarity_sql
+from ..base import Method
 from .blocks import DEFAULT_MAX_DISTANCE, BlockLayout, layouts_for
 from .fingerprint import (ALGORITHM, ALGORITHMS, DEFAULT_BIGRAMS, DEFAULT_TOP_FEATURES, FingerprintSettings, IdfTable,
                           fingerprints, tokens_for)
-
-if TYPE_CHECKING:  # the SQL (:mod:`.sql`) loads with the first query, not with a fingerprint
-    import sqlalchemy as sa
 
 #: Mean candidates per lookup above which ``stats`` advises more blocks.
 OUTGROWN_CANDIDATES = 256
@@ -222,37 +217,6 @@ class SimHash(Method):
 
     def match_sketch(self, stored: int) -> int | None:
         return to_unsigned(stored)
-
-    def similarity_sql(self, distance: str) -> str:
-        return similarity_sql(distance, self.layout.bits)
-
-    def similarity_between_sql(self, schema: str, a: str, b: str) -> str:
-        return similarity_sql(f"bit_count(({a}.simhash # {b}.simhash)::bit(64))", self.layout.bits)
-
-    # -- SQL -----------------------------------------------------------------------------------
-
-    def candidate_pairs(self, connection: sa.Connection, probe: str, target: str, max_distance: int, *,
-                        where: str | None = None, params: dict | None = None, index_probes: bool = False,
-                        columns: Sequence[str] | None = None) -> Iterator[np.ndarray]:
-        from .sql import candidate_sql, verified_pairs
-
-        return verified_pairs(connection, candidate_sql(self.layout, probe, target, max_distance, where=where,
-                                                        index_probes=index_probes, columns=columns),
-                              max_distance, params)
-
-    def lookup_sql(self, sketch: int, max_distance: int) -> tuple[str, dict]:
-        return ("SELECT document_id FROM simdb_near(CAST(:fingerprint AS bigint), :max_distance)",
-                {"fingerprint": to_signed(sketch), "max_distance": max_distance})
-
-    def key_sql(self, sketch: str) -> list[str]:
-        from .sql import key_expression
-
-        return [key_expression(self.layout, i, sketch) for i in range(len(self.layout.keys))]
-
-    def sql_functions(self, schema: str, one_statement: bool = False) -> list[tuple[str, str, str]]:
-        from .sql import function_statements
-
-        return function_statements(schema, self.layout, one_statement)
 
     # -- calibration and creation -------------------------------------------------------------
 

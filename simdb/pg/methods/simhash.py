@@ -18,11 +18,11 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import sqlalchemy as sa
 
-from ...bits import hamming_array, to_unsigned_array
-from ...pg.copy import copy_out_int64
-from ...pg.probes import lateral_probe
-from ..base import lookup_functions, other_method_functions
-from .blocks import BlockLayout
+from ...bits import hamming_array, to_signed, to_unsigned_array
+from ...methods.simhash.blocks import BlockLayout
+from ..copy import copy_out_int64
+from ..probes import lateral_probe
+from .base import MethodSQL, lookup_functions, other_method_functions, similarity_sql
 
 
 def key_expression(layout: BlockLayout, key: int, column: str = "simhash") -> str:
@@ -45,7 +45,7 @@ def candidate_sql(layout: BlockLayout, probe: str, target: str, max_distance: in
     """SQL for ``(probe id, target id, probe simhash, target simhash)`` rows sharing a key, within ``max_distance``.
 
     ``probe`` and ``target`` are table names (they may be the same table) or parenthesized subqueries;
-    ``index_probes`` and ``columns``: see :meth:`simdb.methods.base.Method.candidate_pairs`.
+    ``index_probes`` and ``columns``: see :meth:`simdb.pg.methods.base.MethodSQL.candidate_pairs`.
     """
     selects = []
     for column in columns or layout.key_columns:
@@ -84,7 +84,7 @@ MINHASH_FUNCTIONS = (
 def function_statements(schema: str, layout: BlockLayout, one_statement: bool = False) -> list[tuple[str, str, str]]:
     """``(signature, CREATE statement, comment)`` of the SimHash analysts' functions for ``layout``; with
     ``one_statement``, a lookup is one scan of ``documents`` whose condition ORs the keys (see
-    :meth:`simdb.methods.base.Method.sql_functions`)."""
+    :meth:`simdb.pg.methods.base.MethodSQL.functions`)."""
     k = layout.max_distance
     conditions = [f"{column} = {key_expression(layout, i, 'fingerprint')}" for i, column in enumerate(layout.key_columns)]
     lookups = (f"                SELECT id, simhash FROM {schema}.documents WHERE " + " OR ".join(conditions)
@@ -133,3 +133,34 @@ def function_statements(schema: str, layout: BlockLayout, one_statement: bool = 
                                 "give a fingerprint (bigint) to simdb_near or simdb_similar, and compare two with "
                                 "simdb_hamming"),
     ]
+
+
+class SimHashSQL(MethodSQL):
+    """:class:`simdb.methods.SimHash`'s SQL: block keys, joins on them, and the analysts' functions."""
+
+    name = "simhash"
+    sketch_type = "bigint"
+
+    def candidate_pairs(self, connection: sa.Connection, probe: str, target: str, max_distance: int, *,
+                        where: str | None = None, params: dict | None = None, index_probes: bool = False,
+                        columns: Sequence[str] | None = None) -> Iterator[np.ndarray]:
+        return verified_pairs(connection, candidate_sql(self.method.layout, probe, target, max_distance, where=where,
+                                                        index_probes=index_probes, columns=columns),
+                              max_distance, params)
+
+    def lookup_sql(self, sketch: int, max_distance: int) -> tuple[str, dict]:
+        return ("SELECT document_id FROM simdb_near(CAST(:fingerprint AS bigint), :max_distance)",
+                {"fingerprint": to_signed(sketch), "max_distance": max_distance})
+
+    def key_sql(self, sketch: str) -> list[str]:
+        layout = self.method.layout
+        return [key_expression(layout, i, sketch) for i in range(len(layout.keys))]
+
+    def functions(self, schema: str, one_statement: bool = False) -> list[tuple[str, str, str]]:
+        return function_statements(schema, self.method.layout, one_statement)
+
+    def similarity_sql(self, distance: str) -> str:
+        return similarity_sql(distance, self.method.layout.bits)
+
+    def similarity_between_sql(self, schema: str, a: str, b: str) -> str:
+        return similarity_sql(f"bit_count(({a}.simhash # {b}.simhash)::bit(64))", self.method.layout.bits)

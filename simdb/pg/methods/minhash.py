@@ -14,16 +14,16 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import sqlalchemy as sa
 
-from ...pg.copy import copy_out
-from ...pg.probes import lateral_probe
-from ..base import lookup_functions, other_method_functions
-from .signature import EXACT_SCALE, MinHashSettings
+from ...methods.minhash.signature import EXACT_SCALE, MinHashSettings
+from ..copy import copy_out
+from ..probes import lateral_probe
+from .base import MethodSQL, lookup_functions, other_method_functions, similarity_sql
 
 
 def band_candidate_sql(settings: MinHashSettings, probe: str, target: str, *, where: str | None = None,
                        index_probes: bool = False, columns: Sequence[str] | None = None) -> str:
     """SQL for ``(probe id, target id, probe signature, target signature)``, once per pair sharing a band;
-    ``index_probes`` and ``columns``: see :meth:`simdb.methods.base.Method.candidate_pairs`."""
+    ``index_probes`` and ``columns``: see :meth:`simdb.pg.methods.base.MethodSQL.candidate_pairs`."""
     columns = columns or settings.key_columns
     conditions = [f"({where})"] if where else []
     if index_probes:
@@ -161,3 +161,37 @@ def function_statements(schema: str, settings: MinHashSettings, one_statement: b
                                 "give a signature (bytea) to simdb_near or simdb_similar, and compare two with "
                                 "simdb_similarity"),
     ]
+
+
+class MinHashSQL(MethodSQL):
+    """:class:`simdb.methods.MinHash`'s SQL: band keys, joins on them, and the analysts' functions."""
+
+    name = "minhash"
+    sketch_type = "bytea"
+
+    def candidate_pairs(self, connection: sa.Connection, probe: str, target: str, max_distance: int, *,
+                        where: str | None = None, params: dict | None = None, index_probes: bool = False,
+                        columns: Sequence[str] | None = None) -> Iterator[np.ndarray]:
+        settings = self.method.settings
+        return band_pairs(connection, settings, band_candidate_sql(settings, probe, target, where=where,
+                                                                   index_probes=index_probes, columns=columns),
+                          max_distance, params)
+
+    def lookup_sql(self, sketch: bytes, max_distance: int) -> tuple[str, dict]:
+        keys = self.method.keys([sketch])[0].tolist()
+        union = " UNION ".join(f"SELECT id AS document_id FROM documents WHERE {column} = :band_{i}"
+                               for i, column in enumerate(self.key_columns))
+        return union, {f"band_{i}": key for i, key in enumerate(keys)}
+
+    def key_sql(self, sketch: str) -> list[str]:
+        settings = self.method.settings
+        return [band_key_sql(settings, i, sketch) for i in range(settings.bands)]
+
+    def functions(self, schema: str, one_statement: bool = False) -> list[tuple[str, str, str]]:
+        return function_statements(schema, self.method.settings, one_statement)
+
+    def similarity_sql(self, distance: str) -> str:
+        return similarity_sql(distance, self.method.settings.scale)
+
+    def similarity_between_sql(self, schema: str, a: str, b: str) -> str:
+        return f"{schema}.simdb_similarity({a}.signature, {b}.signature)"  # the estimate, even when deciding exactly
