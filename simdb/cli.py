@@ -20,7 +20,7 @@ from datetime import timedelta, timezone
 import click
 
 from . import __version__, exports, jsonlines, native, outputs
-from .bits import format_fingerprint, parse_fingerprint
+from .bits import format_fingerprint
 from .diff import changed_characters, diff, elided
 from .errors import SimdbError
 from .ingest_options import DEFAULT_CHUNK_SIZE, DEFAULT_ITERSIZE, ON_CHANGE, ON_ERROR, IngestOptions
@@ -611,16 +611,20 @@ def query(database_url, schema, data_dir, text, file, simhash, max_distance, min
             if max_distance is not None:
                 raise click.UsageError("give --max-distance or --min-similarity, not both")
             max_distance = index.distance_for(min_similarity)
-        if simhash is not None and index.settings.method.sketch_column[0] != "simhash":
-            raise click.UsageError(f"--simhash looks up a SimHash fingerprint; this is a "
-                                   f"{index.settings.method.title} index: give a text")
         if simhash is not None:
+            sketch = not_one = None
+            try:
+                sketch = index.settings.method.parse(simhash)
+            except ValueError as exc:
+                not_one = exc
+            except SimdbError:  # a method whose sketches are looked up by their texts
+                raise click.UsageError(f"--simhash looks up a SimHash fingerprint; this is a "
+                                       f"{index.settings.method.title} index: give a text") from None
             if text is not None or file is not None:
                 raise click.UsageError("give TEXT, --file or --simhash, not several")
-            try:
-                matches = index.query_fingerprint(parse_fingerprint(simhash), max_distance)
-            except ValueError as exc:
-                raise click.BadParameter(str(exc), param_hint="--simhash") from None
+            if not_one is not None:
+                raise click.BadParameter(str(not_one), param_hint="--simhash")
+            matches = index.query_fingerprint(sketch, max_distance)
         else:
             matches = index.query(read_text_argument(text, file), max_distance)
     if as_json:

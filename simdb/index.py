@@ -512,17 +512,16 @@ class Index:
         before the first pair is asked for.
         """
         limit = self._max_distance(max_distance)
-        condition, params = "p.distance <= :limit", {"limit": limit}
+        chosen = None
         if batch is not None:
             with self.database.engine.connect() as connection:
-                params["batch"] = reads.batch_id(connection, batch)
-            condition += " AND (a.batch_id = :batch OR b.batch_id = :batch)"
-        return self._pairs(condition, params)
+                chosen = reads.batch_id(connection, batch)
+        return self._pairs(limit, chosen)
 
-    def _pairs(self, condition: str, params: dict) -> Iterator[Pair]:
+    def _pairs(self, limit: int, batch: int | None) -> Iterator[Pair]:
         method = self.settings.method
         with self.database.engine.connect() as connection:
-            for row in reads.pairs(connection, condition, params):
+            for row in reads.pairs(connection, limit, batch):
                 yield Pair(row.a, row.b, row.distance, method.reported_similarity(row.distance))
 
     def export(self, *, batch: str | None = None, unique: bool = False, canonical: bool = False) -> Iterator[dict]:

@@ -221,11 +221,13 @@ def test_the_methods_sketch_without_loading_the_database_layer():
 
 
 def test_only_the_methods_know_which_method_they_are():
-    """No isinstance on a method's classes, no comparison with a method's name, outside simdb/methods."""
+    """No isinstance on a method's classes, no comparison with a method's name (or its sketch column's), outside
+    simdb/methods: the PostgreSQL layer asks the registry of :mod:`simdb.pg.methods` by name, and the CLI asks
+    the method (``Method.parse``)."""
     pattern = re.compile(r"isinstance\([^)]*(SimHash|MinHash|BlockLayout|MinHashSettings|FingerprintSettings)"
-                         r"|(method|\.name) *[!=]= *[\"'](simhash|minhash)[\"']")
+                         r"|[!=]= *[\"'](simhash|minhash|signature)[\"']|[\"'](simhash|minhash|signature)[\"'] *[!=]=")
     found = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
-             for path in PACKAGE.rglob("*.py") if "methods" not in path.parts
+             for path in PACKAGE.rglob("*.py") if "methods" not in path.relative_to(PACKAGE).parts
              for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if pattern.search(line)]
     assert found == []
 
@@ -286,6 +288,28 @@ def test_only_the_postgresql_layer_speaks_sql():
     found = [f"{path.relative_to(ROOT)}:{number}" for path in PACKAGE.rglob("*.py")
              if "pg" not in path.relative_to(PACKAGE).parts
              for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if pattern.search(line)]
+    assert found == []
+
+
+#: SQL as code writes it: a query, a condition, a join, a bound parameter (not SQL's words in a help text).
+SQL_TEXT = re.compile(r"\bSELECT\b.+\bFROM\b|\bWHERE\b|\bJOIN\b.+\bON\b|\b(AND|OR)\b|[=(<>] *:[a-z_]+")
+
+
+def test_only_the_postgresql_layer_writes_sql():
+    """No string outside simdb/pg (docstrings aside) is SQL: ``Index.pairs`` built its WHERE clause in index.py,
+    the layer that promises to speak none."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if "pg" in path.relative_to(PACKAGE).parts:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                      if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                      and node.body and isinstance(node.body[0], ast.Expr)
+                      and isinstance(node.body[0].value, ast.Constant)}
+        found += [f"{path.relative_to(ROOT)}:{node.lineno}: {node.value.strip()[:60]!r}" for node in ast.walk(tree)
+                  if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+                  and SQL_TEXT.search(node.value)]
     assert found == []
 
 

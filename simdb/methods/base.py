@@ -159,6 +159,13 @@ class Method(ABC):
     def format(self, stored: Any) -> str:
         """A stored sketch as text for people and exports (hex)."""
 
+    def parse(self, text: str) -> Sketch:
+        """A sketch people give as text, to look it up (``simdb query --simhash``): ValueError for text that is
+        not one; :class:`SimdbError` where the method's sketches are looked up by their texts only."""
+        from ..errors import SimdbError
+
+        raise SimdbError(f"a {self.title} index looks documents up by their texts, not by a sketch")
+
     # -- sketch -> stored values and key columns -----------------------------------------------
 
     @property

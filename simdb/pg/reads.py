@@ -232,12 +232,14 @@ def content_hashes(connection: sa.Connection, ids: Sequence[int]) -> dict[int, b
                                    {"ids": [int(i) for i in ids]}).all())
 
 
-def pairs(connection: sa.Connection, condition: str, params: dict) -> Iterator[sa.Row]:
-    """Stored pairs ``(a, b, distance)`` (external ids, a stored first) matching ``condition``, streamed."""
+def pairs(connection: sa.Connection, max_distance: int, batch: int | None = None) -> Iterator[sa.Row]:
+    """Stored pairs ``(a, b, distance)`` (external ids, a stored first) within ``max_distance``, of which one
+    document at least is of ``batch`` (its id) when given, streamed."""
+    in_batch = " AND (a.batch_id = :batch OR b.batch_id = :batch)" if batch is not None else ""
     yield from connection.execution_options(yield_per=10_000).execute(sa.text(
         "SELECT a.external_id AS a, b.external_id AS b, p.distance FROM near_duplicates p "
         "JOIN documents a ON a.id = p.a_id JOIN documents b ON b.id = p.b_id "
-        f"WHERE {condition} ORDER BY p.a_id, p.b_id"), params)
+        f"WHERE p.distance <= :limit{in_batch} ORDER BY p.a_id, p.b_id"), {"limit": max_distance, "batch": batch})
 
 
 def export(connection: sa.Connection, method: Method, *, batch: int | None = None, unique: bool = False,

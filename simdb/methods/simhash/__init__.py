@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...bits import BITS, format_fingerprint, hamming_array, to_signed_array, to_unsigned, to_unsigned_array
+from ...bits import (BITS, format_fingerprint, hamming_array, parse_fingerprint, to_signed_array, to_unsigned,
+                     to_unsigned_array)
 from ...errors import IncompatibleIndex, InputError, SimdbError
 from ...text.segment import segmenter_name
 from ...text.tokenize import TokenizerSettings
@@ -174,6 +175,9 @@ class SimHash(Method):
 
     def format(self, stored: int) -> str:
         return format_fingerprint(to_unsigned(stored))
+
+    def parse(self, text: str) -> int:
+        return parse_fingerprint(text)
 
     def tokens(self, text: str) -> list[str]:
         return tokens_for(text, self.recipe)
