@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import functools
+import inspect
 import json
 import os
 import re
@@ -25,10 +26,11 @@ from .diff import changed_characters, diff, elided
 from .errors import SimdbError
 from .ingest_options import DEFAULT_CHUNK_SIZE, DEFAULT_ITERSIZE, ON_CHANGE, ON_ERROR, IngestOptions
 from .inputs import DEFAULT_MAX_CHARS, FORMATS, check_paths, input_files, read_documents, total_bytes
-from .methods import Method, SimHash
-from .methods.simhash.blocks import DEFAULT_MAX_DISTANCE, MAX_DISTANCE
-from .methods.simhash.fingerprint import IdfTable
-from .pg import DEFAULT_SCHEMA
+from .methods import Method
+from .methods.simhash.blocks import MAX_DISTANCE
+from .methods.simhash.fingerprint import DEFAULT_BIGRAMS, DEFAULT_TOP_FEATURES, IdfTable
+from .pg import DEFAULT_SCHEMA, DEFAULT_SHARDS
+from .settings import DEFAULT_BULK_CHUNK, DEFAULT_MERGE_FACTOR, DEFAULT_SEGMENT_SIZE, IndexSettings
 from .progress import Progress
 from .text.tokenize import TOKENIZERS, TokenizerSettings
 from .verdicts import STATUSES
@@ -109,13 +111,17 @@ def flag(parameter: str) -> str:
     return _FLAGS.get(parameter, "--" + parameter.replace("_", "-"))
 
 
-#: Which ``simdb init`` options belong to which method.
-METHOD_OPTIONS = {
-    "simhash": ("max_distance", "blocks", "tokenizer", "jieba_hmm", "shingle_size", "stopwords", "weighting",
-                "bigrams", "idf_paths", "top_features", "expected_size"),
-    "minhash": ("threshold", "num_perm", "verify"),
-}
+#: Which ``simdb init`` options belong to which method: the parameters of its ``new`` (``idf`` is --idf-from's).
+METHOD_OPTIONS = {name: tuple({"idf": "idf_paths"}.get(option, option)
+                              for option in inspect.signature(Method.named(name).new).parameters)
+                  for name in Method.names()}
 OPTION_FLAGS = {"idf_paths": "--idf-from"}
+#: The default of every option that is a library parameter, read from the library's signatures (each method's
+#: ``new``, :meth:`IndexSettings.new`), where each is defined once.
+DEFAULTS = {name: parameter.default
+            for function in (IndexSettings.new, *(Method.named(name).new for name in Method.names()))
+            for name, parameter in inspect.signature(function).parameters.items()
+            if parameter.default is not parameter.empty}
 
 
 def resume_command(context: click.Context, batch: str) -> str:
@@ -275,7 +281,7 @@ def fingerprint_command(database_url, schema, data_dir, text, file, tokenizer, s
         with open_index(database_url, schema, data_dir) as index:
             sketch, method = index.fingerprint(content), index.sketcher
     else:
-        method = SimHash.new(tokenizer=tokenizer or "auto")
+        method = Method.named(DEFAULTS["method"]).new(tokenizer=tokenizer or DEFAULTS["tokenizer"])
         sketch = method.sketch(content)
     if show_tokens:
         tokens = method.tokens(content)
@@ -290,57 +296,57 @@ cli.add_command(fingerprint_command, name="fingerprint")
 
 @cli.command()
 @database_options
-@click.option("--max-distance", type=click.IntRange(1, MAX_DISTANCE), default=DEFAULT_MAX_DISTANCE, show_default=True,
-              help="Largest Hamming distance that counts as a near-duplicate (k).")
+@click.option("--max-distance", type=click.IntRange(1, MAX_DISTANCE), default=DEFAULTS["max_distance"],
+              show_default=True, help="Largest Hamming distance that counts as a near-duplicate (k).")
 @click.option("--blocks", type=click.IntRange(1, 16), default=None,
               help="Blocks the 64 bits are cut into (m); keys are made of m - k blocks "
                    "[default: the fewest that keep lookups small at --expected-size].")
-@click.option("--tokenizer", type=click.Choice(TOKENIZERS), default="auto", show_default=True)
-@click.option("--jieba-hmm/--no-jieba-hmm", default=False, show_default=True,
+@click.option("--tokenizer", type=click.Choice(TOKENIZERS), default=DEFAULTS["tokenizer"], show_default=True)
+@click.option("--jieba-hmm/--no-jieba-hmm", default=DEFAULTS["jieba_hmm"], show_default=True,
               help="Let jieba guess unknown Chinese words with its HMM.")
-@click.option("--shingle-size", type=click.IntRange(1, 16), default=3, show_default=True,
+@click.option("--shingle-size", type=click.IntRange(1, 16), default=DEFAULTS["shingle_size"], show_default=True,
               help="Characters per shingle for scripts written without spaces.")
-@click.option("--stopwords/--no-stopwords", default=True, show_default=True)
+@click.option("--stopwords/--no-stopwords", default=DEFAULTS["stopwords"], show_default=True)
 @click.option("--weighting", type=click.Choice(["sublinear_tf", "tf", "binary", "tfidf"]), default=None,
               help="Feature weights [default: tfidf with --idf-from, else tf].")
 @click.option("--bigrams", type=click.IntRange(0), default=None,
               help="Pairs of adjacent tokens are features too, weighing min(1, N / tokens) times their "
-                   "frequency; 0 for tokens only [default: 50; 0 with tfidf].")
+                   f"frequency; 0 for tokens only [default: {DEFAULT_BIGRAMS}; 0 with tfidf].")
 @click.option("--idf-from", "idf_paths", multiple=True, type=click.Path(),
               help="Learn IDF weights from these documents (a sample of the archive, same formats as ingest; "
                    "repeatable). The table is frozen in the index.")
 @click.option("--top-features", type=click.IntRange(0), default=None,
-              help="With tfidf: the heaviest features kept per document, 0 for all [default: 8].")
-@click.option("--expected-size", type=click.IntRange(1), default=1_000_000, show_default=True,
+              help=f"With tfidf: the heaviest features kept per document, 0 for all [default: {DEFAULT_TOP_FEATURES}].")
+@click.option("--expected-size", type=click.IntRange(1), default=DEFAULTS["expected_size"], show_default=True,
               help="Documents the archive is expected to grow to; chooses --blocks when it is not given.")
-@click.option("--method", type=click.Choice(Method.names()), default="simhash", show_default=True,
+@click.option("--method", type=click.Choice(Method.names()), default=DEFAULTS["method"], show_default=True,
               help="simhash: 64-bit fingerprints, distance in bits. minhash: MinHash-LSH signatures, "
                    "near-duplicate = estimated Jaccard similarity of shingles >= --threshold.")
-@click.option("--threshold", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.8,
+@click.option("--threshold", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=DEFAULTS["threshold"],
               show_default=True, help="MinHash: the Jaccard similarity that makes a near-duplicate.")
-@click.option("--num-perm", type=click.IntRange(16, 1024), default=128, show_default=True,
+@click.option("--num-perm", type=click.IntRange(16, 1024), default=DEFAULTS["num_perm"], show_default=True,
               help="MinHash: signature length (a multiple of 4).")
-@click.option("--verify", type=click.Choice(["estimate", "exact"]), default="estimate", show_default=True,
+@click.option("--verify", type=click.Choice(["estimate", "exact"]), default=DEFAULTS["verify"], show_default=True,
               help="MinHash: what decides a candidate pair: the signatures' estimate of Jaccard similarity, or "
                    "the exact Jaccard similarity of the two texts' shingles (keeps the texts: implies "
                    "--store-text).")
-@click.option("--store-text/--no-store-text", default=False, show_default=True,
+@click.option("--store-text/--no-store-text", default=DEFAULTS["store_text"], show_default=True,
               help="Keep each document's text in the index (documents.text, compressed), for `simdb show`, the "
                    "report's side-by-side pairs and the analysts' views.")
 @click.option("--segment-size", type=click.IntRange(1000), default=None,
               help="Documents (ids) per new segment: the active segment's indexes must fit in the server's "
-                   "memory [default: 1,000,000].")
+                   f"memory [default: {DEFAULT_SEGMENT_SIZE:,}].")
 @click.option("--merge-factor", type=click.IntRange(2, 64), default=None,
-              help="Sealed segments of one size that merge into one [default: 4].")
+              help=f"Sealed segments of one size that merge into one [default: {DEFAULT_MERGE_FACTOR}].")
 @click.option("--bulk-chunk", type=click.IntRange(1), default=None,
               help="An ingest chunk of at least this many documents is loaded into a segment of its own and "
                    "indexed afterwards, which is faster than inserting it into the active segment's indexes "
-                   "[default: 50,000].")
+                   f"[default: {DEFAULT_BULK_CHUNK:,}].")
 @click.option("--distributed", is_flag=True, default=False,
               help="Create a distributed index on a Citus coordinator: documents sharded by id across the "
                    "workers, every candidate join run on all of them (docs/scale-out.md).")
 @click.option("--shards", type=click.IntRange(1, 4096), default=None,
-              help="Shards per distributed table, with --distributed [default: 32].")
+              help=f"Shards per distributed table, with --distributed [default: {DEFAULT_SHARDS}].")
 @click.option("--copy-from", "copy_from", metavar="SCHEMA", default=None,
               help="With --distributed: make the new index a copy of the index in SCHEMA of the same database "
                    "(settings, batches, documents, pairs, clusters, verdicts), to move an archive onto Citus.")

@@ -29,7 +29,7 @@ from .errors import IncompatibleIndex, InputError, SimdbError, parameter
 from .ingest import BatchSummary, FingerprintedBatch, IngestOptions, ingest
 from .inputs import DEFAULT_MAX_CHARS, Document, check_text, checks
 from .methods import Method
-from .pg import catalog, citus, plpython, reads, segments, server
+from .pg import DEFAULT_SHARDS, catalog, citus, plpython, reads, segments, server
 from .pg.chunks import store_chunk
 from .pg.database import Database, check_schema_name, translating
 from .pg.functions import Grant, grant_reader
@@ -176,7 +176,7 @@ class Index:
         except ValueError as exc:
             raise SimdbError(f"invalid index settings: {exc}") from None
         wanted = replace(wanted, segments=policy.to_row(), distributed={
-            "shards": citus.check_shards(citus.DEFAULT_SHARDS if shards is None else shards)} if distributed else None)
+            "shards": citus.check_shards(DEFAULT_SHARDS if shards is None else shards)} if distributed else None)
         database = Database.connect(database_url, schema=schema, data_dir=data_dir)
         try:
             with database.engine.begin() as connection:
@@ -219,7 +219,7 @@ class Index:
             with database.engine.begin() as connection:
                 catalog.copy_to_distributed(
                     connection, check_schema_name(source), database.schema,
-                    citus.check_shards(citus.DEFAULT_SHARDS if shards is None else shards), database.display_url)
+                    citus.check_shards(DEFAULT_SHARDS if shards is None else shards), database.display_url)
             index = cls._open(database, {})
             index.created = True
             return index

@@ -23,6 +23,8 @@ from .errors import IncompatibleIndex
 from .methods import Method, SimHash
 from .version import __version__
 
+#: The method of an index created without one.
+DEFAULT_METHOD = SimHash.name
 #: Documents (ids) per new segment, sealed segments of one size that merge into one, and the chunk size from
 #: which a chunk is bulk-loaded into a segment of its own (simdb.pg.segments).
 DEFAULT_SEGMENT_SIZE = 1_000_000
@@ -84,7 +86,7 @@ class IndexSettings:
         return self.method.recipe
 
     @classmethod
-    def new(cls, *, method: str = "simhash", store_text: bool = False, **options) -> "IndexSettings":
+    def new(cls, *, method: str = DEFAULT_METHOD, store_text: bool = False, **options) -> "IndexSettings":
         """Settings for a new index; ``options`` are the method's (see its ``new``); ``store_text`` keeps the
         texts (a method that decides by them keeps them anyway)."""
         try:

@@ -313,6 +313,50 @@ def test_only_the_postgresql_layer_writes_sql():
     assert found == []
 
 
+def option_name(call: ast.Call) -> str:
+    """The parameter name of a ``click.option(...)`` call: its name argument, else its first long flag's."""
+    declared = [arg.value for arg in call.args if isinstance(arg, ast.Constant) and isinstance(arg.value, str)]
+    names = [d for d in declared if not d.startswith("-")]
+    return names[0] if names else declared[0].split("/")[0].lstrip("-").replace("-", "_")
+
+
+def test_every_default_is_defined_once():
+    """The library defines each default once, and the CLI's options and help read it: no option named after a
+    library parameter (a method's ``new``, ``IndexSettings.new``, the segment policy, the shards) states its
+    default or its help's ``[default: N]`` as a literal, and no method's ``new`` restates its settings' defaults
+    (the CLI said --shingle-size 3, --threshold 0.8, --segment-size 1,000,000 ... by hand)."""
+    import inspect
+
+    from simdb.methods import Method
+
+    library = {name for function in (IndexSettings.new, *(Method.named(m).new for m in Method.names()))
+               for name in inspect.signature(function).parameters} | {"segment_size", "merge_factor", "bulk_chunk",
+                                                                      "shards"}
+    found = []
+    for node in ast.walk(ast.parse((PACKAGE / "cli.py").read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "click.option" and option_name(node) in library:
+            for keyword in node.keywords:
+                value = keyword.value
+                if keyword.arg == "default" and isinstance(value, ast.Constant) and value.value is not None:
+                    found.append(f"cli.py:{node.lineno}: {option_name(node)} default={value.value!r}")
+                if keyword.arg == "help" and re.search(r"\[default: \d", ast.unparse(value).partition("{")[0]):
+                    found.append(f"cli.py:{node.lineno}: {option_name(node)} help states its default")
+    for path in sorted((PACKAGE / "methods").glob("*/__init__.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef) and node.name == "new":
+                found += [f"{path.relative_to(ROOT)}:{node.lineno}: new() default {ast.unparse(value)}"
+                          for value in node.args.kw_defaults
+                          if isinstance(value, ast.Constant) and value.value is not None]
+    assert found == []
+    from simdb.cli import init
+
+    for option in init.params:  # and what the CLI shows is the library's
+        for function in (IndexSettings.new, *(Method.named(m).new for m in Method.names())):
+            parameter = inspect.signature(function).parameters.get(option.name)
+            if parameter is not None and option.default is not None:
+                assert option.default == parameter.default, option.name
+
+
 def test_the_unit_lane_needs_no_database():
     """``-m unit`` selects the tests that ask for no database fixture, and then nothing connects to one (nor
     starts an embedded one): here the test database is a closed port, and collecting says so and succeeds."""

@@ -15,3 +15,6 @@
 #: The PostgreSQL schema an index lives in unless told otherwise (here, not in :mod:`.database`, so that the
 #: command line's options are declared without loading SQLAlchemy).
 DEFAULT_SCHEMA = "simdb"
+#: Shards per distributed table unless told: Citus's own default, room for 32 workers (:mod:`.citus`; here for
+#: the command line's help, as above).
+DEFAULT_SHARDS = 32

@@ -34,8 +34,6 @@ import sqlalchemy as sa
 
 from ..errors import IncompatibleIndex, SimdbError
 
-#: Shards per distributed table: Citus's own default, room for 32 workers.
-DEFAULT_SHARDS = 32
 
 REFERENCE_TABLES = ("settings", "batches", "idf_terms")
 #: (table, distribution column), co-located with documents by the document id they hold.

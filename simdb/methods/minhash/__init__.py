@@ -51,8 +51,9 @@ class MinHash(Method):
     settings: MinHashSettings = field(default_factory=MinHashSettings)
 
     @classmethod
-    def new(cls, *, threshold: float = 0.8, num_perm: int = 128, char_ngram: int = 5,
-            word_ngram: int = 3, verify: str = "estimate") -> "MinHash":
+    def new(cls, *, threshold: float = MinHashSettings.threshold, num_perm: int = MinHashSettings.num_perm,
+            char_ngram: int = MinHashSettings.char_ngram, word_ngram: int = MinHashSettings.word_ngram,
+            verify: str = MinHashSettings.verify) -> "MinHash":
         return cls(MinHashSettings(threshold=threshold, num_perm=num_perm, char_ngram=char_ngram,
                                    word_ngram=word_ngram, verify=verify))
 

@@ -20,7 +20,7 @@ from ...errors import IncompatibleIndex, InputError, SimdbError
 from ...text.segment import segmenter_name
 from ...text.tokenize import TokenizerSettings
 from ..base import Method
-from .blocks import DEFAULT_MAX_DISTANCE, BlockLayout, layouts_for
+from .blocks import DEFAULT_EXPECTED_SIZE, DEFAULT_MAX_DISTANCE, BlockLayout, layouts_for
 from .fingerprint import (ALGORITHM, ALGORITHMS, DEFAULT_BIGRAMS, DEFAULT_TOP_FEATURES, FingerprintSettings, IdfTable,
                           fingerprints, tokens_for)
 
@@ -50,12 +50,14 @@ class SimHash(Method):
     calibration_axis = "max distance k (bits)"
 
     fingerprints: FingerprintSettings = field(default_factory=FingerprintSettings)
-    layout: BlockLayout = field(default_factory=lambda: BlockLayout.for_size(DEFAULT_MAX_DISTANCE, 1_000_000))
+    layout: BlockLayout = field(default_factory=lambda: BlockLayout.for_size(DEFAULT_MAX_DISTANCE,
+                                                                                      DEFAULT_EXPECTED_SIZE))
 
     @classmethod
     def new(cls, *, max_distance: int = DEFAULT_MAX_DISTANCE, blocks: int | None = None,
-            expected_size: int = 1_000_000, tokenizer: str = "auto", jieba_hmm: bool = False, shingle_size: int = 3,
-            stopwords: bool = True, weighting: str | None = None, idf: IdfTable | None = None,
+            expected_size: int = DEFAULT_EXPECTED_SIZE, tokenizer: str = TokenizerSettings.name,
+            jieba_hmm: bool = TokenizerSettings.jieba_hmm, shingle_size: int = TokenizerSettings.shingle_size,
+            stopwords: bool = TokenizerSettings.stopwords, weighting: str | None = None, idf: IdfTable | None = None,
             top_features: int | None = None, bigrams: int | None = None) -> "SimHash":
         """A SimHash method; without ``blocks``, the fewest that keep lookups small at ``expected_size``."""
         layout = BlockLayout(max_distance=max_distance, blocks=blocks) if blocks is not None else \

@@ -29,6 +29,8 @@ MAX_KEY_BITS = 62  # keys are stored as non-negative BIGINT
 MAX_DISTANCE = 15
 #: The default k (measured on the devset: see docs/quality.md).
 DEFAULT_MAX_DISTANCE = 4
+#: Documents a new index is expected to grow to unless told: what the default layout is chosen for.
+DEFAULT_EXPECTED_SIZE = 1_000_000
 
 
 @dataclass(frozen=True)
