@@ -175,7 +175,7 @@ class Index:
                                                for name, value in storage.items()})
         except ValueError as exc:
             raise SimdbError(f"invalid index settings: {exc}") from None
-        wanted = replace(wanted, segments=policy.to_row(), distributed={
+        wanted = replace(wanted, segments=policy, distributed={
             "shards": citus.check_shards(DEFAULT_SHARDS if shards is None else shards)} if distributed else None)
         database = Database.connect(database_url, schema=schema, data_dir=data_dir)
         try:
@@ -191,9 +191,9 @@ class Index:
             index = cls._open(database, {} if created else asked)
             index.created = created
             stored = index.settings.segments  # storage settings, compared like the others when asked for
-            differences = [f"{name}: asked {value!r}, stored {stored.get(key)!r}" for name, key in
+            differences = [f"{name}: asked {value!r}, stored {getattr(stored, key)!r}" for name, key in
                            (("segment_size", "size"), ("merge_factor", "merge_factor"), ("bulk_chunk", "bulk_chunk"))
-                           if (value := storage.get(name)) is not None and stored.get(key) != value]
+                           if (value := storage.get(name)) is not None and getattr(stored, key) != value]
             if settings.get("store_text") and not index.settings.texts:
                 differences.append("store_text: asked True, stored False")
             if distributed and index.settings.distributed is None:

@@ -16,10 +16,11 @@ and new fingerprints.
 from __future__ import annotations
 
 import importlib.metadata
+import math
 import unicodedata
 from dataclasses import dataclass, field, replace
 
-from .errors import IncompatibleIndex
+from .errors import IncompatibleIndex, SimdbError
 from .methods import Method, SimHash
 from .version import __version__
 
@@ -38,6 +39,52 @@ CANARY_TEXTS = (
     "สวัสดีครับ ภาษาไทย カタカナとひらがな",
     "頭髮乾燥後來發現，軟體與網路設定有關。",
 )
+
+
+@dataclass(frozen=True)
+class SegmentPolicy:
+    size: int = DEFAULT_SEGMENT_SIZE  #: ids per new active segment
+    merge_factor: int = DEFAULT_MERGE_FACTOR  #: sealed segments of one tier that merge into one
+    bulk_chunk: int = DEFAULT_BULK_CHUNK  #: a chunk of at least this many documents gets a segment of its own
+
+    def __post_init__(self) -> None:
+        for name, what in (("size", "segment size"), ("bulk_chunk", "bulk chunk size")):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise SimdbError(f"the {what} must be a positive whole number, not {value!r}")
+        if not isinstance(self.merge_factor, int) or self.merge_factor < 2:
+            raise SimdbError(f"the merge factor must be at least 2, not {self.merge_factor!r}")
+
+    def to_row(self) -> dict:
+        return {"size": self.size, "merge_factor": self.merge_factor, "bulk_chunk": self.bulk_chunk}
+
+    @classmethod
+    def from_row(cls, row: dict | None) -> "SegmentPolicy":
+        return cls(**(row or {}))  # a row from before bulk chunks takes today's default
+
+    def tier(self, documents: int) -> int:
+        unit = min(self.size, self.bulk_chunk)
+        return max(0, math.floor(math.log(max(documents, 1) / unit, self.merge_factor) + 1e-9))
+
+    def plan(self, documents: list[int], full: bool = False) -> list[list[int]]:
+        """Runs of adjacent sealed segments (by index into ``documents``, their sizes in id order) to merge:
+        every run of ``merge_factor`` segments of one tier, repeatedly (a merged segment may complete a run
+        of the next tier); ``full`` merges all of them into one."""
+        if full:
+            return [list(range(len(documents)))] if len(documents) > 1 else []
+        groups = [[i] for i in range(len(documents))]  # each group: original indexes it holds
+        sizes = list(documents)
+        while True:
+            tiers = [self.tier(w) for w in sizes]
+            for start in range(len(sizes) - self.merge_factor + 1):
+                window = tiers[start:start + self.merge_factor]
+                if len(set(window)) == 1:
+                    end = start + self.merge_factor
+                    groups[start:end] = [[i for g in groups[start:end] for i in g]]
+                    sizes[start:end] = [sum(sizes[start:end])]
+                    break
+            else:
+                return [g for g in groups if len(g) > 1]
 
 
 def _version(package: str) -> str:
@@ -60,10 +107,8 @@ class IndexSettings:
     #: Informational: which software built the index (the canaries do the checking).
     created_with: dict = field(default_factory=dict, compare=False)
     canaries: dict = field(default_factory=dict, compare=False)
-    #: How documents are stored in segments (``size``, ``merge_factor``: see :mod:`simdb.pg.segments`);
-    #: storage only, it changes no answer.
-    segments: dict = field(default_factory=lambda: {"size": DEFAULT_SEGMENT_SIZE, "merge_factor": DEFAULT_MERGE_FACTOR,
-                                                    "bulk_chunk": DEFAULT_BULK_CHUNK}, compare=False)
+    #: How documents are stored in segments (see :mod:`simdb.pg.segments`); storage only, it changes no answer.
+    segments: SegmentPolicy = field(default_factory=SegmentPolicy, compare=False)
     #: Every word segmenter that has written sketches to the index, with its version (``rjieba 0.2.2``,
     #: ``jieba 0.42.1``): each ingest adds its own (:func:`simdb.pg.catalog.record_segmenter`); they give
     #: the same tokens, which the canaries check on every open.
@@ -104,7 +149,7 @@ class IndexSettings:
     def to_rows(self) -> dict[str, object]:
         """The settings table's rows (side tables such as ``idf_terms`` are the method's)."""
         return {**self.method.to_rows(), "created_with": self.created_with, "canaries": self.canaries,
-                "segments": self.segments, "segmenters": list(self.segmenters), "texts": {"stored": self.texts},
+                "segments": self.segments.to_row(), "segmenters": list(self.segmenters), "texts": {"stored": self.texts},
                 **({"distributed": self.distributed} if self.distributed is not None else {})}
 
     @staticmethod
@@ -125,7 +170,7 @@ class IndexSettings:
                                     "yet its settings say it keeps none; the settings were edited by hand")
         made = cls(method=method, created_with=created_with, canaries=rows.get("canaries", {}),
                    segmenters=tuple(segmenters), texts=texts, distributed=rows.get("distributed"))
-        return replace(made, segments=rows["segments"]) if "segments" in rows else made
+        return replace(made, segments=SegmentPolicy.from_row(rows["segments"])) if "segments" in rows else made
 
     # -- checks ----------------------------------------------------------------------------
 

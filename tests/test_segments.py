@@ -116,7 +116,7 @@ def test_init_again_compares_the_segment_settings_it_is_given(database_url, sche
     with Index.create(database_url, schema=schema, segment_size=5000, merge_factor=3):
         pass
     with Index.create(database_url, schema=schema, exist_ok=True, segment_size=5000) as same:
-        assert same.settings.segments == {"size": 5000, "merge_factor": 3, "bulk_chunk": 50_000}
+        assert same.settings.segments == SegmentPolicy(size=5000, merge_factor=3, bulk_chunk=50_000)
     with Index.create(database_url, schema=schema, exist_ok=True):  # not asked: not compared
         pass
     with pytest.raises(IncompatibleIndex, match="segment_size: asked 6000, stored 5000"):

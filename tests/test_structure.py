@@ -357,6 +357,18 @@ def test_every_default_is_defined_once():
                 assert option.default == parameter.default, option.name
 
 
+def test_the_segment_policy_is_the_stored_settings_own():
+    """``IndexSettings.segments`` is a :class:`SegmentPolicy` (it was a raw dict beside it), read back from the
+    settings rows as it was written, and a row from before bulk chunks takes today's default."""
+    from simdb.settings import SegmentPolicy
+
+    settings = IndexSettings.new()
+    assert isinstance(settings.segments, SegmentPolicy)
+    assert IndexSettings.from_rows(settings.to_rows()).segments == settings.segments == SegmentPolicy()
+    older = {**settings.to_rows(), "segments": {"size": 5000, "merge_factor": 3}}
+    assert IndexSettings.from_rows(older).segments == SegmentPolicy(size=5000, merge_factor=3)
+
+
 def test_the_unit_lane_needs_no_database():
     """``-m unit`` selects the tests that ask for no database fixture, and then nothing connects to one (nor
     starts an embedded one): here the test database is a closed port, and collecting says so and succeeds."""

@@ -29,7 +29,6 @@ The settings row ``segments`` holds ``size``, ``merge_factor`` and ``bulk_chunk`
 from __future__ import annotations
 
 import json
-import math
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -40,7 +39,7 @@ import sqlalchemy as sa
 
 from ..errors import SimdbError
 from ..methods import Method
-from ..settings import DEFAULT_BULK_CHUNK, DEFAULT_MERGE_FACTOR, DEFAULT_SEGMENT_SIZE
+from ..settings import SegmentPolicy
 from . import probes as probes_module
 from .citus import distribute_like_documents, is_distributed
 from .database import LOCK_POLL, lock, try_lock
@@ -76,52 +75,6 @@ class Segment:
 
     def to_json(self) -> dict:
         return asdict(self)
-
-
-@dataclass(frozen=True)
-class SegmentPolicy:
-    size: int = DEFAULT_SEGMENT_SIZE  #: ids per new active segment
-    merge_factor: int = DEFAULT_MERGE_FACTOR  #: sealed segments of one tier that merge into one
-    bulk_chunk: int = DEFAULT_BULK_CHUNK  #: a chunk of at least this many documents gets a segment of its own
-
-    def __post_init__(self) -> None:
-        for name, what in (("size", "segment size"), ("bulk_chunk", "bulk chunk size")):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise SimdbError(f"the {what} must be a positive whole number, not {value!r}")
-        if not isinstance(self.merge_factor, int) or self.merge_factor < 2:
-            raise SimdbError(f"the merge factor must be at least 2, not {self.merge_factor!r}")
-
-    def to_row(self) -> dict:
-        return {"size": self.size, "merge_factor": self.merge_factor, "bulk_chunk": self.bulk_chunk}
-
-    @classmethod
-    def from_row(cls, row: dict | None) -> "SegmentPolicy":
-        return cls(**(row or {}))  # a row from before bulk chunks takes today's default
-
-    def tier(self, documents: int) -> int:
-        unit = min(self.size, self.bulk_chunk)
-        return max(0, math.floor(math.log(max(documents, 1) / unit, self.merge_factor) + 1e-9))
-
-    def plan(self, documents: list[int], full: bool = False) -> list[list[int]]:
-        """Runs of adjacent sealed segments (by index into ``documents``, their sizes in id order) to merge:
-        every run of ``merge_factor`` segments of one tier, repeatedly (a merged segment may complete a run
-        of the next tier); ``full`` merges all of them into one."""
-        if full:
-            return [list(range(len(documents)))] if len(documents) > 1 else []
-        groups = [[i] for i in range(len(documents))]  # each group: original indexes it holds
-        sizes = list(documents)
-        while True:
-            tiers = [self.tier(w) for w in sizes]
-            for start in range(len(sizes) - self.merge_factor + 1):
-                window = tiers[start:start + self.merge_factor]
-                if len(set(window)) == 1:
-                    end = start + self.merge_factor
-                    groups[start:end] = [[i for g in groups[start:end] for i in g]]
-                    sizes[start:end] = [sum(sizes[start:end])]
-                    break
-            else:
-                return [g for g in groups if len(g) > 1]
 
 
 def load_policy(connection: sa.Connection) -> SegmentPolicy:
