@@ -26,6 +26,7 @@ from .inputs import DEFAULT_MAX_CHARS, Document, checks
 from .methods import Method
 from .parallel import Fingerprinted, fingerprint_stream, key_rows
 from .pg import reads
+from .pg.citus import is_distributed
 from .verdicts import Verdict, rejected, verdict
 
 #: Records matched against the archive per statement.
@@ -114,8 +115,9 @@ def _decided(connection: sa.Connection, method: Method, matched: list[tuple[int,
     wide = method.candidate_distance(method.max_distance)
 
     def archive_pairs() -> Iterator[np.ndarray]:
-        found = np.array(list(reads.probe_arrays(connection, method, sketches, wide, keys.tolist())),
-                         dtype=np.int64).reshape(-1, 3)
+        probed = reads.probe_arrays(connection, method, sketches, wide, keys.tolist(),
+                                    distributed=is_distributed(connection))
+        found = np.array(list(probed), dtype=np.int64).reshape(-1, 3)
         found[:, 0] = ids[found[:, 0]]  # sketch index -> the record's id
         yield found
         # what an ingest would have stored of the input by now

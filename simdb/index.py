@@ -31,6 +31,7 @@ from .inputs import DEFAULT_MAX_CHARS, Document, check_text, checks
 from .methods import Method
 from .pg import DEFAULT_SHARDS, catalog, citus, plpython, reads, segments, server
 from .pg.chunks import store_chunk
+from .pg.context import IndexContext
 from .pg.database import Database, check_schema_name, translating
 from .pg.functions import Grant, grant_reader
 from .pg.relayout import relayout
@@ -247,6 +248,11 @@ class Index:
             database.use_session(citus.SESSION_SETTINGS)
         return cls(database, stored)
 
+    @property
+    def context(self) -> IndexContext:
+        """What the PostgreSQL layer is told of this index (its settings, method, distributed or not)."""
+        return IndexContext(self.database.engine, self.database.schema, self.settings)
+
     def close(self) -> None:
         self.database.close()
 
@@ -408,7 +414,8 @@ class Index:
         """Create or update a read-only role for analysts. ``login`` gives (True) or takes (False) its LOGIN;
         None leaves an existing role's as it is."""
         with self.database.engine.begin() as connection:
-            return grant_reader(connection, self.database.schema, role, login=login, password=password)
+            return grant_reader(connection, self.database.schema, role, login=login, password=password,
+                                distributed=self.context.distributed)
 
     def install_sql_functions(self) -> list[str]:
         """Write ``simdb_sketch(text)`` in PL/Python, finding simdb where this process does, so that SQL can
@@ -471,8 +478,8 @@ class Index:
         method = self.settings.method
         by_texts = texts is not None and method.needs_texts
         with self.database.engine.begin() as connection:
-            found = reads.match_many(connection, method, sketches, method.candidate_distance(limit) if by_texts
-                                     else limit)
+            found = reads.match_many(connection, self.context, sketches,
+                                     method.candidate_distance(limit) if by_texts else limit)
             if by_texts:  # the queries are -1, -2, ... among the stored ids
                 pairs = np.array([(-i - 1, d, distance) for i, distances in enumerate(found)
                                   for d, distance in distances.items()], dtype=np.int64).reshape(-1, 3)

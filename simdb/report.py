@@ -595,7 +595,7 @@ def build_report(index, batch: str | None = None, *, by: str | None = None, clus
     ``warn``, one line each."""
     method = index.settings.method
     with index.database.engine.begin() as connection:
-        data = reads.report_data(connection, method, batch, sample_size=SAMPLE_SIZE, clusters=LARGEST_CLUSTERS,
+        data = reads.report_data(connection, index.context, batch, sample_size=SAMPLE_SIZE, clusters=LARGEST_CLUSTERS,
                                  members=MEMBERS_SHOWN, pairs=PAIRS_SHOWN if index.settings.texts else 0,
                                  text_chars=TEXT_CHARS, sample_chars=SAMPLE_TEXT_CHARS, by=by, by_values=BY_VALUES)
         fields = reads.metadata_fields(connection) if data.get("by") and all(

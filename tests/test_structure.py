@@ -260,7 +260,7 @@ def test_the_migrations_create_what_todays_code_creates(settings, database_url, 
             migrated = definitions(connection, schema)
             drop_functions_and_views(connection, schema)
             assert definitions(connection, schema) == {}
-            create_functions(connection, schema, index.settings.method)
+            create_functions(connection, schema, index.settings.method, distributed=index.context.distributed)
             create_views(connection, schema, index.settings.method)
             assert definitions(connection, schema) == migrated and len(migrated) >= 7
             connection.rollback()
@@ -367,6 +367,24 @@ def test_the_segment_policy_is_the_stored_settings_own():
     assert IndexSettings.from_rows(settings.to_rows()).segments == settings.segments == SegmentPolicy()
     older = {**settings.to_rows(), "segments": {"size": 5000, "merge_factor": 3}}
     assert IndexSettings.from_rows(older).segments == SegmentPolicy(size=5000, merge_factor=3)
+
+
+#: Where ``is_distributed()`` still asks the database although an open index's settings know: code not yet
+#: handed the index's context (:class:`simdb.pg.context.IndexContext`). This list only shrinks.
+ASKS_WHETHER_DISTRIBUTED = {"simdb/check.py": 1, "simdb/pg/chunks.py": 1, "simdb/pg/functions.py": 2,
+                            "simdb/pg/segments.py": 3}
+
+
+def test_an_open_index_s_facts_are_passed_not_read_again():
+    """The reads of an open index (lookups, matches, the report's sample), the analysts' functions and the
+    reader role take whether the index is distributed from its context, not from a query per call."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        calls = [node for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))) if isinstance(node, ast.Call)
+                 and isinstance(node.func, ast.Name) and node.func.id == "is_distributed"]
+        if calls:
+            found[str(path.relative_to(ROOT))] = len(calls)
+    assert {path: count for path, count in found.items() if count > ASKS_WHETHER_DISTRIBUTED.get(path, 0)} == {}
 
 
 def test_the_unit_lane_needs_no_database():

@@ -92,7 +92,7 @@ def create_index(connection: sa.Connection, schema: str, settings: IndexSettings
                 copy.write_row(row)
     if settings.distributed is not None:
         citus.distribute(connection, schema, settings.distributed["shards"])
-    create_functions(connection, schema, settings.method)
+    create_functions(connection, schema, settings.method, distributed=settings.distributed is not None)
     create_views(connection, schema, settings.method)
     migrate.stamp(connection, schema)
     return True

@@ -86,9 +86,8 @@ def _create_function(connection: sa.Connection, schema: str, function: tuple[str
         _run(connection, f"COMMENT ON FUNCTION {schema}.{signature} IS " + sql.Literal(comment).as_string())
 
 
-def create_functions(connection: sa.Connection, schema: str, method: Method) -> None:
-    """The method's analysts' functions, written for its current key layout."""
-    distributed = is_distributed(connection)
+def create_functions(connection: sa.Connection, schema: str, method: Method, *, distributed: bool) -> None:
+    """The method's analysts' functions, written for its current key layout (and for a ``distributed`` index)."""
     for function in sql_of(method).functions(schema, one_statement=distributed):
         _create_function(connection, schema, function, distributed)
 
@@ -216,7 +215,7 @@ class Grant:
 
 
 def grant_reader(connection: sa.Connection, schema: str, role: str, *, login: bool | None = None,
-                 password: str | None = None) -> Grant:
+                 password: str | None = None, distributed: bool) -> Grant:
     """Create (or update) a role that can read the index and nothing more.
 
     ``login`` True or False gives or takes the role's LOGIN; None leaves an existing role's as it is (a new
@@ -252,7 +251,7 @@ def grant_reader(connection: sa.Connection, schema: str, role: str, *, login: bo
     settings = [sql.SQL("default_transaction_read_only = on"),
                 sql.SQL("search_path = {}").format(sql.SQL(", ").join(
                     [*map(sql.Identifier, path), sql.Identifier("public")]))]
-    if is_distributed(connection):  # e.g. the views' joins of a pair with its earlier document (simdb.pg.citus)
+    if distributed:  # e.g. the views' joins of a pair with its earlier document (simdb.pg.citus)
         settings += [sql.SQL("{} = {}").format(sql.Identifier(*name.split(".")), sql.Literal(value))
                      for name, value in SESSION_SETTINGS.items()]
     with raw.cursor() as cursor:

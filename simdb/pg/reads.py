@@ -16,7 +16,7 @@ from psycopg.rows import namedtuple_row
 from ..errors import NotFound
 from ..matches import distinct
 from ..methods import Method
-from .citus import is_distributed
+from .context import IndexContext
 from .copy import copy_in
 from .methods import sql_of
 
@@ -169,30 +169,31 @@ def lookup(connection: sa.Connection, method: Method, sketch, max_distance: int)
     return [(row, int(distance)) for row, distance in zip(rows, distances.tolist()) if distance <= max_distance]
 
 
-def match_many(connection: sa.Connection, method: Method, sketches: Sequence, max_distance: int
+def match_many(connection: sa.Connection, index: IndexContext, sketches: Sequence, max_distance: int
                ) -> list[dict[int, int]]:
     """For each sketch, {document id: distance} of the stored documents within ``max_distance``: one set-based
     statement that looks every probe's keys up in the key indexes, in key order (:mod:`simdb.pg.probes`).
     The probes go to a temporary table with statistics, or as arrays where the transaction is read-only
     (the reader role), which may not create even a temporary table."""
+    method = index.method
     found: list[dict[int, int]] = [{} for _ in sketches]
     if connection.exec_driver_sql("SHOW transaction_read_only").scalar_one() == "on":
-        pairs = probe_arrays(connection, method, sketches, max_distance)
+        pairs = probe_arrays(connection, method, sketches, max_distance, distributed=index.distributed)
     else:
         keys, values = method.keys(sketches), method.stored(sketches)
         columns = [("id", "int8"), method.sketch_column, *((c, "int8") for c in method.key_columns)]
         copy_in(connection, f"probes ({', '.join(name for name, _ in columns)})", [t for _, t in columns],
                 ((i, value, *key_row) for i, (value, key_row) in enumerate(zip(values, keys.tolist()))), create=True)
         connection.exec_driver_sql("ANALYZE probes")
-        pairs = distinct(sql_of(method).candidate_pairs(connection, "probes", "documents", max_distance,
-                                                        index_probes=not is_distributed(connection))).tolist()
+        pairs = distinct(index.sql.candidate_pairs(connection, "probes", "documents", max_distance,
+                                                   index_probes=not index.distributed)).tolist()
     for probe, document, distance in pairs:
         found[probe][document] = distance
     return found
 
 
 def probe_arrays(connection: sa.Connection, method: Method, sketches: Sequence, max_distance: int,
-                 keys: list[list[int]] | None = None) -> Iterator[tuple[int, int, int]]:
+                 keys: list[list[int]] | None = None, *, distributed: bool) -> Iterator[tuple[int, int, int]]:
     """``(sketch index, document id, distance)`` of the stored documents within ``max_distance`` of each sketch
     (``keys``: their key values, when the caller has them), through the method's candidate joins, with the
     sketches sent as arrays: it writes nothing, not even a temporary table, so it runs in a read-only
@@ -200,7 +201,7 @@ def probe_arrays(connection: sa.Connection, method: Method, sketches: Sequence, 
     keys = method.keys(sketches).tolist() if keys is None else keys
     probe, params = _array_probe(method, list(range(len(sketches))), method.stored(sketches), keys)
     for chunk in sql_of(method).candidate_pairs(connection, probe, "documents", max_distance, params=params,
-                                                index_probes=not is_distributed(connection)):
+                                                index_probes=not distributed):
         yield from chunk.tolist()
 
 
@@ -335,9 +336,10 @@ def random_rows(connection: sa.Connection, columns: list[str], population: int, 
         + f"ORDER BY random() LIMIT {int(size)}"), params or {}).all()
 
 
-def _distance_sample(connection: sa.Connection, method: Method, batch: int | None, population: int,
+def _distance_sample(connection: sa.Connection, index: IndexContext, batch: int | None, population: int,
                      size: int) -> tuple[list[int], int]:
     """(candidate pairs at each distance 0..max, documents sampled) for a seeded random sample of documents."""
+    method = index.method
     ids = [row.id for row in random_rows(connection, ["id"], population, size, "BERNOULLI",
                                          "batch_id = :batch" if batch is not None else "", {"batch": batch})]
     columns = ", ".join(["id", method.sketch_column[0], *method.key_columns])
@@ -346,16 +348,15 @@ def _distance_sample(connection: sa.Connection, method: Method, batch: int | Non
     # arrays, not a temporary table: the report reads in a read-only transaction
     sample, params = _array_probe(method, [row[0] for row in rows], [row[1] for row in rows],
                                   [list(row[2:]) for row in rows])
-    found = distinct(sql_of(method).candidate_pairs(connection, sample, "documents", method.max_possible_distance,
-                                                    where="t.id <> p.id", params=params,
-                                                    index_probes=not is_distributed(connection)))
+    found = distinct(index.sql.candidate_pairs(connection, sample, "documents", method.max_possible_distance,
+                                               where="t.id <> p.id", params=params, index_probes=not index.distributed))
     counts = [0] * (method.max_possible_distance + 1)
     for distance in found[:, 2].tolist():
         counts[distance] += 1
     return counts, len(ids)
 
 
-def report_data(connection: sa.Connection, method: Method, batch: str | None, *, sample_size: int, clusters: int,
+def report_data(connection: sa.Connection, index: IndexContext, batch: str | None, *, sample_size: int, clusters: int,
                 members: int, pairs: int = 0, text_chars: int = 0, sample_chars: int = 0, by: str | None = None,
                 by_values: int = 20) -> dict:
     """Everything ``simdb report`` shows, read in one read-only snapshot; with ``pairs``, that many stored pairs
@@ -383,7 +384,7 @@ def report_data(connection: sa.Connection, method: Method, batch: str | None, *,
     data["sources"] = batch_sources(connection)
     data["pair_distances"] = pair_distances(connection, chosen)
     data["by"] = metadata_breakdown(connection, by, chosen, by_values) if by is not None else None
-    data["counts"], data["sampled"] = _distance_sample(connection, method, chosen, population, sample_size)
+    data["counts"], data["sampled"] = _distance_sample(connection, index, chosen, population, sample_size)
     data["sizes"] = connection.execute(sa.text(
         f"SELECT size, count(*) FROM clusters {scope} GROUP BY size ORDER BY size"), params).all()
     data["singletons"] = connection.execute(sa.text(singletons), params).scalar_one()

@@ -128,7 +128,7 @@ def relayout(engine: sa.Engine, schema: str, settings: IndexSettings, blocks: in
             connection.exec_driver_sql(f"ALTER TABLE documents ALTER COLUMN {column} SET NOT NULL")
         for column in old.key_columns:
             connection.exec_driver_sql(f"ALTER TABLE documents DROP COLUMN {column}")
-        create_functions(connection, schema, new)  # the lookups join on the new key columns
+        create_functions(connection, schema, new, distributed=settings.distributed is not None)  # the new key columns
         save_method(connection, new)
     say(f"switched to {new.describe()}")
     return replace(settings, method=new)

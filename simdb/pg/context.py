@@ -1,0 +1,41 @@
+"""What an open index knows, in one object handed to the PostgreSQL layer so that it re-reads none of it.
+
+sqlite-utils' ``Table`` carries its database and its name; an :class:`IndexContext` carries where an
+index lives (``engine``, ``schema``), its stored settings as read and checked on open, and what follows
+from them: the method, the method's SQL (:func:`simdb.pg.methods.sql_of`), and whether the index is
+distributed on a Citus cluster, which its settings say (:func:`simdb.pg.citus.is_distributed` asks the
+database, for the code that has no open index at hand).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+
+from ..methods import Method
+from ..settings import IndexSettings
+from .methods import MethodSQL, sql_of
+
+
+@dataclass(frozen=True)
+class IndexContext:
+    """An open index: where it lives, its settings, its method and that method's SQL, distributed or not."""
+
+    engine: sa.Engine
+    schema: str
+    settings: IndexSettings
+
+    @property
+    def method(self) -> Method:
+        return self.settings.method
+
+    @property
+    def distributed(self) -> bool:
+        """Whether the index is distributed (``simdb init --distributed``): its settings say so."""
+        return self.settings.distributed is not None
+
+    @functools.cached_property
+    def sql(self) -> MethodSQL:
+        return sql_of(self.settings.method)
