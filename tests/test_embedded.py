@@ -103,3 +103,41 @@ def test_a_relative_data_directory_such_as_the_current_one_works(data_dir):
                                 env=environment(".", "3"), capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["documents"] == 0
+
+
+def test_a_command_joins_a_running_server_without_pgserver(data_dir):
+    """Issue 38: a command that finds the server up connects through the socket its ``postmaster.pid`` names,
+    without importing pgserver (and psutil, platformdirs) or running its checks: a tenth of a second of every
+    command on a small index."""
+    simdb(data_dir, "init")
+    pid = embedded.postmaster_pid(data_dir)
+    code = ("import json, sys\nfrom simdb.cli import cli\n"
+            "try:\n    cli(['stats', '--json'], prog_name='simdb')\nexcept SystemExit as exc:\n    assert not exc.code\n"
+            "print(json.dumps(sorted({'pgserver', 'psutil', 'platformdirs'} & set(sys.modules))))\n")
+    result = subprocess.run([sys.executable, "-c", code], env=environment(data_dir, "10"), capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    stats, _, imported = result.stdout.strip().rpartition("\n")
+    assert json.loads(stats)["documents"] == 0
+    assert json.loads(imported) == []
+    assert embedded.postmaster_pid(data_dir) == pid
+
+
+def test_a_process_that_joined_keeps_it_up_until_it_exits(data_dir):
+    """A process that joined the running server (without pgserver's list of handles) holds it up for as long as it
+    lives, connected or not; once it exits the server stops after the idle time."""
+    simdb(data_dir, "init", idle="3")
+    pid = embedded.postmaster_pid(data_dir)
+    code = ("import sys, time\nfrom simdb import Index\n"
+            "with Index.open() as index:\n    index.stats()\n"
+            "print('closed', flush=True)\nsys.stdin.read()\n")  # until the test closes its standard input
+    holder = subprocess.Popen([sys.executable, "-c", code], env=environment(data_dir, "3"), stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "closed\n"
+        time.sleep(9)  # three times the idle time, with no connection open
+        assert embedded.postmaster_pid(data_dir) == pid
+    finally:
+        holder.communicate("", timeout=60)
+    assert holder.returncode == 0
+    assert wait_until(lambda: embedded.postmaster_pid(data_dir) is None)
