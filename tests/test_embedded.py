@@ -112,7 +112,8 @@ def test_a_command_joins_a_running_server_without_pgserver(data_dir):
     simdb(data_dir, "init")
     pid = embedded.postmaster_pid(data_dir)
     code = ("import json, sys\nfrom simdb.cli import cli\n"
-            "try:\n    cli(['stats', '--json'], prog_name='simdb')\nexcept SystemExit as exc:\n    assert not exc.code\n"
+            "try:\n    cli(['stats', '--json'], prog_name='simdb')\n"
+            "except SystemExit as exc:\n    assert not exc.code\n"
             "print(json.dumps(sorted({'pgserver', 'psutil', 'platformdirs'} & set(sys.modules))))\n")
     result = subprocess.run([sys.executable, "-c", code], env=environment(data_dir, "10"), capture_output=True,
                             text=True, timeout=120)
@@ -141,3 +142,32 @@ def test_a_process_that_joined_keeps_it_up_until_it_exits(data_dir):
         holder.communicate("", timeout=60)
     assert holder.returncode == 0
     assert wait_until(lambda: embedded.postmaster_pid(data_dir) is None)
+
+
+def test_opening_the_embedded_server_reads_its_settings_in_one_statement(data_dir, monkeypatch):
+    """Every open of an embedded index checks the server's tuning: one round trip for what the server accepts
+    and what was set, not one each (and nothing written when nothing changed)."""
+    import sqlalchemy as sa
+
+    from simdb.pg.database import Database
+
+    monkeypatch.setenv(embedded.IDLE_ENV, "0")
+    data_dir.mkdir()
+    Database.connect(data_dir=data_dir).close()  # the first open tunes it
+    statements: list[str] = []
+
+    def record(connection, cursor, statement, parameters, context, executemany):
+        statements.append(statement)
+
+    sa.event.listen(sa.engine.Engine, "before_cursor_execute", record)
+    try:
+        database = Database.connect(data_dir=data_dir)
+    finally:
+        sa.event.remove(sa.engine.Engine, "before_cursor_execute", record)
+    try:
+        settings = [statement for statement in statements if "pg_settings" in statement or "pg_file" in statement]
+        assert len(settings) == 1, statements
+        assert not [statement for statement in statements if "ALTER SYSTEM" in statement]
+    finally:
+        database.close()
+        database.server.cleanup()
