@@ -128,7 +128,6 @@ def test_a_process_that_joined_keeps_it_up_until_it_exits(data_dir):
     """A process that joined the running server (without pgserver's list of handles) holds it up for as long as it
     lives, connected or not; once it exits the server stops after the idle time."""
     simdb(data_dir, "init", idle="3")
-    pid = embedded.postmaster_pid(data_dir)
     code = ("import sys, time\nfrom simdb import Index\n"
             "with Index.open() as index:\n    index.stats()\n"
             "print('closed', flush=True)\nsys.stdin.read()\n")  # until the test closes its standard input
@@ -136,6 +135,7 @@ def test_a_process_that_joined_keeps_it_up_until_it_exits(data_dir):
                               stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline() == "closed\n"
+        pid = embedded.postmaster_pid(data_dir)  # (the one it started where the first had stopped meanwhile)
         time.sleep(9)  # three times the idle time, with no connection open
         assert embedded.postmaster_pid(data_dir) == pid
     finally:
@@ -171,3 +171,23 @@ def test_opening_the_embedded_server_reads_its_settings_in_one_statement(data_di
     finally:
         database.close()
         database.server.cleanup()
+
+
+def test_a_command_that_stops_the_server_leaves_it_to_a_process_that_joined_it(data_dir):
+    """``SIMDB_SERVER_IDLE=0`` stops the server with the last process on pgserver's list of handles; a process that
+    joined it without pgserver is not on that list, and keeps it up all the same (its watcher stops it later)."""
+    simdb(data_dir, "init", idle="60")  # up when the next process joins it, however loaded the machine
+    code = ("import sys\nfrom simdb import Index\nindex = Index.open()\nindex.stats()\n"
+            "print('open', flush=True)\nsys.stdin.read()\nprint(index.stats()['documents'])\n")
+    holder = subprocess.Popen([sys.executable, "-c", code], env=environment(data_dir, "60"), stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "open\n"
+        pid = embedded.postmaster_pid(data_dir)
+        assert pid is not None and holder.pid not in json.loads((data_dir / ".handle_pids.json").read_text())
+        assert json.loads(simdb(data_dir, "stats", "--json", idle="0"))["documents"] == 0
+        assert embedded.postmaster_pid(data_dir) == pid
+    finally:
+        out, err = holder.communicate("", timeout=60)
+    assert holder.returncode == 0, err
+    assert out == "0\n"

@@ -102,12 +102,28 @@ _HELD: dict[Path, object] = {}
 
 def _pgserver(path: Path, idle: float):
     """pgserver's handle on the server in ``path``, which it starts where none runs (and, with ``idle`` 0, stops
-    when the last process holding a handle exits)."""
+    when the last process holding a handle exits, unless a process that joined it without pgserver still holds
+    it: then its watcher stops it)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # platformdirs warns about XDG_RUNTIME_DIR on servers
         import pgserver
 
-        return pgserver.get_server(path, cleanup_mode=None if idle else "stop")
+        server = pgserver.get_server(path, cleanup_mode=None if idle else "stop")
+    if not idle and path not in _SPARED_AT_EXIT:
+        _SPARED_AT_EXIT.add(path)
+        atexit.register(_spare_if_held, path, server)  # runs before pgserver's own exit handler, registered earlier
+    return server
+
+
+#: The data directories whose pgserver handle this process checks at exit (:func:`_spare_if_held`).
+_SPARED_AT_EXIT: set[Path] = set()
+
+
+def _spare_if_held(path: Path, server) -> None:
+    """At the exit of a process that would stop the server (``SIMDB_SERVER_IDLE=0``): leave it up where a process
+    that joined it without pgserver (and so is not on pgserver's list of handles) still holds it."""
+    if _held_by_others(path):
+        server.cleanup_mode = None
 
 
 class RunningServer:
