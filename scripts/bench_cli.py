@@ -1,15 +1,21 @@
 """Time the ``simdb`` command as a user runs it: a whole process each, on a small embedded index.
 
 Each command runs ``--runs`` times (after one warm-up run, which starts the embedded server where it is
-down) and is given as the median with the minimum and maximum. The peers are run in the same way: the
-bare interpreter, the import of the database layer (SQLAlchemy and psycopg), ``simdb stats`` with
-``SIMDB_SERVER_IDLE=0`` (the server started and stopped by the command, as every command did before), and,
-with ``--baseline DIR``, each command of another simdb source checkout (run by this Python with
-``PYTHONPATH=DIR``; each of its runs starts and stops the server where that simdb does). The index (the
-quickstart corpus, texts kept) is made in a temporary directory and removed at the end.
+down) and is given as the median wall time with the minimum and maximum, then the median CPU time of the
+command's process (user + system, which a loaded machine disturbs much less than the wall time) and of the
+embedded server's backends that served it (``server``: what the postmaster's finished children used). The
+peers are run in the same way: the bare interpreter, the import of the database layer (SQLAlchemy and
+psycopg), ``simdb stats`` with ``SIMDB_SERVER_IDLE=0`` (the server started and stopped by the command, as
+every command did before), and, with ``--baseline DIR``, each command of another simdb source checkout (run
+by this Python with ``PYTHONPATH=DIR``; each of its runs starts and stops the server where that simdb does).
+The index (the quickstart corpus, texts kept) is made in a temporary directory and removed at the end.
+
+The commands run as an installed simdb does, with their bytecode cached (``pip install`` compiles it; the
+warm-up run writes it for a source checkout): ``PYTHONDONTWRITEBYTECODE`` is taken out of their environment,
+and one peer row shows what compiling simdb's sources at every run costs.
 
     .venv/bin/python scripts/bench_cli.py --markdown
-    git archive 3103828 | tar -x -C /tmp/simdb-before && cp simdb/_native*.so /tmp/simdb-before/simdb/
+    git archive main | tar -x -C /tmp/simdb-before && cp simdb/_native*.so /tmp/simdb-before/simdb/
     .venv/bin/python scripts/bench_cli.py --baseline /tmp/simdb-before --markdown
 """
 
@@ -18,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -26,32 +33,64 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_common import command_line, log, print_table, ratio
+from bench_common import command_line, load_average, log, print_table, ratio
 
 from simdb.pg import embedded
 
 RUN_SIMDB = "import sys; sys.argv[0] = 'simdb'; from simdb.cli import main; main()"
 
 
-def timed(arguments: list[str], environment: dict[str, str], runs: int, warm_up: bool = True) -> list[float]:
-    """Seconds of each of ``runs`` runs of the command, after one run that is not counted. They run in the
+class Timings:
+    """Each run's wall seconds, CPU seconds of the command (user + system) and of the server's backends."""
+
+    def __init__(self) -> None:
+        self.wall: list[float] = []
+        self.cpu: list[float] = []
+        self.server: list[float] = []
+
+    def __str__(self) -> str:
+        wall = f"{statistics.median(self.wall):.3f} s ({min(self.wall):.3f}-{max(self.wall):.3f})"
+        return f"{wall}; CPU {statistics.median(self.cpu):.3f} s + server {statistics.median(self.server):.3f} s"
+
+
+def children_cpu() -> float:
+    """User + system seconds of this process's finished children."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def backends_cpu(data_dir: Path) -> float:
+    """User + system seconds of the embedded server's finished backends (its postmaster's cutime and cstime),
+    0 where no server runs."""
+    pid = embedded.postmaster_pid(data_dir)
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")  # cutime, cstime: fields 16 and 17
+
+
+def timed(arguments: list[str], environment: dict[str, str], runs: int, warm_up: bool = True) -> Timings:
+    """Timings of each of ``runs`` runs of the command, after one run that is not counted. They run in the
     temporary directory: ``python -c`` puts the working directory first on the path, where a checkout's simdb
     would shadow the baseline's."""
-    seconds = []
+    timings = Timings()
+    data_dir = Path(environment["SIMDB_DATA_DIR"])
     for run in range(runs + warm_up):
+        cpu, server = children_cpu(), backends_cpu(data_dir)
         start = time.perf_counter()
         done = subprocess.run(arguments, env=environment, capture_output=True, text=True, timeout=600,
-                              cwd=environment["SIMDB_DATA_DIR"].rsplit("/", 1)[0])
+                              cwd=data_dir.parent)
         elapsed = time.perf_counter() - start
         if done.returncode != 0:
             raise SystemExit(f"{' '.join(arguments)} failed: {done.stderr.strip()}")
         if run or not warm_up:
-            seconds.append(elapsed)
-    return seconds
-
-
-def summary(seconds: list[float]) -> str:
-    return f"{statistics.median(seconds):.3f} s ({min(seconds):.3f}-{max(seconds):.3f})"
+            timings.wall.append(elapsed)
+            timings.cpu.append(children_cpu() - cpu)
+            timings.server.append(max(0.0, backends_cpu(data_dir) - server))
+    return timings
 
 
 def main() -> None:
@@ -62,11 +101,11 @@ def main() -> None:
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args()
 
-    load_start = os.getloadavg()[0]
+    load_start = load_average()
     directory = Path(tempfile.mkdtemp(prefix="simdb-bench-cli-"))
     data_dir = directory / "postgres"
     base = {name: value for name, value in os.environ.items()
-            if name not in ("SIMDB_DATABASE_URL", "SIMDB_SCHEMA", "PYTHONPATH")}
+            if name not in ("SIMDB_DATABASE_URL", "SIMDB_SCHEMA", "PYTHONPATH", "PYTHONDONTWRITEBYTECODE")}
     base["SIMDB_DATA_DIR"] = str(data_dir)
     this = {**base, embedded.IDLE_ENV: "120"}
     simdb = [sys.executable, "-c", RUN_SIMDB]
@@ -83,9 +122,9 @@ def main() -> None:
                     ("simdb query TEXT", ["query", first["text"][:500]])]
         rows = []
         bare = timed([sys.executable, "-c", "pass"], this, args.runs)
-        rows.append(("Python start-up (peer)", summary(bare), "", ""))
+        rows.append(("Python start-up (peer)", str(bare), "", ""))
         database_layer = timed([sys.executable, "-c", "import sqlalchemy, psycopg"], this, args.runs)
-        rows.append(("import sqlalchemy, psycopg (peer)", summary(database_layer), "", ""))
+        rows.append(("import sqlalchemy, psycopg (peer)", str(database_layer), "", ""))
         for name, arguments in commands:
             before = None
             if args.baseline is not None:
@@ -93,16 +132,24 @@ def main() -> None:
                 before = timed([*simdb, *arguments], {**base, "PYTHONPATH": str(args.baseline)}, args.runs)
             log(f"{name}: this simdb")
             after = timed([*simdb, *arguments], this, args.runs)
-            rows.append((name, summary(after), "" if before is None else f"{summary(before)} (baseline)",
-                         "" if before is None else ratio(statistics.median(before) / statistics.median(after))))
+            rows.append((name, str(after), "" if before is None else f"{before} (baseline)",
+                         "" if before is None
+                         else ratio(statistics.median(before.wall) / statistics.median(after.wall))))
+            if name == "simdb fingerprint TEXT":
+                compiling = timed([*simdb, *arguments], {**this, "PYTHONDONTWRITEBYTECODE": "1"}, args.runs)
+                rows.append(("simdb fingerprint TEXT, sources compiled every run (PYTHONDONTWRITEBYTECODE=1)",
+                             str(compiling), f"{after} (bytecode cached)",
+                             ratio(statistics.median(compiling.wall) / statistics.median(after.wall))))
             if name == "simdb stats":
                 cold = timed([*simdb, *arguments], {**this, embedded.IDLE_ENV: "0"}, args.runs)
-                rows.append(("simdb stats, server started and stopped (SIMDB_SERVER_IDLE=0)", summary(cold),
-                             f"{summary(after)} (server left up)",
-                             ratio(statistics.median(cold) / statistics.median(after))))
-        header = [command_line("bench_cli.py"), f"load (1 min): {load_start:.2f} at the start, "
-                  f"{os.getloadavg()[0]:.2f} at the end; {os.cpu_count()} cores", "each: median of the runs, (min-max), whole process; ratio: the "
-                  "peer's median over simdb's"]
+                rows.append(("simdb stats, server started and stopped (SIMDB_SERVER_IDLE=0)", str(cold),
+                             f"{after} (server left up)",
+                             ratio(statistics.median(cold.wall) / statistics.median(after.wall))))
+        header = [command_line("bench_cli.py"), f"load (1, 5, 15 min): {load_start} at the start, "
+                  f"{load_average()} at the end; {os.cpu_count()} cores",
+                  "each: median wall time of the runs (min-max), whole process; CPU: median user + system time "
+                  "of the command's process; server: of the embedded server's "
+                  "backends; ratio: the peer's median wall time over simdb's"]
         print_table(header, rows, args.markdown)
     finally:
         pid = embedded.postmaster_pid(data_dir)

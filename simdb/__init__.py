@@ -8,17 +8,6 @@ The pipeline, one layer a folder::
 
 import importlib
 
-from .bits import format_fingerprint, hamming, parse_fingerprint, to_signed, to_unsigned
-from .errors import (BatchError, ConnectionLost, DatabaseUnavailable, IncompatibleIndex, IndexNotFound, InputError,
-                     NotFound, OutputError, PermissionDenied, SimdbError)
-from .inputs import Document, read_documents
-from .methods import Method, MinHash, SimHash
-from .methods.simhash.blocks import BlockLayout
-from .methods.simhash.fingerprint import FingerprintSettings, fingerprint
-from .settings import IndexSettings
-from .verdicts import Verdict
-from .version import __version__
-
 __all__ = [
     "BatchError", "BatchSummary", "BlockLayout", "ConnectionLost", "DatabaseUnavailable", "Document",
     "FingerprintSettings", "IncompatibleIndex", "Index", "IndexNotFound", "IndexSettings", "InputError", "Match",
@@ -27,18 +16,32 @@ __all__ = [
     "to_unsigned", "Verdict", "__version__",
 ]
 
-#: Names whose modules load the database layer (SQLAlchemy, alembic, psycopg): imported on first use (PEP 562),
-#: so that ``import simdb.cli`` (and ``simdb --help``, ``simdb fingerprint``) start without it.
-_DATABASE_NAMES = {"Index": ".index", "Match": ".index", "Pair": ".index", "BatchSummary": ".ingest"}
+#: Where each public name lives. None is imported with the package (PEP 562): ``import simdb`` costs nothing,
+#: and a command loads only what it uses (``simdb --help`` and ``simdb fingerprint`` no database layer:
+#: SQLAlchemy, alembic, psycopg; ``Index`` loads it on first use).
+_WHERE = {
+    **dict.fromkeys(["format_fingerprint", "hamming", "parse_fingerprint", "to_signed", "to_unsigned"], ".bits"),
+    **dict.fromkeys(["BatchError", "ConnectionLost", "DatabaseUnavailable", "IncompatibleIndex", "IndexNotFound",
+                     "InputError", "NotFound", "OutputError", "PermissionDenied", "SimdbError"], ".errors"),
+    **dict.fromkeys(["Document", "read_documents"], ".inputs"),
+    **dict.fromkeys(["Method", "MinHash", "SimHash"], ".methods"),
+    "BlockLayout": ".methods.simhash.blocks",
+    **dict.fromkeys(["FingerprintSettings", "fingerprint"], ".methods.simhash.fingerprint"),
+    "IndexSettings": ".settings",
+    "Verdict": ".verdicts",
+    **dict.fromkeys(["Index", "Match", "Pair"], ".index"),
+    "BatchSummary": ".ingest",
+    "__version__": ".version",
+}
 
 
 def __getattr__(name: str):
-    if name in _DATABASE_NAMES:
-        value = getattr(importlib.import_module(_DATABASE_NAMES[name], __name__), name)
+    if name in _WHERE:
+        value = getattr(importlib.import_module(_WHERE[name], __name__), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *_DATABASE_NAMES])
+    return sorted({*globals(), *_WHERE})

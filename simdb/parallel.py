@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import multiprocessing
 import os
 import signal
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import numpy as np
@@ -169,6 +168,9 @@ def ordered_map(function: Callable[[list], list], tasks: Iterable[tuple[object, 
         for key, payload in itertools.chain(head, tasks):
             yield key, function(payload)
         return
+    import multiprocessing  # here (with the pool): a command that starts no worker need not load them
+    from concurrent.futures import ProcessPoolExecutor
+
     context = multiprocessing.get_context("spawn")  # no inherited locks, connections or threads
     with ProcessPoolExecutor(workers, mp_context=context, initializer=initializer,
                              initargs=(*initargs, os.getpid())) as pool:

@@ -15,7 +15,6 @@ and new fingerprints.
 
 from __future__ import annotations
 
-import importlib.metadata
 import math
 import unicodedata
 from dataclasses import dataclass, field, replace
@@ -88,6 +87,8 @@ class SegmentPolicy:
 
 
 def _version(package: str) -> str:
+    import importlib.metadata  # here: it loads the email package, which a fingerprint never needs
+
     try:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:

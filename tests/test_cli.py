@@ -68,7 +68,9 @@ def test_fingerprint_prints_16_hex_digits():
 def test_commands_without_a_database_start_without_its_libraries(arguments):
     """Issue 38: `import simdb.cli` loaded SQLAlchemy, alembic and psycopg (0.7 s) to fingerprint a string, and a
     fingerprint loaded the Chinese segmenter's dictionary for English. In a fresh interpreter, neither importing
-    the CLI nor a command that needs no database loads them."""
+    the CLI nor a command that needs no database loads them, nor what only other paths need: psutil (the
+    embedded server's watcher), threadpoolctl (numpy's weighted sums), multiprocessing (ingest's workers), the
+    email package (importlib.metadata: the segmenter's version)."""
     import subprocess
     import sys
 
@@ -77,7 +79,8 @@ def test_commands_without_a_database_start_without_its_libraries(arguments):
             "    try:\n        simdb.cli.cli(sys.argv[1:], prog_name='simdb')\n    except SystemExit as exc:\n"
             "        assert not exc.code, exc.code\n"
             "print(json.dumps(sorted({name.partition('.')[0] for name in sys.modules} & "
-            "{'sqlalchemy', 'alembic', 'psycopg', 'pgserver', 'jieba', 'rjieba'})))\n")
+            "{'sqlalchemy', 'alembic', 'psycopg', 'pgserver', 'psutil', 'jieba', 'rjieba', 'threadpoolctl', "
+            "'multiprocessing', 'email'})))\n")
     result = subprocess.run([sys.executable, "-c", code, *arguments], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout.splitlines()[-1]) == []

@@ -103,3 +103,91 @@ def test_a_relative_data_directory_such_as_the_current_one_works(data_dir):
                                 env=environment(".", "3"), capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["documents"] == 0
+
+
+def test_a_command_joins_a_running_server_without_pgserver(data_dir):
+    """Issue 38: a command that finds the server up connects through the socket its ``postmaster.pid`` names,
+    without importing pgserver (and psutil, platformdirs) or running its checks: a tenth of a second of every
+    command on a small index."""
+    simdb(data_dir, "init")
+    pid = embedded.postmaster_pid(data_dir)
+    code = ("import json, sys\nfrom simdb.cli import cli\n"
+            "try:\n    cli(['stats', '--json'], prog_name='simdb')\n"
+            "except SystemExit as exc:\n    assert not exc.code\n"
+            "print(json.dumps(sorted({'pgserver', 'psutil', 'platformdirs'} & set(sys.modules))))\n")
+    result = subprocess.run([sys.executable, "-c", code], env=environment(data_dir, "10"), capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    stats, _, imported = result.stdout.strip().rpartition("\n")
+    assert json.loads(stats)["documents"] == 0
+    assert json.loads(imported) == []
+    assert embedded.postmaster_pid(data_dir) == pid
+
+
+def test_a_process_that_joined_keeps_it_up_until_it_exits(data_dir):
+    """A process that joined the running server (without pgserver's list of handles) holds it up for as long as it
+    lives, connected or not; once it exits the server stops after the idle time."""
+    simdb(data_dir, "init", idle="3")
+    code = ("import sys, time\nfrom simdb import Index\n"
+            "with Index.open() as index:\n    index.stats()\n"
+            "print('closed', flush=True)\nsys.stdin.read()\n")  # until the test closes its standard input
+    holder = subprocess.Popen([sys.executable, "-c", code], env=environment(data_dir, "3"), stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "closed\n"
+        pid = embedded.postmaster_pid(data_dir)  # (the one it started where the first had stopped meanwhile)
+        time.sleep(9)  # three times the idle time, with no connection open
+        assert embedded.postmaster_pid(data_dir) == pid
+    finally:
+        holder.communicate("", timeout=60)
+    assert holder.returncode == 0
+    assert wait_until(lambda: embedded.postmaster_pid(data_dir) is None)
+
+
+def test_opening_the_embedded_server_reads_its_settings_in_one_statement(data_dir, monkeypatch):
+    """Every open of an embedded index checks the server's tuning: one round trip for what the server accepts
+    and what was set, not one each (and nothing written when nothing changed)."""
+    import sqlalchemy as sa
+
+    from simdb.pg.database import Database
+
+    monkeypatch.setenv(embedded.IDLE_ENV, "0")
+    data_dir.mkdir()
+    Database.connect(data_dir=data_dir).close()  # the first open tunes it
+    statements: list[str] = []
+
+    def record(connection, cursor, statement, parameters, context, executemany):
+        statements.append(statement)
+
+    sa.event.listen(sa.engine.Engine, "before_cursor_execute", record)
+    try:
+        database = Database.connect(data_dir=data_dir)
+    finally:
+        sa.event.remove(sa.engine.Engine, "before_cursor_execute", record)
+    try:
+        settings = [statement for statement in statements if "pg_settings" in statement or "pg_file" in statement]
+        assert len(settings) == 1, statements
+        assert not [statement for statement in statements if "ALTER SYSTEM" in statement]
+    finally:
+        database.close()
+        database.server.cleanup()
+
+
+def test_a_command_that_stops_the_server_leaves_it_to_a_process_that_joined_it(data_dir):
+    """``SIMDB_SERVER_IDLE=0`` stops the server with the last process on pgserver's list of handles; a process that
+    joined it without pgserver is not on that list, and keeps it up all the same (its watcher stops it later)."""
+    simdb(data_dir, "init", idle="60")  # up when the next process joins it, however loaded the machine
+    code = ("import sys\nfrom simdb import Index\nindex = Index.open()\nindex.stats()\n"
+            "print('open', flush=True)\nsys.stdin.read()\nprint(index.stats()['documents'])\n")
+    holder = subprocess.Popen([sys.executable, "-c", code], env=environment(data_dir, "60"), stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "open\n"
+        pid = embedded.postmaster_pid(data_dir)
+        assert pid is not None and holder.pid not in json.loads((data_dir / ".handle_pids.json").read_text())
+        assert json.loads(simdb(data_dir, "stats", "--json", idle="0"))["documents"] == 0
+        assert embedded.postmaster_pid(data_dir) == pid
+    finally:
+        out, err = holder.communicate("", timeout=60)
+    assert holder.returncode == 0, err
+    assert out == "0\n"

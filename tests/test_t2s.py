@@ -123,3 +123,37 @@ def test_an_unreadable_dictionary_turns_the_skip_off(monkeypatch):
         finally:
             _cleared()
     assert t2s.changing_characters() == changing
+
+
+def test_the_marks_are_read_from_a_cache_file_that_matches_the_dictionaries(monkeypatch, tmp_path):
+    """Issue 38: reading the dictionaries (``opencc_dict`` on each binary one) was 60 ms of every ``simdb
+    fingerprint``. A later process reads the set from a cache file, without the dictionaries; one that does not
+    hold a whole set is built again; another tool names another file."""
+    expected = bytearray(t2s.BMP // 8)
+    for character in changing:
+        if ord(character) < t2s.BMP:
+            expected[ord(character) >> 3] |= 1 << (ord(character) & 7)
+
+    def unreadable():
+        raise AssertionError("the dictionaries were read although the cache holds the set")
+
+    with monkeypatch.context() as m:
+        m.setenv("XDG_CACHE_HOME", str(tmp_path))
+        _cleared()
+        try:
+            assert t2s.marks() == bytes(expected)
+            [cached] = (tmp_path / "simdb").glob("t2s-marks-*.bin")
+            assert cached.read_bytes() == bytes(expected)
+            _cleared()
+            m.setattr(t2s, "dictionary_entries", unreadable)
+            assert t2s.marks() == bytes(expected)
+            cached.write_bytes(b"\xff" * 100)  # cut short: built again (from the dictionaries)
+            _cleared()
+            m.undo()
+            m.setenv("XDG_CACHE_HOME", str(tmp_path))
+            assert t2s.marks() == bytes(expected) == cached.read_bytes()
+            _cleared()
+            m.setattr(t2s, "_tool", lambda: "/elsewhere/opencc_dict")
+            assert t2s._marks_cache_path() != cached
+        finally:
+            _cleared()

@@ -8,9 +8,13 @@ client has been connected for :data:`IDLE_ENV` seconds (default :data:`DEFAULT_I
 stops it with the last process that uses it, as before.
 
 Two files beside the data directory coordinate the two: ``.<name>.lock``, whose modification time is when a
-command last started or ended (a command takes it shared while it joins the server, the watcher exclusively
-while it stops it, so that no command joins a server that is stopping), and ``.<name>.watcher``, which the
-watcher holds locked for as long as it runs.
+command last started or ended (a command holds it shared from the moment it joins the server until it exits,
+the watcher takes it exclusively to stop the server, so that no command joins a server that is stopping and
+none is stopped under a command), and ``.<name>.watcher``, which the watcher holds locked for as long as it runs.
+
+A command that finds the server up joins it without pgserver: it reads the socket and port from the data
+directory's ``postmaster.pid`` (what pgserver reads too), and skips the import of pgserver, psutil and
+platformdirs and pgserver's checks, which were a tenth of a second of every command on a small index.
 """
 
 from __future__ import annotations
@@ -72,18 +76,16 @@ def start_embedded(data_dir: str | Path | None = None, *, idle: float = 0):
     except OSError as exc:
         raise DatabaseUnavailable(f"cannot create the data directory {path}: {exc.strerror}; "
                                   "choose another with «data_dir» or SIMDB_DATA_DIR") from exc
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # platformdirs warns about XDG_RUNTIME_DIR on servers
-        import pgserver
-
-        try:
-            with _joining(path, idle):
-                server = pgserver.get_server(path, cleanup_mode=None if idle else "stop")
-        except Exception as exc:  # pgserver raises plain exceptions with the postgres log inside
-            raise DatabaseUnavailable(
-                f"could not start the embedded PostgreSQL in {path}: {exc}. "
-                "Check the directory is writable and not used by another PostgreSQL version, "
-                "or pass «database_url» to use a server") from exc
+    try:
+        with _joining(path, idle):
+            server = (_running(path) if idle else None) or _pgserver(path, idle)
+    except DatabaseUnavailable:
+        raise
+    except Exception as exc:  # pgserver raises plain exceptions with the postgres log inside
+        raise DatabaseUnavailable(
+            f"could not start the embedded PostgreSQL in {path}: {exc}. "
+            "Check the directory is writable and not used by another PostgreSQL version, "
+            "or pass «database_url» to use a server") from exc
     if idle:
         if path not in _MARKED_AT_EXIT:
             _MARKED_AT_EXIT.add(path)
@@ -94,6 +96,69 @@ def start_embedded(data_dir: str | Path | None = None, *, idle: float = 0):
 
 #: The data directories this process marks as used when it exits (once each, however often it connects).
 _MARKED_AT_EXIT: set[Path] = set()
+#: The lock file of each data directory this process has joined, held shared until it exits.
+_HELD: dict[Path, object] = {}
+
+
+def _pgserver(path: Path, idle: float):
+    """pgserver's handle on the server in ``path``, which it starts where none runs (and, with ``idle`` 0, stops
+    when the last process holding a handle exits, unless a process that joined it without pgserver still holds
+    it: then its watcher stops it)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # platformdirs warns about XDG_RUNTIME_DIR on servers
+        import pgserver
+
+        server = pgserver.get_server(path, cleanup_mode=None if idle else "stop")
+    if not idle and path not in _SPARED_AT_EXIT:
+        _SPARED_AT_EXIT.add(path)
+        atexit.register(_spare_if_held, path, server)  # runs before pgserver's own exit handler, registered earlier
+    return server
+
+
+#: The data directories whose pgserver handle this process checks at exit (:func:`_spare_if_held`).
+_SPARED_AT_EXIT: set[Path] = set()
+
+
+def _spare_if_held(path: Path, server) -> None:
+    """At the exit of a process that would stop the server (``SIMDB_SERVER_IDLE=0``): leave it up where a process
+    that joined it without pgserver (and so is not on pgserver's list of handles) still holds it."""
+    if _held_by_others(path):
+        server.cleanup_mode = None
+
+
+class RunningServer:
+    """The server that runs in a data directory, as its ``postmaster.pid`` describes it: what a command needs of
+    pgserver's handle (:meth:`get_uri`, :meth:`cleanup`) when the server is up already."""
+
+    def __init__(self, path: Path, pid: int, socket_dir: str, hostname: str, port: int) -> None:
+        self.path, self.pid, self.socket_dir, self.hostname, self.port = path, pid, socket_dir, hostname, port
+
+    def get_uri(self, database: str | None = None) -> str:
+        """The server's URL, the very one pgserver gives (``PostmasterInfo.get_uri``): its socket directory
+        (PostgreSQL's default port, which pgserver starts it on), else its host and port."""
+        if self.socket_dir:
+            return f"postgresql://postgres:@/{database or 'postgres'}?host={self.socket_dir}"
+        return f"postgresql://postgres:@{self.hostname}:{self.port}/{database or 'postgres'}"
+
+    def cleanup(self) -> None:
+        """Nothing to release: the watcher stops a lingering server."""
+
+
+def _running(path: Path) -> RunningServer | None:
+    """The server up and ready in ``path``, or None (none runs, it is starting or stopping, or its
+    ``postmaster.pid`` names another directory or a socket that is not there): pgserver then takes over."""
+    try:
+        lines = (path / "postmaster.pid").read_text().splitlines()
+        pid, pgdata, port, socket_dir, hostname = int(lines[0]), lines[1], int(lines[3]), lines[4], lines[5]
+        status = lines[7].strip()
+        os.kill(pid, 0)
+    except (OSError, ValueError, IndexError):
+        return None
+    if status != "ready" or Path(pgdata) != path.resolve():
+        return None
+    if not (os.path.exists(os.path.join(socket_dir, f".s.PGSQL.{port}")) if socket_dir else hostname):
+        return None
+    return RunningServer(path, pid, socket_dir, hostname, port)
 
 
 def _lock_file(path: Path) -> Path:
@@ -105,22 +170,25 @@ def _watcher_file(path: Path) -> Path:
 
 
 @contextlib.contextmanager
-def _locked(file: Path, mode: int) -> Iterator[None]:
-    with open(file, "a") as handle:
-        fcntl.flock(handle, mode)
-        yield
-
-
-@contextlib.contextmanager
 def _joining(path: Path, idle: float) -> Iterator[None]:
-    """While a command joins the server: marked as used, and never while the watcher stops it."""
+    """While a command joins the server: marked as used, and never while the watcher stops it. The shared lock
+    is then held until the process exits (the watcher does not stop a server that a process holds)."""
     if not idle:
         yield
         return
-    lock = _lock_file(path)
-    with _locked(lock, fcntl.LOCK_SH):
+    if path in _HELD:
         _used(path)
         yield
+        return
+    handle = open(_lock_file(path), "a")  # not inherited by the processes this one starts (PEP 446)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_SH)
+        _used(path)
+        yield
+    except BaseException:
+        handle.close()
+        raise
+    _HELD[path] = handle
 
 
 def _used(path: Path) -> None:
@@ -151,11 +219,14 @@ def postmaster_pid(path: Path) -> int | None:
         return None
 
 
-def busy(path: Path, pid: int) -> bool:
+def busy(path: Path, pid: int, *, locked: bool = False) -> bool:
     """Whether a client is connected to the server (a backend serving a socket connection: ``[local]`` in its
-    title) or a process still holds a handle on it (pgserver's list of the processes using it)."""
+    title) or a process still holds a handle on it (the lock file shared, unless the caller holds it
+    exclusively: ``locked``; or pgserver's list of the processes using it)."""
     import psutil
 
+    if not locked and _held_by_others(path):
+        return True
     try:
         for child in psutil.Process(pid).children():
             with contextlib.suppress(psutil.Error):
@@ -168,6 +239,18 @@ def busy(path: Path, pid: int) -> bool:
     except (OSError, ValueError):
         return False
     return any(isinstance(handle, int) and psutil.pid_exists(handle) for handle in handles)
+
+
+def _held_by_others(path: Path) -> bool:
+    """Whether a process holds the lock file of ``path`` (shared: it has joined the server and not exited)."""
+    try:
+        with open(_lock_file(path), "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    return False
 
 
 def watch(path: Path, idle: float) -> None:
@@ -186,8 +269,12 @@ def watch(path: Path, idle: float) -> None:
             if time.time() - quiet_since < idle:
                 time.sleep(min(POLL_SECONDS, max(0.1, quiet_since + idle - time.time())))
                 continue
-            with _locked(_lock_file(path), fcntl.LOCK_EX):  # no command joins while it stops
-                if time.time() - _last_used(path) >= idle and not busy(path, pid):
+            with open(_lock_file(path), "a") as lock:  # no command joins while it stops
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:  # a command has joined since
+                    continue
+                if time.time() - _last_used(path) >= idle and not busy(path, pid, locked=True):
                     stop(path, pid)
 
 

@@ -48,14 +48,22 @@ def wal_compressions(connection: sa.Connection) -> list[str]:
 
 def current(connection: sa.Connection) -> dict[str, tuple[str, str | None]]:
     """(setting, unit) of the settings simdb cares about."""
-    names = sorted(set(recommended()) | set(MINIMUMS))
-    return {row.name: (row.setting, row.unit) for row in connection.execute(sa.text(
-        "SELECT name, setting, unit FROM pg_settings WHERE name = ANY(:names)"), {"names": names})}
+    return {name: (row.setting, row.unit) for name, row in _settings(connection).items()}
+
+
+def _settings(connection: sa.Connection) -> dict[str, sa.Row]:
+    """name, setting, unit and accepted values (``enumvals``) of the settings simdb cares about, in one query."""
+    names = sorted(set(recommended()) | set(MINIMUMS) | {"wal_compression"})
+    return {row.name: row for row in connection.execute(sa.text(
+        "SELECT name, setting, unit, enumvals FROM pg_settings WHERE name = ANY(:names)"), {"names": names})}
 
 
 def warnings(connection: sa.Connection) -> list[str]:
     """One line per setting below :data:`MINIMUMS`, with the command that raises it."""
-    found, advice = current(connection), recommended(compressions=wal_compressions(connection))
+    rows = _settings(connection)
+    found = {name: (row.setting, row.unit) for name, row in rows.items()}
+    compressions = list(rows["wal_compression"].enumvals or []) if "wal_compression" in rows else []
+    advice = recommended(compressions=compressions)
     lines = []
     for name, minimum in MINIMUMS.items():
         setting = found.get(name)
@@ -89,9 +97,11 @@ def tune_embedded(connection: sa.Connection) -> bool:
 
     All but ``shared_buffers`` take effect at once (reload); ``shared_buffers`` from the server's next
     start (the embedded server stops when its last process exits)."""
-    wanted = recommended(compressions=wal_compressions(connection))
-    stored = dict(connection.execute(sa.text(
-        "SELECT name, setting FROM pg_file_settings WHERE sourcefile LIKE '%postgresql.auto.conf'")).all())
+    compressions, stored = connection.execute(sa.text(  # one round trip on every open of an embedded index
+        "SELECT (SELECT enumvals FROM pg_settings WHERE name = 'wal_compression'), "
+        "(SELECT json_agg(json_build_array(name, setting) ORDER BY seqno) FROM pg_file_settings "
+        "WHERE sourcefile LIKE '%postgresql.auto.conf')")).one()
+    wanted, stored = recommended(compressions=list(compressions or [])), dict(stored or [])
     changed = False
     for name, value in wanted.items():
         if stored.get(name) != value:

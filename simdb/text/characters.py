@@ -156,5 +156,11 @@ def _cache_path() -> Path:
     key = hashlib.sha256(f"{unicodedata.unidata_version} {sys.maxunicode} {sys.version_info[:2]}".encode())
     for name in _DEFINITIONS:
         key.update((here / name).read_bytes())
+    return cache_directory() / f"characters-{key.hexdigest()[:16]}.marshal"
+
+
+def cache_directory() -> Path:
+    """Where simdb keeps what it derives from its definitions and installed packages: ``$XDG_CACHE_HOME/simdb``,
+    else ``~/.cache/simdb``."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "simdb" / f"characters-{key.hexdigest()[:16]}.marshal"
+    return Path(base) / "simdb"

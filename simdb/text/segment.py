@@ -13,7 +13,6 @@ Which segmenter wrote an index's fingerprints is recorded with it (:func:`segmen
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import importlib.util
 import logging
 import os
@@ -124,6 +123,8 @@ def cutter(hmm: bool = False) -> Callable[[str, bool | None], list[str]]:
 
 
 def _version(package: str) -> str:
+    import importlib.metadata  # here: it loads the email package, which a fingerprint never needs
+
     try:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:

@@ -20,9 +20,12 @@ in the phrases of the dictionaries, and every devset text the set lets pass.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
 import json
 import logging
+import os
 import shutil
 import subprocess
 import tempfile
@@ -133,7 +136,19 @@ def changing_characters() -> frozenset[str] | None:
 @functools.cache
 def marks() -> bytes | None:
     """:func:`changing_characters` as a bit set over the Basic Multilingual Plane (bit ``c % 8`` of byte
-    ``c // 8``), for the compiled check; None where the set is unknown."""
+    ``c // 8``), for the compiled check; None where the set is unknown.
+
+    Kept in a cache file beside the character tables' (:func:`simdb.text.characters.cache_directory`): reading
+    the dictionaries runs ``opencc_dict`` on each binary one, 60 ms of a ``simdb fingerprint``. The file's name
+    holds what decides the set (this module's source, the configuration, the tool, each dictionary's path,
+    size and modification time), so a stale one is never read; one that cannot be read or written is built
+    again, as without a cache."""
+    path = _marks_cache_path()
+    if path is not None:
+        with contextlib.suppress(OSError):
+            cached = path.read_bytes()
+            if len(cached) == BMP // 8:
+                return cached
     characters = changing_characters()
     if characters is None:
         return None
@@ -142,7 +157,31 @@ def marks() -> bytes | None:
         point = ord(character)
         if point < BMP:
             bits[point >> 3] |= 1 << (point & 7)
+    if path is not None:
+        with contextlib.suppress(OSError):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=path.parent, prefix=path.name, delete=False) as file:
+                file.write(bits)
+            os.replace(file.name, path)  # whole or not at all: a reader never meets half a file
     return bytes(bits)
+
+
+def _marks_cache_path() -> Path | None:
+    """The cache file of :func:`marks` for the dictionaries the converter loads now, or None where they cannot be
+    named (then nothing is cached)."""
+    from .characters import cache_directory
+
+    try:
+        config_path = Path(converter().config)
+        config = config_path.read_bytes()
+        key = hashlib.sha256(Path(__file__).read_bytes())
+        key.update(f"{config_path}\0{_tool()}\0".encode() + config)
+        for spec in _dictionary_specs(json.loads(config)):
+            state = (config_path.parent / spec["file"]).stat()
+            key.update(f"\0{spec['type']}\0{spec['file']}\0{state.st_size}\0{state.st_mtime_ns}".encode())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return cache_directory() / f"t2s-marks-{key.hexdigest()[:16]}.bin"
 
 
 def may_change(text: str) -> bool:

@@ -31,10 +31,10 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import xxhash
-from threadpoolctl import ThreadpoolController
 
 from ... import native
 from ...errors import InputError
@@ -42,6 +42,9 @@ from ...text.normalize import PIECE_CHARACTERS, fold, fold_and_simplify, normali
 from ...text.tokenize import (STOPWORDS, TokenizerSettings, count_pieces, count_punctuated, dropped,
                               kinds_in_pieces, punctuated_parts, punctuated_parts_many, tokenize)
 from ..base import DEFAULT_SEED
+
+if TYPE_CHECKING:
+    from threadpoolctl import ThreadpoolController
 
 #: Names the whole text -> fingerprint recipe. Any change to normalization,
 #: tokenization, weighting or hashing that can change a fingerprint must bump
@@ -194,6 +197,8 @@ def bigram_hashes(first: np.ndarray, second: np.ndarray) -> np.ndarray:
 
 @functools.cache
 def _blas() -> ThreadpoolController:
+    from threadpoolctl import ThreadpoolController  # here: a command that sums no weights in numpy skips it
+
     return ThreadpoolController()
 
 
