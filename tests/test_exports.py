@@ -9,7 +9,6 @@ not change it. ``--canonical`` is one document per cluster as the archive stands
 from __future__ import annotations
 
 import json
-import uuid
 
 import pytest
 import sqlalchemy as sa
@@ -166,17 +165,11 @@ def canonical(method, stored: list) -> list[str]:
                                                                  HealthCheck.too_slow])
 @pytest.mark.parametrize("options", [{}, {"method": "minhash", "threshold": 0.7}], ids=["simhash", "minhash"])
 @given(steps=histories())
-def test_unique_is_every_document_that_was_new_when_it_arrived_whatever_came_after(options, server_url,
-                                                                                     server_engine, steps):
-    schema = f"simdb_test_{uuid.uuid4().hex[:12]}"
-    try:
-        with Index.create(server_url, schema=schema, **options) as index:
-            found = replay(index, steps)
-            method = index.settings.method
-            assert exported(index, canonical=True) == canonical(method, found["stored"])
-            for name in {b for _, b, _ in found["order"]}:
-                assert exported(index, batch=name, canonical=True) == \
-                    [i for i in canonical(method, found["stored"]) if found["current"][i] == name]
-    finally:
-        with server_engine.begin() as connection:
-            connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+def test_unique_is_every_document_that_was_new_when_it_arrived_whatever_came_after(options, fresh_index, steps):
+    with fresh_index(**options) as index:  # each example on an index as created (emptied, not created again)
+        found = replay(index, steps)
+        method = index.settings.method
+        assert exported(index, canonical=True) == canonical(method, found["stored"])
+        for name in {b for _, b, _ in found["order"]}:
+            assert exported(index, batch=name, canonical=True) == \
+                [i for i in canonical(method, found["stored"]) if found["current"][i] == name]

@@ -19,6 +19,7 @@ from simdb.inputs import Document
 from simdb.parallel import TASK_SIZE, Fingerprinted, fingerprint_stream, key_rows
 from simdb.samples import corpus
 from simdb.methods.simhash.blocks import DEFAULT_MAX_DISTANCE as K
+from simdb.pg.database import lock
 from tests.conftest import assert_consistent, count_rows, init_options, killed
 
 CORPUS = list(corpus())
@@ -135,17 +136,13 @@ def simdb_command(database_url, schema, *args):
     return [sys.executable, "-m", "simdb", *args, *extra, "--database-url", database_url, "--schema", schema]
 
 
-def wait_for_backends_to_finish(engine, seconds=30):
-    """Until no simdb session but ours is active: the server finishes a killed client's statement on its own."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        with engine.connect() as connection:
-            busy = connection.execute(sa.text(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'simdb' "
-                "AND pid <> pg_backend_pid() AND state <> 'idle'")).scalar_one()
-        if not busy:
-            return
-        time.sleep(0.05)
+def wait_for_backends_to_finish(engine, schema, seconds=30):
+    """Until no session holds the index's ingest lock: the server finishes a killed client's chunk transaction on
+    its own. Only this index's sessions are waited for, not those of other tests on the server (another xdist
+    worker's, another checkout's), which kept it waiting its whole time."""
+    with engine.begin() as connection:
+        connection.exec_driver_sql(f"SET LOCAL lock_timeout = '{seconds}s'")
+        lock(connection, schema, "ingest")
 
 
 @pytest.mark.citus
@@ -169,7 +166,7 @@ def test_sigkill_at_random_moments_loses_nothing_and_stores_once(database_url, a
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         time.sleep(rng.uniform(1.0, 4.0))
         killed(process)
-        wait_for_backends_to_finish(admin_engine)  # a COMMIT sent just before the kill may still be landing
+        wait_for_backends_to_finish(admin_engine, schema)  # a COMMIT sent just before the kill may still be landing
         with admin_engine.connect() as connection:  # one statement: one snapshot
             row = connection.execute(sa.text(
                 f"SELECT (SELECT count(*) FROM {schema}.documents) AS stored, b.status, b.position, b.documents "
@@ -270,7 +267,7 @@ def test_rejects_are_as_durable_as_stored_rows_across_sigkill(database_url, admi
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         time.sleep(rng.uniform(1.0, 3.0))
         killed(process, done=(0, 3))  # done, some records rejected
-        wait_for_backends_to_finish(admin_engine)
+        wait_for_backends_to_finish(admin_engine, schema)
         in_file = [json.loads(line)["line"] for line in rejects.read_text().splitlines()] if rejects.exists() else []
         in_database = stored_rejects()
         assert in_file == in_database[:len(in_file)]  # the file never runs ahead of the database

@@ -47,7 +47,7 @@ from simdb import Index, InputError
 from simdb.text import content_hash
 from simdb.ingest import IngestOptions
 from simdb.inputs import read_documents
-from tests.conftest import killed
+from tests.conftest import delete_rows, killed
 
 MAX_CHARS = 300
 MAX_ID_BYTES = 1_000  # the documented limit of an id, in bytes of UTF-8
@@ -361,8 +361,7 @@ EXAMPLES = int(__import__("os").environ.get("SIMDB_FUZZ_EXAMPLES", 200))
 
 def empty_archive(admin_engine, schema) -> None:
     with admin_engine.begin() as connection:  # an empty archive for every example
-        connection.exec_driver_sql(f"TRUNCATE {schema}.documents, {schema}.batches, {schema}.records, "
-                                   f"{schema}.near_duplicates")
+        delete_rows(connection, schema)
 
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
@@ -445,9 +444,7 @@ def test_an_output_that_is_an_input_is_refused_and_the_input_kept(fuzz_index, ad
 
     fmt, data, compressed = file
     schema = fuzz_index.database.schema
-    with admin_engine.begin() as connection:
-        connection.exec_driver_sql(f"TRUNCATE {schema}.documents, {schema}.batches, {schema}.records, "
-                                   f"{schema}.near_duplicates")
+    empty_archive(admin_engine, schema)
     folder = tmp_path / uuid.uuid4().hex[:8]
     (folder / "sub").mkdir(parents=True)
     paths = [ingest_file(folder, fmt, data, compressed, name=name) for name in ("first", "second")]
