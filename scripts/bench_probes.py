@@ -27,6 +27,10 @@ near copy and ``--oracle`` random others), to a numpy brute force over the whole
 xor <= k). Reported: the median of ``--repeat`` runs (after one warm-up), ms per chunk and µs per probe
 (a probe is one probe's lookup in one key column).
 
+With ``--staging ROWS``, also the per-row work beside the probes (issue 36): a binary COPY of ``{}``
+metadata (psycopg dumps it to JSON) against NULL, and an ``INSERT ... SELECT`` into a table shaped like
+``records`` with and without its foreign key to a batches table.
+
 Run::
 
     .venv/bin/python scripts/bench_probes.py --archive 1000000 3000000 --chunk 50000
@@ -407,6 +411,41 @@ def measure(server: Server, size: int, chunk_size: int, repeat: int, oracle: int
     return [(*row, base) for row in results], plans, timings
 
 
+def staging_costs(server: Server, rows: int, repeat: int) -> list[tuple[str, float]]:
+    """Seconds per 100k rows of the per-row work a chunk's staging and records did (issue 36): psycopg's
+    JSON dumping of ``{}`` against NULL in a binary COPY, and an ``INSERT ... SELECT`` into a table shaped
+    like ``records`` with and without its foreign key to a batches table (checked row by row)."""
+    schema = f"{SCHEMA}_staging"
+    server.drop_schemas(schema)
+    found: dict[str, list[float]] = {}
+    with server.admin.connect() as c:
+        cursor = c.connection.dbapi_connection.cursor()
+        cursor.execute(f"CREATE SCHEMA {schema}; SET search_path TO {schema}; "
+                       "CREATE TABLE staged (id int8, metadata jsonb); "
+                       "CREATE TABLE batches (id serial PRIMARY KEY); INSERT INTO batches DEFAULT VALUES; "
+                       "CREATE TABLE keyed (batch_id int4 REFERENCES batches (id) ON DELETE CASCADE, position int8, "
+                       "PRIMARY KEY (batch_id, position)); "
+                       "CREATE TABLE unkeyed (batch_id int4, position int8, PRIMARY KEY (batch_id, position)); "
+                       f"CREATE TABLE positions AS SELECT g AS position FROM generate_series(1, {int(rows)}) g")
+        for _ in range(repeat):
+            for name, value in (("staging COPY, metadata {} (JSON dumped)", {}), ("staging COPY, metadata NULL", None)):
+                cursor.execute("TRUNCATE staged")
+                started = time.perf_counter()
+                with cursor.copy("COPY staged (id, metadata) FROM STDIN (FORMAT BINARY)") as copy:
+                    copy.set_types(["int8", "jsonb"])
+                    for i in range(rows):
+                        copy.write_row((i, value))
+                found.setdefault(name, []).append(time.perf_counter() - started)
+            for name, table in (("records INSERT, foreign key to batches", "keyed"),
+                                ("records INSERT, no foreign key", "unkeyed")):
+                cursor.execute(f"TRUNCATE {table}")
+                started = time.perf_counter()
+                cursor.execute(f"INSERT INTO {table} SELECT 1, position FROM positions")
+                found.setdefault(name, []).append(time.perf_counter() - started)
+    server.drop_schemas(schema)
+    return [(name, statistics.median(times) * 100_000 / rows) for name, times in found.items()]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--database-url", help=DATABASE_HELP)
@@ -416,6 +455,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--oracle", type=int, default=500, help="random probes checked by brute force (besides "
                         "every planted near copy)")
     parser.add_argument("--seed", type=int, default=20261126)
+    parser.add_argument("--staging", type=int, metavar="ROWS", default=0,
+                        help="also time the staging COPY's JSON dumping and the records foreign key on ROWS rows")
     args = parser.parse_args(argv)
     print(command_line("bench_probes.py"))
     print(f"load at start: {load_average()}")
@@ -425,7 +466,13 @@ def main(argv: list[str] | None = None) -> None:
         for size in args.archive:
             log(f"archive of {size:,}, chunk of {args.chunk:,}")
             tables.append((size, *measure(server, size, args.chunk, args.repeat, args.oracle, args.seed)))
+        staging = staging_costs(server, args.staging, args.repeat) if args.staging else []
     print(f"load at end: {load_average()}")
+    if staging:
+        print(f"\n### Per-row work of a chunk's staging and records ({args.staging:,} rows, median of {args.repeat})\n")
+        print("| what | s per 100k rows |\n|---|---:|")
+        for name, seconds in staging:
+            print(f"| {name} | {seconds:.2f} |")
     for size, rows, plans, timings in tables:
         print(f"\n### {size:,} documents, chunk of {args.chunk:,}, k = {MAX_DISTANCE} (15 key columns); "
               f"bulk load: COPY {timings['copy']:.0f} s, indexes {timings['indexes']:.0f} s\n")
