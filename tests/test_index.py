@@ -267,6 +267,24 @@ def test_metadata_named_like_export_fields_is_kept(index):
                       "metadata.simhash": "0"}
 
 
+def test_documents_without_metadata_are_staged_without_json(index, monkeypatch):
+    """Regression: every document's metadata went through psycopg's JSON dumping, ``{}`` included (0.6-1.4 s
+    per 100k documents of a chunk's COPY). Documents without metadata are now staged without it and stored
+    with ``{}``, as before; the one that has metadata keeps it."""
+    import psycopg.types.json
+
+    dumped = []
+    real = psycopg.types.json._JsonDumper._dumps
+    monkeypatch.setattr(psycopg.types.json._JsonDumper, "_dumps", lambda obj: dumped.append(obj) or real(obj))
+    index.add_many([{"id": f"d{i}", "text": f"text number {i}"} for i in range(50)]
+                   + [{"id": "m", "text": "text with metadata", "source": "web"}], batch="m")
+    assert dumped == [{"source": "web"}]
+    with index.database.engine.connect() as connection:
+        stored = dict(connection.exec_driver_sql(f"SELECT external_id, metadata FROM {index.database.schema}"
+                                                 ".documents").all())
+    assert stored == {**{f"d{i}": {} for i in range(50)}, "m": {"source": "web"}}
+
+
 def test_an_empty_input_records_nothing(index):
     """Issue 9: an empty input made a complete 0-document batch without a word; now it records nothing."""
     summary = index.add_many([], batch="nothing-today")

@@ -34,6 +34,8 @@ RUNS = [
                              "--workers", "1", "--markdown"], False),
     ("bench_sources.py", ["--documents", "500", "--workers", "1", "--markdown"], False),
     ("bench_segments.py", ["--archive", "20000", "--added", "1000", "--lookups", "20", "--markdown"], False),
+    ("bench_probes.py", ["--archive", "30000", "--chunk", "2000", "--repeat", "1", "--oracle", "20",
+                          "--staging", "2000"], False),
     ("bench_minhash.py", ["--limit", "100", "--devset", str(DEVSET)], True),
     ("bench_text.py", ["--documents", "300", "--jieba-documents", "200", "--min-seconds", "0.05", "--markdown"],
      True),

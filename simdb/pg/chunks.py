@@ -37,13 +37,14 @@ from .segments import attach_indexed, index_bare, place_chunk, seal, segment_pai
 
 def create_staging(connection: sa.Connection, method: Method, texts: bool = False) -> list[tuple[str, str]]:
     """The transaction's temporary staging table (with the documents' ``text`` when ``texts``); returns its
-    (column, type) list."""
+    (column, type) list. A document's ``metadata`` is NULL there when it has none (see :func:`_from_staging`)."""
     columns = ([("id", "int8"), ("external_id", "text"), method.sketch_column]
                + [(name, "int8") for name in method.key_columns]
                + [("content_hash", "bytea"), ("length", "int4"), ("metadata", "jsonb")]
                + ([("text", "bytea")] if texts else []))  # UTF-8, decoded by the INSERT
     connection.exec_driver_sql(
-        "CREATE TEMPORARY TABLE staging (" + ", ".join(f"{n} {t} NOT NULL" for n, t in columns)
+        "CREATE TEMPORARY TABLE staging ("
+        + ", ".join(f"{n} {t}{'' if n == 'metadata' else ' NOT NULL'}" for n, t in columns)
         + ", position int8) ON COMMIT DROP")  # position: the record's place in the batch's input
     return columns
 
@@ -116,7 +117,7 @@ def store_chunk(connection: sa.Connection, schema: str, method: Method, chunk, *
         id_list, key_rows = ids.tolist(), keys.tolist()
         for i in range(count):
             copy.write_row((id_list[i], chunk.external_ids[i], stored_sketches[i], *key_rows[i],
-                            chunk.content_hashes[i], chunk.lengths[i], chunk.metadata[i],
+                            chunk.content_hashes[i], chunk.lengths[i], chunk.metadata[i] or None,
                             *((texts[i],) if texts is not None else ()), chunk.positions[i]))
 
     errors, unstored, already = _stored_ids(connection, chunk, ids, None if rereads else batch_id)
@@ -246,7 +247,11 @@ def _kept(stored: list, staged: np.ndarray) -> list:
 
 
 def _from_staging(column: str) -> str:
-    return "convert_from(s.text, 'UTF8')" if column == "text" else f"s.{column}"
+    """The SQL storing a staged column: the text decoded; no metadata (staged as NULL: psycopg's JSON
+    dumping of ``{}`` cost 0.6-1.4 s per 100k documents) stored as ``{}``, as it always was."""
+    if column == "text":
+        return "convert_from(s.text, 'UTF8')"
+    return "coalesce(s.metadata, '{}'::jsonb)" if column == "metadata" else f"s.{column}"
 
 
 def chunk_or_stored(connection: sa.Connection, ids: np.ndarray, wanted: np.ndarray, column: str,
