@@ -7,7 +7,7 @@ map is set). A chunk of ``--chunk`` new fingerprints (5 % near copies of stored 
 repeats of other probes, so that keys repeat) is staged as an ingest stages it, and its candidates in
 the segment are found by:
 
-* **today**: the statement the library runs (:func:`simdb.methods.simhash.sql.candidate_sql` with
+* **today**: the statement the library runs (:func:`simdb.pg.methods.simhash.candidate_sql` with
   ``index_probes``: a ``LATERAL ... OFFSET 0`` nested loop per key column over the probes in key order,
   ``UNION ALL`` of the fifteen, the distance checked in SQL, a binary COPY out), on one connection and as
   ingest runs it for a large chunk (half of the key columns on a second connection);
@@ -57,7 +57,7 @@ import simdb  # noqa: E402
 from simdb.bits import hamming_array, to_signed_array, to_unsigned_array  # noqa: E402
 from simdb.matches import ProbeKeys, key_matches  # noqa: E402
 from simdb.methods.simhash.blocks import BlockLayout  # noqa: E402
-from simdb.methods.simhash.sql import candidate_sql, verified_pairs  # noqa: E402
+from simdb.pg.methods.simhash import candidate_sql, verified_pairs  # noqa: E402
 from simdb.pg import probes as probes_module  # noqa: E402
 from simdb.pg.copy import copy_in  # noqa: E402
 from simdb.pg.database import postgres_url  # noqa: E402
