@@ -226,6 +226,17 @@ def test_a_new_index_is_exactly_what_the_migrations_make(options, database_url, 
     assert ("distribution" in created and len(created["distribution"]) == 7) == (backend == "citus")
 
 
+def _undropped(part: str, rows: list[tuple]) -> list[tuple]:
+    """A part of ``catalog`` without what a dropped column leaves: its ``pg_attribute`` row (the last field,
+    ``attisdropped``, true), its count in ``relnatts`` (the relations' last field), and the numbers of the
+    columns added after it."""
+    if part == "relations":
+        return [row[:-1] for row in rows]
+    if part == "columns":  # without attnum too: a column added again comes after the dropped one
+        return [row[:1] + row[2:] for row in rows if str(row[-1]) != "True"]
+    return rows
+
+
 @pytest.mark.parametrize("options", [{}, {"method": "minhash"}, {"method": "minhash", "verify": "exact"}],
                          ids=["simhash", "minhash", "minhash-exact"])
 def test_0012_goes_down_to_what_0011_made_and_up_again(options, database_url, schema, admin_engine):
@@ -252,6 +263,8 @@ def test_0012_goes_down_to_what_0011_made_and_up_again(options, database_url, sc
         database.close()
         with admin_engine.begin() as connection:
             connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {at_0011} CASCADE")
-    for part in made:
-        assert down[part] == made[part], part
-    assert up == head and head["functions"] != made["functions"]
+    for part in made:  # a column a downgrade dropped (0015's) stays in the catalog, marked dropped
+        assert _undropped(part, down[part]) == _undropped(part, made[part]), part
+    assert up.keys() == head.keys() and head["functions"] != made["functions"]
+    for part in head:
+        assert _undropped(part, up[part]) == _undropped(part, head[part]), part

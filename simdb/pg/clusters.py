@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 import sqlalchemy as sa
 
+from ..methods import Method
 from .copy import copy_in, id_table
 
 
@@ -62,10 +63,14 @@ def merge_clusters(connection: sa.Connection, pairs: np.ndarray, new_ids: np.nda
         forest.union(new, clusters.get(matched, matched))
     parts = [(root, forest.find(root)) for root in set(clusters.values())]
     relabel = [(root, new) for root, new in parts if new != root]
+    # the stored documents whose cluster is absorbed into another, kept for merge_cluster_rows (their
+    # similarity to their new canonical document)
+    copy_in(connection, "cluster_relabel (old, new)", ["int8", "int8"], relabel, create=True)
+    connection.exec_driver_sql("CREATE TEMPORARY TABLE cluster_moved ON COMMIT DROP AS SELECT d.id, r.new AS root "
+                               "FROM documents d JOIN cluster_relabel r ON d.cluster_id = r.old")
     if relabel:
-        copy_in(connection, "cluster_relabel (old, new)", ["int8", "int8"], relabel, create=True)
-        connection.exec_driver_sql("UPDATE documents d SET cluster_id = r.new FROM cluster_relabel r "
-                                   "WHERE d.cluster_id = r.old")
+        connection.exec_driver_sql("UPDATE documents d SET cluster_id = m.root FROM cluster_moved m "
+                                   "WHERE d.id = m.id")
     # every stored cluster the pairs reach, with the cluster it is now part of (for merge_cluster_rows)
     copy_in(connection, "cluster_parts (old, root)", ["int8", "int8"], parts, create=True)
     # every new document the pairs touch, on either side: one that is only ever the earlier side of a
@@ -74,11 +79,32 @@ def merge_clusters(connection: sa.Connection, pairs: np.ndarray, new_ids: np.nda
     return {new: forest.find(new) for new in touched}
 
 
-def merge_cluster_rows(connection: sa.Connection, batch_id: int) -> None:
+def merge_cluster_rows(connection: sa.Connection, batch_id: int, to_canonical: str) -> None:
     """After a chunk's documents are stored: the ``clusters`` rows of the clusters its pairs made or merged,
     from the rows of the stored clusters they absorbed (``cluster_parts``: a stored document without a row is
-    a cluster of one) and the chunk's own members (``staging_clusters``), without reading other members."""
+    a cluster of one) and the chunk's own members (``staging_clusters``), without reading other members.
+
+    A merged cluster's ``min_similarity`` (``to_canonical``: SQL for the similarity of a member ``d`` to its
+    canonical ``c``, :func:`spread_sql`) is the least of the row of the cluster that keeps its canonical
+    document and the similarities of the members that changed canonical: the chunk's own and those of the
+    absorbed clusters (``cluster_moved``)."""
     connection.exec_driver_sql("ANALYZE cluster_parts")
+    connection.exec_driver_sql(  # the members whose canonical document is new to them, with their sketches
+        "CREATE TEMPORARY TABLE cluster_joined ON COMMIT DROP AS "
+        "SELECT id, root FROM cluster_moved UNION ALL SELECT id, cluster_id FROM staging_clusters")
+    connection.exec_driver_sql(
+        "CREATE TEMPORARY TABLE cluster_sketched ON COMMIT DROP AS SELECT id FROM cluster_joined "
+        "UNION SELECT root FROM cluster_joined")
+    connection.exec_driver_sql("ANALYZE cluster_sketched")
+    connection.exec_driver_sql(  # one join with one temporary table (Citus ships it to the workers)
+        "CREATE TEMPORARY TABLE cluster_sketches ON COMMIT DROP AS SELECT d.id, d.simhash, d.signature "
+        "FROM documents d JOIN cluster_sketched s ON s.id = d.id")
+    connection.exec_driver_sql(
+        "CREATE TEMPORARY TABLE cluster_spread ON COMMIT DROP AS SELECT root, min(similarity) AS similarity FROM ("
+        " SELECT p.root, c.min_similarity AS similarity FROM cluster_parts p JOIN clusters c ON c.cluster_id = p.old"
+        " WHERE p.old = p.root UNION ALL"
+        f" SELECT j.root, {to_canonical} FROM cluster_joined j JOIN cluster_sketches d ON d.id = j.id"
+        " JOIN cluster_sketches c ON c.id = j.root) s GROUP BY root")
     connection.exec_driver_sql(f"""
         CREATE TEMPORARY TABLE cluster_merged ON COMMIT DROP AS
         SELECT p.root, coalesce(c.size, 1) AS size, coalesce(c.first_seen, d.created_at) AS first_seen,
@@ -90,24 +116,38 @@ def merge_cluster_rows(connection: sa.Connection, batch_id: int) -> None:
         FROM staging_clusters s GROUP BY s.cluster_id""")
     connection.exec_driver_sql("DELETE FROM clusters c USING cluster_parts p WHERE c.cluster_id = p.old")
     connection.exec_driver_sql(  # two aggregates joined (a subquery per root read every row once per root)
-        "INSERT INTO clusters (cluster_id, size, first_seen, last_seen, batches) "
-        "SELECT m.root, m.size, m.first_seen, m.last_seen, n.batches FROM "
+        "INSERT INTO clusters (cluster_id, size, first_seen, last_seen, batches, min_similarity) "
+        "SELECT m.root, m.size, m.first_seen, m.last_seen, n.batches, s.similarity FROM "
         "(SELECT root, sum(size) AS size, min(first_seen) AS first_seen, max(last_seen) AS last_seen "
         " FROM cluster_merged GROUP BY root HAVING sum(size) > 1) m JOIN "
         "(SELECT root, array_agg(DISTINCT name) AS batches FROM cluster_merged, unnest(batches) name GROUP BY root) n "
-        "USING (root)")  # every root's row was among those just deleted: each is inserted afresh
+        "USING (root) JOIN cluster_spread s USING (root)")  # every root's row was among those just deleted: each
+    # is inserted afresh
 
 
-def refresh_clusters(connection: sa.Connection, touched: str) -> None:
+def spread_sql(method: Method, schema: str) -> str:
+    """SQL for the similarity of a member ``d`` to its cluster's canonical document ``c`` (rows with ``simhash``
+    and ``signature``), as ``cluster_members`` gives it: what ``clusters.min_similarity`` is the least of."""
+    return method.similarity_between_sql(schema, "d", "c")
+
+
+def refresh_clusters(connection: sa.Connection, touched: str, to_canonical: str) -> None:
     """Recompute the ``clusters`` rows of the cluster ids in the table ``touched`` (a ``cluster_id`` column)
-    from their members: a cluster left with one document (or none) has no row."""
+    from their members: a cluster left with one document (or none) has no row. ``to_canonical``: SQL for
+    a member ``d``'s similarity to its canonical ``c`` (:func:`spread_sql`)."""
     connection.exec_driver_sql(f"ANALYZE {touched}")
     connection.exec_driver_sql(f"DELETE FROM clusters c USING {touched} t WHERE c.cluster_id = t.cluster_id")
+    connection.exec_driver_sql(  # the members with their sketches, and their canonical documents' (one join
+        # with one temporary table each: Citus ships it to the workers)
+        "CREATE TEMPORARY TABLE cluster_refreshed ON COMMIT DROP AS SELECT d.id, d.cluster_id, d.created_at, "
+        f"d.batch_id, d.simhash, d.signature FROM documents d JOIN (SELECT DISTINCT cluster_id FROM {touched}) t "
+        "ON t.cluster_id = d.cluster_id")
     connection.exec_driver_sql(
-        "INSERT INTO clusters (cluster_id, size, first_seen, last_seen, batches) "
-        "SELECT d.cluster_id, count(*), min(d.created_at), max(d.created_at), array_agg(DISTINCT b.name) "
-        f"FROM documents d JOIN (SELECT DISTINCT cluster_id FROM {touched}) t ON t.cluster_id = d.cluster_id "
+        "INSERT INTO clusters (cluster_id, size, first_seen, last_seen, batches, min_similarity) "
+        "SELECT d.cluster_id, count(*), min(d.created_at), max(d.created_at), array_agg(DISTINCT b.name), "
+        f"min({to_canonical}) FROM cluster_refreshed d JOIN cluster_refreshed c ON c.id = d.cluster_id "
         "JOIN batches b ON b.id = d.batch_id GROUP BY d.cluster_id HAVING count(*) > 1")
+    connection.exec_driver_sql("DROP TABLE cluster_refreshed")
 
 
 def recluster(connection: sa.Connection, clusters: str) -> int:
