@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from ..errors import NotFound, SimdbError
 from ..methods import Method
 from .catalog import check_layout
-from .clusters import recluster, refresh_clusters, spread_sql
+from .clusters import recluster, refresh_clusters
 from .copy import copy_in
 from .database import lock
 
@@ -112,7 +112,7 @@ def remove(connection: sa.Connection, schema: str, method: Method, *, external_i
     connection.exec_driver_sql("DELETE FROM near_duplicates WHERE a_id IN (SELECT id FROM removing)")
     connection.exec_driver_sql("DELETE FROM near_duplicates WHERE b_id IN (SELECT id FROM removing)")
     recluster(connection, "reclustering")  # a removal can split clusters; only those that lost documents are redone
-    refresh_clusters(connection, "reclustering", spread_sql(method, schema))
+    refresh_clusters(connection, "reclustering", method, schema)
     if batch_id is not None:
         connection.execute(sa.text("DELETE FROM batches WHERE id = :b"), {"b": batch_id})
     return RemovalSummary(removed=removed, repointed=repointed, now_original=len(affected) - repointed,
