@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import sqlalchemy as sa
 
-from bench_common import DATABASE_HELP, Server, log
+from bench_common import DATABASE_HELP, Server, load_average, log
 
 from simdb import Index
 from simdb.ingest import FingerprintedBatch
@@ -60,6 +60,15 @@ PEERS = [
      "SELECT distance, count(*) FROM simdb.near_duplicates GROUP BY distance ORDER BY distance"),
     ("every pair of batch `new` from both sides, through document_neighbours",
      "SELECT count(*) FROM simdb.document_neighbours WHERE batch = 'new'"),
+    # the recipes as they were before the counts they read were kept (migration 0015)
+    ("the deduplicated count as it was: count(*) of documents",
+     "SELECT d.documents, d.documents - coalesce(c.duplicates, 0) AS clusters "
+     "FROM (SELECT count(*) AS documents FROM simdb.documents) d, "
+     "(SELECT sum(size - 1) AS duplicates FROM simdb.clusters) c"),
+    ("clusters that have spread as it was: every member compared with its canonical document",
+     "SELECT canonical_id, cluster_size, min(similarity_to_canonical) AS least_similar_member "
+     "FROM simdb.cluster_members GROUP BY canonical_id, cluster_size "
+     "ORDER BY least_similar_member, canonical_id LIMIT 10"),
 ]
 
 
@@ -95,6 +104,7 @@ def main() -> None:
     parser.add_argument("--analyze", action=argparse.BooleanOptionalAction, default=True,
                         help="VACUUM ANALYZE before timing (--no-analyze: time what ingest left)")
     args = parser.parse_args()
+    load_at_start = load_average()
     schema = args.schema
     server = Server(args.database_url)
     args.database_url, admin = server.url, server.admin
@@ -131,7 +141,8 @@ def main() -> None:
         if not args.keep:
             server.drop_schemas(schema)
         server.close()
-    print(f"{total:,} documents; each recipe timed as the median of 3 runs after one warm-up; "
+    print(f"{total:,} documents; each recipe timed as the median of 3 runs after one warm-up; load average "
+          f"(1, 5, 15 min) {load_at_start} at start, {load_average()} at end; "
           f"command: .venv/bin/python scripts/bench_sql.py {' '.join(sys.argv[1:])}\n")
     if args.markdown:
         print("| recipe | rows | ms |\n|---|---:|---:|")

@@ -16,7 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from simdb import Index, to_signed
-from tests.conftest import GATHERING_TABLES, Concurrently, assert_consistent, catalog
+from tests.conftest import GATHERING_TABLES, Concurrently, assert_consistent, catalog, stored_max_distance
+from tests.maintained import assert_maintained
 from tests.test_index import make_batch
 
 #: Fingerprints in a 9-bit space: any two are at most 9 bits apart, so pairs, chains and bridges abound.
@@ -72,13 +73,16 @@ def replay(database_url, admin_engine, schema, index, history, after_chunk=None)
                 threads.results()
                 assert_stored(admin_engine, schema, expected)
                 assert_consistent(admin_engine, schema)
+                assert_maintained(admin_engine, schema, expected, stored_max_distance(admin_engine, schema))
     assert_stored(admin_engine, schema, expected)
     assert_consistent(admin_engine, schema)
+    assert_maintained(admin_engine, schema, expected, stored_max_distance(admin_engine, schema))
     for position in removals:
         index.remove(ids=[names[position]])
         del expected[names[position]]
         assert_stored(admin_engine, schema, expected)
         assert_consistent(admin_engine, schema)
+        assert_maintained(admin_engine, schema, expected, stored_max_distance(admin_engine, schema))
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,

@@ -10,6 +10,7 @@ import sqlalchemy as sa
 
 from simdb.cli import cli
 from simdb.samples import corpus
+from tests.maintained import assert_maintained
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -189,6 +190,13 @@ def test_the_counting_recipes_agree_with_brute_force(corpus_archive, admin_engin
     unique = {row.name: row.unique_documents for row in answer("SELECT name, new AS unique_documents")}
     assert unique == {name: sum(1 for i, b in enumerate(batch_of) if b == name and not earlier[i])
                       for name in ("archive", "new")}
+    members: dict[int, list[int]] = {}
+    for i in range(len(records)):
+        members.setdefault(root(i), []).append(i)
+    spread = sorted((min(1 - hamming(fingerprints[c], fingerprints[m]) / 64 for m in group), c, len(group))
+                    for c, group in members.items() if len(group) > 1)[:10]
+    assert [tuple(row) for row in answer("SELECT canonical_id, size, min_similarity AS least_similar_member")] == \
+        [(records[c]["id"], size, least) for least, c, size in spread] and spread[0][0] < 1
     rates = {row.source: (row.documents, float(row.duplicate_percent))
              for row in answer("SELECT split_part(metadata ->> 'source', ':', 1) AS source")}
     sources = [r["source"].split(":")[0] for r in records]
@@ -208,11 +216,17 @@ def test_unique_per_batch_counts_what_was_new_at_ingest_and_export_what_is_still
             return {row.name: row.unique_documents
                     for row in connection.execute(sa.text(recipe.replace("simdb.", f"{archive}.")))}
 
+    def held():
+        (recipe,) = [r for r in blocks("sql") if r.startswith("SELECT d.documents, d.documents - coalesce")]
+        with admin_engine.connect() as connection:
+            return connection.execute(sa.text(recipe.replace("simdb.", f"{archive}."))).one().documents
+
     before = unique()
     exported = run("export", "--batch", "new", "--unique").stdout.splitlines()
-    assert before["new"] == len(exported)
+    assert before["new"] == len(exported) and held() == len(list(corpus()))
     assert run("remove", "--id", json.loads(exported[0])["id"]).exit_code == 0
-    assert unique() == before
+    assert unique() == before and held() == len(list(corpus())) - 1
+    assert_maintained(admin_engine, archive)
     assert len(run("export", "--batch", "new", "--unique").stdout.splitlines()) == before["new"] - 1
 
 

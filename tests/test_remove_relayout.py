@@ -15,10 +15,12 @@ from simdb.ingest import IngestOptions
 from simdb.pg import migrate
 from simdb.samples import corpus
 from tests.conftest import Concurrently, assert_consistent, count_rows
+from tests.maintained import assert_maintained
 from tests.test_index import flip, make_batch
 
 
 def dup_of(engine, schema):
+    assert_maintained(engine, schema)
     return dict(assert_consistent(engine, schema))
 
 
@@ -204,6 +206,7 @@ def test_no_statement_on_documents_carries_an_array_that_grows_with_the_work(dat
         assert index.remove(ids=[f"new-{i}" for i in range(2000)]).removed == 2000
         assert max(arrays, default=0) <= 100, sorted(arrays)[-5:]
     assert_consistent(admin_engine, schema)
+    assert_maintained(admin_engine, schema)
 
 
 # -- relayout beside ingests and merges ------------------------------------------------------------------

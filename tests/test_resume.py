@@ -22,6 +22,7 @@ from simdb.inputs import Document
 from simdb.samples import corpus
 from simdb.verdicts import OutcomeFile
 from tests.conftest import Concurrently, assert_consistent
+from tests.maintained import assert_maintained
 from tests.killpoint import MOMENTS
 from tests.test_verdicts import oracle
 
@@ -166,4 +167,5 @@ def test_two_resumes_of_one_batch_at_once_one_finishes_and_the_other_says_why_it
         assert isinstance(error, BatchError), repr(error)
         assert "another ingest or resume of batch 'b'" in str(error) and "simdb remove" not in str(error), str(error)
         assert summary.documents == 36 and summary.rejected == 4
+    assert_maintained(admin_engine, schema)
     assert len(assert_consistent(admin_engine, schema)) == 36

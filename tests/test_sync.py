@@ -27,6 +27,7 @@ from simdb.pg import sync as pg_sync
 from simdb.samples import corpus
 from simdb.text import content_hash
 from tests.conftest import Concurrently, assert_consistent
+from tests.maintained import assert_maintained
 from tests.test_verdicts import oracle
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -132,6 +133,7 @@ def test_runs_over_a_table_give_the_oracles_verdicts_row_by_row(database_url, sc
         assert source.batch == two.name and last["documents"] == two.documents and source.last_run_at
         stored_metadata = index.document(str(first[0][0])).metadata
     assert stored_metadata == {"title": first[0][2]}
+    assert_maintained(admin_engine, schema)
     assert len(assert_consistent(admin_engine, schema)) == one.documents + two.documents == \
         len({row[0] for row in first + later if row[0] is not None and row[1] and row[1].strip()})
 
@@ -239,6 +241,7 @@ def test_a_changed_row_is_kept_or_replaced_as_the_source_says(policy, database_u
         got = verdicts[str(changed_id)]
         assert (got.id, got.status, got.duplicate_of, got.distance) == want
         assert digest == content_hash(new_text) and again.rejected == 0
+    assert_maintained(admin_engine, schema)
     assert len(assert_consistent(admin_engine, schema)) == 30
 
 
@@ -263,6 +266,7 @@ def test_a_second_run_of_a_source_refuses_or_waits_and_no_row_is_ingested_twice(
                 threads.start(index.sync_run, "src", run_options(tmp_path), wait=True)
             summaries = threads.results()
     assert sorted(summary.documents for summary in summaries) == [0, 0, 40]
+    assert_maintained(admin_engine, schema)
     assert len(assert_consistent(admin_engine, schema)) == 90
 
 
@@ -411,6 +415,7 @@ def test_the_nightly_sync_script_runs(database_url, schema, table, tmp_path, adm
         assert pg_sync.lock_run(holder, schema, "articles", wait=False)
         locked = nightly()
     assert locked.returncode == 75 and "another run of articles is under way" in locked.stderr, locked.stderr
+    assert_maintained(admin_engine, schema)
     assert len(assert_consistent(admin_engine, schema)) == 90
 
 
@@ -471,6 +476,7 @@ def test_replace_removes_only_the_documents_of_its_own_source(database_url, sche
     different = {str(row[0]) for row in rows_b if content_hash(row[1]) != want[str(row[0])]}
     assert {i for i, v in verdicts.items() if v.status == "rejected" and "different text" in v.reason} == different
     assert summary.documents == 0 and summary.rejected == len(different) == 11
+    assert_maintained(admin_engine, schema)
     assert len(assert_consistent(admin_engine, schema)) == 11
 
 
@@ -510,6 +516,7 @@ def test_a_replace_run_waits_for_a_removal_under_way_before_it_looks_for_changed
                  if row[0] != changed]
     assert (got.id, got.status, got.duplicate_of, got.distance) == \
         oracle(method, survivors, [Document(str(changed), new_text)])[0]
+    assert_maintained(admin_engine, schema)
     assert len(assert_consistent(admin_engine, schema)) == 12
 
 
@@ -561,6 +568,7 @@ def test_a_resumed_run_reads_a_row_its_killed_run_stored_as_a_changed_row(policy
         got = verdicts[str(changed)]
         assert (got.id, got.status, got.duplicate_of, got.distance) == want
         assert digest == content_hash(new_text) and resumed.rejected == 0
+    assert_maintained(admin_engine, schema)
     assert len(assert_consistent(admin_engine, schema)) == 14
 
 

@@ -18,6 +18,7 @@ import pytest
 from simdb import Index
 from simdb.samples import corpus
 from tests.conftest import assert_consistent
+from tests.maintained import assert_maintained
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "revisions"
 NAMES = sorted(path.name.removesuffix(".sql.gz") for path in FIXTURES.glob("*.sql.gz"))
@@ -66,6 +67,7 @@ def test_an_archive_from_an_earlier_release_answers_as_it_did(name, database_url
     assert documents == answers["documents"]
     if "clusters" in answers:
         assert clusters == answers["clusters"]
+    assert_maintained(admin_engine, schema)  # what migration 0015 filled in
     if answers["method"] == "simhash":  # pairs, duplicate_of and clusters against brute force
         assert_consistent(admin_engine, schema)
 
@@ -82,5 +84,6 @@ def test_an_upgraded_archive_resumes_its_interrupted_batch(name, database_url, s
         index.add_many([{"id": "after-upgrade", "text": list(corpus())[3]["text"]}], batch="after")
         (match,) = [m for m in index.query(list(corpus())[3]["text"]) if m.external_id == "after-upgrade"]
         assert match.distance == 0
+    assert_maintained(admin_engine, schema)
     if index.method == "simhash":
         assert_consistent(admin_engine, schema)

@@ -17,6 +17,7 @@ from simdb import Index
 from simdb.bits import to_unsigned
 from simdb.samples import corpus
 from tests.conftest import assert_clusters_table, explained
+from tests.maintained import assert_maintained
 from tests.test_texts import THRESHOLD, exact_distance, generated, jaccard, shingles
 
 SETTINGS = {"simhash": {"store_text": True}, "minhash": {"method": "minhash"},
@@ -74,6 +75,7 @@ def test_clusters_and_their_members_are_what_the_documents_say(archive, admin_en
     index, documents = archive
     method = index.settings.method
     assert_clusters_table(admin_engine, index.database.schema)
+    assert_maintained(admin_engine, index.database.schema)
     texts = {d["id"]: d["text"] for d in documents}
     clusters = rows(index, "SELECT cluster_id, canonical_id, size, canonical_text FROM duplicate_clusters")
     assert clusters and all(c.canonical_text in (None, texts[c.canonical_id]) for c in clusters)

@@ -160,7 +160,7 @@ def store_chunk(connection: sa.Connection, schema: str, method: Method, chunk, *
         index_bare(connection, bulk_segment, int(ids[0]), int(ids[-1]) + 1)
         attach_indexed(connection, bulk_segment, int(ids[0]), int(ids[-1]) + 1)
     if len(pairs):  # the clusters the chunk's documents made, joined or merged
-        merge_cluster_rows(connection, batch_id)
+        merge_cluster_rows(connection, batch_id, method, schema)
     seal(connection, sealed)
     copy_in(connection, "near_duplicates (b_id, a_id, distance, batch_id)", ["int8", "int8", "int2", "int4"],
             ((probe, match, distance, batch_id) for probe, match, distance in pairs.tolist()))

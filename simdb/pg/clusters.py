@@ -20,6 +20,8 @@ from __future__ import annotations
 import numpy as np
 import sqlalchemy as sa
 
+from ..methods import Method
+from .citus import is_distributed
 from .copy import copy_in, id_table
 
 
@@ -62,10 +64,17 @@ def merge_clusters(connection: sa.Connection, pairs: np.ndarray, new_ids: np.nda
         forest.union(new, clusters.get(matched, matched))
     parts = [(root, forest.find(root)) for root in set(clusters.values())]
     relabel = [(root, new) for root, new in parts if new != root]
-    if relabel:
+    if relabel:  # the stored documents whose cluster is absorbed into another, with their sketches (for
+        # merge_cluster_rows: their similarity to their new canonical document)
         copy_in(connection, "cluster_relabel (old, new)", ["int8", "int8"], relabel, create=True)
+        connection.exec_driver_sql(
+            "CREATE TEMPORARY TABLE cluster_moved ON COMMIT DROP AS SELECT d.id, r.new AS root, d.simhash, "
+            "d.signature FROM documents d JOIN cluster_relabel r ON d.cluster_id = r.old")
         connection.exec_driver_sql("UPDATE documents d SET cluster_id = r.new FROM cluster_relabel r "
                                    "WHERE d.cluster_id = r.old")
+    else:
+        connection.exec_driver_sql("CREATE TEMPORARY TABLE cluster_moved (id int8, root int8, simhash int8, "
+                                   "signature bytea) ON COMMIT DROP")
     # every stored cluster the pairs reach, with the cluster it is now part of (for merge_cluster_rows)
     copy_in(connection, "cluster_parts (old, root)", ["int8", "int8"], parts, create=True)
     # every new document the pairs touch, on either side: one that is only ever the earlier side of a
@@ -74,11 +83,44 @@ def merge_clusters(connection: sa.Connection, pairs: np.ndarray, new_ids: np.nda
     return {new: forest.find(new) for new in touched}
 
 
-def merge_cluster_rows(connection: sa.Connection, batch_id: int) -> None:
+def merge_cluster_rows(connection: sa.Connection, batch_id: int, method: Method, schema: str) -> None:
     """After a chunk's documents are stored: the ``clusters`` rows of the clusters its pairs made or merged,
     from the rows of the stored clusters they absorbed (``cluster_parts``: a stored document without a row is
-    a cluster of one) and the chunk's own members (``staging_clusters``), without reading other members."""
+    a cluster of one) and the chunk's own members (``staging_clusters``), without reading other members.
+
+    A merged cluster's ``min_similarity`` is the least of the row of the cluster that keeps its canonical
+    document and the similarities (:func:`spread_sql`) of the members whose canonical document changed: the
+    chunk's own (their sketches in ``staging``) and those of the absorbed clusters (``cluster_moved``). Only
+    the canonical documents stored before the chunk are read from ``documents``, each by its id."""
+    sketch = method.sketch_column[0]
     connection.exec_driver_sql("ANALYZE cluster_parts")
+    connection.exec_driver_sql(
+        f"CREATE TEMPORARY TABLE cluster_joined ON COMMIT DROP AS SELECT id, root, {sketch} FROM cluster_moved "
+        f"UNION ALL SELECT c.id, c.cluster_id, s.{sketch} FROM staging_clusters c JOIN staging s USING (id)")
+    connection.exec_driver_sql(
+        f"CREATE TEMPORARY TABLE cluster_canonical ON COMMIT DROP AS SELECT r.id, s.{sketch} FROM "
+        "(SELECT DISTINCT root AS id FROM cluster_joined) r LEFT JOIN staging s USING (id)")
+    connection.exec_driver_sql(  # canonical documents stored before the chunk, one join with one table
+        "CREATE TEMPORARY TABLE cluster_canonical_stored ON COMMIT DROP AS SELECT id FROM cluster_canonical "
+        f"WHERE {sketch} IS NULL")
+    connection.exec_driver_sql("ANALYZE cluster_canonical_stored")
+    if is_distributed(connection):  # Citus ships the table to the workers, each joins its shards by id
+        stored = (f"SELECT d.id, d.{sketch} FROM documents d JOIN cluster_canonical_stored c ON c.id = d.id")
+    else:  # by id, one document each: a join was planned as a hash of every document
+        stored = (f"SELECT c.id, d.{sketch} FROM cluster_canonical_stored c CROSS JOIN LATERAL "
+                  f"(SELECT d.{sketch} FROM documents d WHERE d.id = c.id OFFSET 0) d")
+    connection.exec_driver_sql(f"CREATE TEMPORARY TABLE cluster_canonical_read ON COMMIT DROP AS {stored}")
+    connection.exec_driver_sql(f"UPDATE cluster_canonical c SET {sketch} = r.{sketch} FROM cluster_canonical_read r "
+                               "WHERE r.id = c.id")
+    connection.exec_driver_sql("ANALYZE cluster_joined")
+    connection.exec_driver_sql("ANALYZE cluster_canonical")
+    connection.exec_driver_sql(
+        "CREATE TEMPORARY TABLE cluster_spread ON COMMIT DROP AS SELECT root, min(similarity) AS similarity FROM ("
+        " SELECT p.root, c.min_similarity AS similarity FROM cluster_parts p JOIN clusters c ON c.cluster_id = p.old"
+        " WHERE p.old = p.root UNION ALL"
+        f" SELECT d.root, {spread_sql(method, schema)} FROM cluster_joined d JOIN cluster_canonical c"
+        " ON c.id = d.root) s GROUP BY root")
+    connection.exec_driver_sql("ANALYZE cluster_spread")
     connection.exec_driver_sql(f"""
         CREATE TEMPORARY TABLE cluster_merged ON COMMIT DROP AS
         SELECT p.root, coalesce(c.size, 1) AS size, coalesce(c.first_seen, d.created_at) AS first_seen,
@@ -90,24 +132,38 @@ def merge_cluster_rows(connection: sa.Connection, batch_id: int) -> None:
         FROM staging_clusters s GROUP BY s.cluster_id""")
     connection.exec_driver_sql("DELETE FROM clusters c USING cluster_parts p WHERE c.cluster_id = p.old")
     connection.exec_driver_sql(  # two aggregates joined (a subquery per root read every row once per root)
-        "INSERT INTO clusters (cluster_id, size, first_seen, last_seen, batches) "
-        "SELECT m.root, m.size, m.first_seen, m.last_seen, n.batches FROM "
+        "INSERT INTO clusters (cluster_id, size, first_seen, last_seen, batches, min_similarity) "
+        "SELECT m.root, m.size, m.first_seen, m.last_seen, n.batches, s.similarity FROM "
         "(SELECT root, sum(size) AS size, min(first_seen) AS first_seen, max(last_seen) AS last_seen "
         " FROM cluster_merged GROUP BY root HAVING sum(size) > 1) m JOIN "
         "(SELECT root, array_agg(DISTINCT name) AS batches FROM cluster_merged, unnest(batches) name GROUP BY root) n "
-        "USING (root)")  # every root's row was among those just deleted: each is inserted afresh
+        "USING (root) JOIN cluster_spread s USING (root)")  # every root's row was among those just deleted: each
+    # is inserted afresh
 
 
-def refresh_clusters(connection: sa.Connection, touched: str) -> None:
+def spread_sql(method: Method, schema: str) -> str:
+    """SQL for the similarity of a member ``d`` to its cluster's canonical document ``c`` (rows with ``simhash``
+    and ``signature``), as ``cluster_members`` gives it: what ``clusters.min_similarity`` is the least of."""
+    return method.similarity_between_sql(schema, "d", "c")
+
+
+def refresh_clusters(connection: sa.Connection, touched: str, method: Method, schema: str) -> None:
     """Recompute the ``clusters`` rows of the cluster ids in the table ``touched`` (a ``cluster_id`` column)
-    from their members: a cluster left with one document (or none) has no row."""
+    from their members: a cluster left with one document (or none) has no row; ``min_similarity`` from every
+    member's similarity to its canonical document (:func:`spread_sql`)."""
     connection.exec_driver_sql(f"ANALYZE {touched}")
     connection.exec_driver_sql(f"DELETE FROM clusters c USING {touched} t WHERE c.cluster_id = t.cluster_id")
+    connection.exec_driver_sql(  # the members with their sketches, and their canonical documents' (one join
+        # with one temporary table each: Citus ships it to the workers)
+        "CREATE TEMPORARY TABLE cluster_refreshed ON COMMIT DROP AS SELECT d.id, d.cluster_id, d.created_at, "
+        f"d.batch_id, d.simhash, d.signature FROM documents d JOIN (SELECT DISTINCT cluster_id FROM {touched}) t "
+        "ON t.cluster_id = d.cluster_id")
     connection.exec_driver_sql(
-        "INSERT INTO clusters (cluster_id, size, first_seen, last_seen, batches) "
-        "SELECT d.cluster_id, count(*), min(d.created_at), max(d.created_at), array_agg(DISTINCT b.name) "
-        f"FROM documents d JOIN (SELECT DISTINCT cluster_id FROM {touched}) t ON t.cluster_id = d.cluster_id "
+        "INSERT INTO clusters (cluster_id, size, first_seen, last_seen, batches, min_similarity) "
+        "SELECT d.cluster_id, count(*), min(d.created_at), max(d.created_at), array_agg(DISTINCT b.name), "
+        f"min({spread_sql(method, schema)}) FROM cluster_refreshed d JOIN cluster_refreshed c ON c.id = d.cluster_id "
         "JOIN batches b ON b.id = d.batch_id GROUP BY d.cluster_id HAVING count(*) > 1")
+    connection.exec_driver_sql("DROP TABLE cluster_refreshed")
 
 
 def recluster(connection: sa.Connection, clusters: str) -> int:

@@ -135,7 +135,7 @@ def create_views(connection: sa.Connection, schema: str, method: Method) -> None
     connection.exec_driver_sql(f"""
         CREATE OR REPLACE VIEW {schema}.duplicate_clusters AS
         SELECT k.cluster_id, c.external_id AS canonical_id, k.size, k.first_seen, k.last_seen, k.batches,
-               c.text AS canonical_text
+               c.text AS canonical_text, k.min_similarity
         FROM {schema}.clusters k
         JOIN {schema}.documents c ON c.id = k.cluster_id""")
     side = ("SELECT p.{me}_id AS document_id, {me}.external_id, {me}b.name AS batch, p.{other}_id AS neighbour_id, "
@@ -154,7 +154,7 @@ def create_views(connection: sa.Connection, schema: str, method: Method) -> None
         SELECT d.cluster_id, c.external_id AS canonical_id, k.size AS cluster_size, d.id AS document_id,
                d.external_id, b.name AS batch, d.created_at, d.duplicate_of, d.duplicate_distance,
                {to_canonical} AS similarity_to_canonical,
-               min({to_canonical}) OVER (PARTITION BY d.cluster_id) AS cluster_min_similarity, d.text
+               k.min_similarity AS cluster_min_similarity, d.text
         FROM {schema}.clusters k
         JOIN {schema}.documents d ON d.cluster_id = k.cluster_id
         JOIN {schema}.documents c ON c.id = k.cluster_id
@@ -177,7 +177,8 @@ def create_views(connection: sa.Connection, schema: str, method: Method) -> None
                                 "precision, the same in every function and view): 1 - distance / 64 (SimHash), the "
                                 "Jaccard estimate or the exact Jaccard (MinHash).",
         "duplicate_clusters": "Groups of near-duplicates (connected components), canonical = earliest document, "
-                              "with its text where the index keeps texts; read from the clusters table.",
+                              "with its text where the index keeps texts, and the smallest similarity of a member "
+                              "to the canonical (min_similarity); read from the clusters table.",
         "document_neighbours": "Every stored pair from both sides: each document with each of its near-duplicates, "
                                "both batches, whether the neighbour came earlier, distance and similarity.",
         "cluster_members": "The members of every cluster of two or more, each with its similarity to the "

@@ -101,12 +101,18 @@ def remove(connection: sa.Connection, schema: str, method: Method, *, external_i
     connection.exec_driver_sql(  # the clusters that lose documents: only they can split
         "CREATE TEMPORARY TABLE reclustering ON COMMIT DROP AS SELECT DISTINCT cluster_id FROM documents "
         "WHERE id IN (SELECT id FROM removing)")
+    removed_per_batch = connection.exec_driver_sql(
+        "SELECT d.batch_id, count(*) FROM documents d JOIN removing r ON r.id = d.id GROUP BY d.batch_id").all()
     removed = connection.execute(sa.text("DELETE FROM documents WHERE id IN (SELECT id FROM removing)")).rowcount
+    for removed_batch, count in removed_per_batch:  # what each batch holds: documents - removed
+        if removed_batch != batch_id:  # (nothing to keep for a batch removed whole: its row goes)
+            connection.execute(sa.text("UPDATE batches SET removed = removed + :count WHERE id = :id"),
+                               {"count": count, "id": removed_batch})
     # their pairs go with them (no foreign key cascades into segments); both sides through their indexes
     connection.exec_driver_sql("DELETE FROM near_duplicates WHERE a_id IN (SELECT id FROM removing)")
     connection.exec_driver_sql("DELETE FROM near_duplicates WHERE b_id IN (SELECT id FROM removing)")
     recluster(connection, "reclustering")  # a removal can split clusters; only those that lost documents are redone
-    refresh_clusters(connection, "reclustering")
+    refresh_clusters(connection, "reclustering", method, schema)
     if batch_id is not None:
         connection.execute(sa.text("DELETE FROM batches WHERE id = :b"), {"b": batch_id})
     return RemovalSummary(removed=removed, repointed=repointed, now_original=len(affected) - repointed,

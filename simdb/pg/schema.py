@@ -60,10 +60,12 @@ def build_metadata(key_columns: tuple[str, ...]) -> sa.MetaData:
         sa.Column("position", sa.BigInteger, nullable=False, server_default="0"),
         sa.Column("rejected", sa.Integer, nullable=False, server_default="0"),
         sa.Column("already_stored", sa.Integer, nullable=False, server_default="0"),
+        sa.Column("removed", sa.Integer, nullable=False, server_default="0"),  # removed since (0015)
         # named as migration 0001 left it (its name went through the naming convention twice), as is the
         # check of near_duplicates: a new index is made from these tables (create_tables), alike in every detail
         sa.CheckConstraint(sa.text("status IN ('running', 'complete')"), name=conv("ck_batches_ck_batches_status")),
-        comment="One row per ingested batch, with its counts.",
+        comment="One row per ingested batch, with its counts (removed: its documents removed since; it holds "
+                "documents - removed).",
     )
     key_column_objects = [sa.Column(name, sa.BigInteger, nullable=False) for name in key_columns]
     documents = sa.Table(
@@ -109,10 +111,13 @@ def build_metadata(key_columns: tuple[str, ...]) -> sa.MetaData:
         sa.Column("first_seen", sa.DateTime(timezone=True), nullable=False),
         sa.Column("last_seen", sa.DateTime(timezone=True), nullable=False),
         sa.Column("batches", sa.ARRAY(sa.Text), nullable=False),
+        sa.Column("min_similarity", sa.DOUBLE_PRECISION),  # the sketches' similarity of the member least like the earliest
         comment="One row per cluster of two or more documents (cluster_id = its earliest document's id), kept "
-                "by every ingest and removal: size, first and last seen, the batches of its members.",
+                "by every ingest and removal: size, first and last seen, the batches of its members, the "
+                "smallest similarity of a member to the earliest (min_similarity).",
     )
     sa.Index("ix_clusters_size", clusters.c.size.desc(), clusters.c.cluster_id)
+    sa.Index("ix_clusters_min_similarity", clusters.c.min_similarity, clusters.c.cluster_id)
     sa.Table(
         "records", metadata,
         sa.Column("batch_id", sa.Integer, sa.ForeignKey("batches.id", ondelete="CASCADE"), primary_key=True),
