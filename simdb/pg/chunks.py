@@ -98,6 +98,7 @@ def store_chunk(connection: sa.Connection, schema: str, method: Method, chunk, *
     reader rejects an id it reads twice itself (a sync run), so an id that an earlier chunk of the batch stored
     is a row an interrupted run stored and this run read again: it is handled as one of another batch."""
     lock(connection, schema, "ingest")
+    distributed = is_distributed(connection)
     check_layout(connection, method)
     record_segmenter(connection, method)
     batch_id = open_batch(connection, name, source, first, started_at, stored_up_to)
@@ -160,7 +161,7 @@ def store_chunk(connection: sa.Connection, schema: str, method: Method, chunk, *
         index_bare(connection, bulk_segment, int(ids[0]), int(ids[-1]) + 1)
         attach_indexed(connection, bulk_segment, int(ids[0]), int(ids[-1]) + 1)
     if len(pairs):  # the clusters the chunk's documents made, joined or merged
-        merge_cluster_rows(connection, batch_id, method, schema)
+        merge_cluster_rows(connection, batch_id, method, schema, distributed=distributed)
     seal(connection, sealed)
     copy_in(connection, "near_duplicates (b_id, a_id, distance, batch_id)", ["int8", "int8", "int2", "int4"],
             ((probe, match, distance, batch_id) for probe, match, distance in pairs.tolist()))
@@ -195,7 +196,7 @@ def store_chunk(connection: sa.Connection, schema: str, method: Method, chunk, *
          "final": final, "id": batch_id,
          # the server's clock, read apart: Citus takes no volatile function in an UPDATE of a reference table
          "finished": connection.execute(sa.text("SELECT clock_timestamp()")).scalar_one() if final else None})
-    if final and not is_distributed(connection):  # shards are plain tables on the workers: their autovacuum
+    if final and not distributed:  # shards are plain tables on the workers: their autovacuum
         refresh_statistics(connection)
     return ChunkResult(rejected=rejected, stored=stored)
 

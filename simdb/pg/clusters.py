@@ -21,8 +21,8 @@ import numpy as np
 import sqlalchemy as sa
 
 from ..methods import Method
-from .citus import is_distributed
 from .copy import copy_in, id_table
+from .methods import sql_of
 
 
 class UnionFind:
@@ -83,7 +83,8 @@ def merge_clusters(connection: sa.Connection, pairs: np.ndarray, new_ids: np.nda
     return {new: forest.find(new) for new in touched}
 
 
-def merge_cluster_rows(connection: sa.Connection, batch_id: int, method: Method, schema: str) -> None:
+def merge_cluster_rows(connection: sa.Connection, batch_id: int, method: Method, schema: str, *,
+                       distributed: bool) -> None:
     """After a chunk's documents are stored: the ``clusters`` rows of the clusters its pairs made or merged,
     from the rows of the stored clusters they absorbed (``cluster_parts``: a stored document without a row is
     a cluster of one) and the chunk's own members (``staging_clusters``), without reading other members.
@@ -104,7 +105,7 @@ def merge_cluster_rows(connection: sa.Connection, batch_id: int, method: Method,
         "CREATE TEMPORARY TABLE cluster_canonical_stored ON COMMIT DROP AS SELECT id FROM cluster_canonical "
         f"WHERE {sketch} IS NULL")
     connection.exec_driver_sql("ANALYZE cluster_canonical_stored")
-    if is_distributed(connection):  # Citus ships the table to the workers, each joins its shards by id
+    if distributed:  # Citus ships the table to the workers, each joins its shards by id
         stored = (f"SELECT d.id, d.{sketch} FROM documents d JOIN cluster_canonical_stored c ON c.id = d.id")
     else:  # by id, one document each: a join was planned as a hash of every document
         stored = (f"SELECT c.id, d.{sketch} FROM cluster_canonical_stored c CROSS JOIN LATERAL "
@@ -144,7 +145,7 @@ def merge_cluster_rows(connection: sa.Connection, batch_id: int, method: Method,
 def spread_sql(method: Method, schema: str) -> str:
     """SQL for the similarity of a member ``d`` to its cluster's canonical document ``c`` (rows with ``simhash``
     and ``signature``), as ``cluster_members`` gives it: what ``clusters.min_similarity`` is the least of."""
-    return method.similarity_between_sql(schema, "d", "c")
+    return sql_of(method).similarity_between_sql(schema, "d", "c")
 
 
 def refresh_clusters(connection: sa.Connection, touched: str, method: Method, schema: str) -> None:
