@@ -1,8 +1,9 @@
 """Benchmark simdb's input sources: the same documents from JSON lines, zstd-compressed JSON lines and Parquet.
 
 It writes ``--documents`` (100,000; 1M for the docs' table) short documents of random Han text
-(sentences up to 60-200 characters, 2 % lightly edited copies of recent ones, as bench_ingest's memory
-runs write them) with four metadata fields (a source
+(``--texts sentences``: sentences up to 60-200 characters, 2 % lightly edited copies of recent ones, as
+bench_ingest's memory runs write them; ``--texts random``: ``--chars`` random characters each, which share
+no text, so that matching is cheap and 1M documents fit a session) with four metadata fields (a source
 name, a timestamp, a language and a score) as JSON lines; the same file compressed with zstd
 (level 3, with checksums, as the ``zstd`` tool writes it); and the same rows as Parquet (read from
 the JSON lines by pyarrow, so the timestamp becomes a timestamp column; pyarrow's default row groups
@@ -19,18 +20,20 @@ Then, in one run, for each source:
 The PostgreSQL table source (``simdb sync``) is the same rows COPYed into a table of the same
 database (``simdb_bench_sources_src.corpus``: id, text and the four metadata fields, the timestamp as
 ``timestamptz``); its reader alone is :func:`simdb.sync.source_documents` (the run's server-side
-cursor, 2,000 rows a round trip), and end to end ``simdb sync add`` then ``simdb sync run``.
+cursor, 2,000 rows a round trip), also read alone in ``(published, id)`` order as a source with a
+watermark column, and end to end ``simdb sync add`` then ``simdb sync run``.
 
 Every source must store the same number of documents and mark the same number of duplicates, or the
 run fails.
 
 The script prints (progress on stderr, the table on stdout) and asserts nothing about timings. It
-works in its own schemas (``simdb_bench_sources_*``), dropped at the start and the end, and in a
+works in its own schemas (``simdb_bench_sources_PID_*``, PID its process id), dropped at the start and the end, and in a
 temporary directory removed at the end.
 
 Run::
 
-    .venv/bin/python scripts/bench_sources.py --documents 1000000 --markdown
+    .venv/bin/python scripts/bench_sources.py --documents 1000000 --texts random --chars 20-40 \
+        --tokenizer shingles --skip "JSON lines, zstd" --markdown
 """
 
 from __future__ import annotations
@@ -40,11 +43,13 @@ import json
 import multiprocessing
 import os
 import random
+import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import psutil
@@ -53,16 +58,44 @@ from bench_common import DATABASE_HELP, Server, load_average, log, machine, mb, 
 from bench_corpus import corpus_pieces, write_corpus
 from bench_process import ProcessRun, quarters, run_cli, simdb_command
 
-PREFIX = "simdb_bench_sources"
+PREFIX = f"simdb_bench_sources_{os.getpid()}"  # its own: the tests run this script beside a longer run
 TARGET = 0.9  # of the JSON-lines rate, end to end
 
 
 # -- the inputs ------------------------------------------------------------------------------------
 
-def write_jsonl(path: str, count: int, rng: random.Random) -> int:
-    """``count`` short documents (bench_ingest's, 2 % edited copies) with four metadata fields; returns bytes."""
-    sentences, _ = corpus_pieces(None, rng)
-    write_corpus(path + ".plain", count, sentences, list(range(60, 201)), rng)
+#: --texts: how the documents' texts are made
+TEXTS = {"sentences": "sentences of random Han text up to {0}-{1} characters (bench_ingest's), 2 % edited copies",
+         "random": "{0}-{1} random Han characters each (short titles, no text shared), 2 % copies with 1-3 characters "
+                   "changed"}
+
+
+def write_random(path: str, count: int, chars: tuple[int, int], rng: random.Random, near: float = 0.02) -> None:
+    """``count`` JSON-lines documents of ``chars`` random Han characters each, ``near`` of them lightly edited copies
+    of recent ones: texts that share nothing else, so their fingerprints are spread and matching is cheap."""
+    han = [chr(c) for c in range(0x4E00, 0x9FA6)]
+    recent: deque[str] = deque(maxlen=2000)
+    with open(path, "w", encoding="utf-8") as f:
+        for i in range(count):
+            if recent and rng.random() < near:
+                text = list(rng.choice(recent))
+                for _ in range(rng.randint(1, 3)):
+                    text[rng.randrange(len(text))] = rng.choice(han)
+                text = "".join(text)
+            else:
+                text = "".join(rng.choices(han, k=rng.randint(*chars)))
+                recent.append(text)
+            f.write(json.dumps({"id": f"doc-{i:09d}", "text": text}, ensure_ascii=False) + "\n")
+
+
+def write_jsonl(path: str, count: int, rng: random.Random, texts: str = "sentences",
+                chars: tuple[int, int] = (60, 200)) -> int:
+    """``count`` short documents (see TEXTS) with four metadata fields; returns bytes."""
+    if texts == "random":
+        write_random(path + ".plain", count, chars, rng)
+    else:
+        sentences, _ = corpus_pieces(None, rng)
+        write_corpus(path + ".plain", count, sentences, list(range(chars[0], chars[1] + 1)), rng)
     with open(path + ".plain", encoding="utf-8") as plain, open(path, "w", encoding="utf-8") as f:
         for i, line in enumerate(plain):
             record = json.loads(line)
@@ -92,6 +125,8 @@ def write_parquet(jsonl: str, path: str) -> int:
 
 TABLE_SCHEMA = f"{PREFIX}_src"
 TABLE = "PostgreSQL table"
+BY_WATERMARK = "PostgreSQL table, by watermark"  # the same table read in (published, id) order: read alone only
+WATERMARK = "published"
 
 
 def write_table(jsonl: str, server: Server) -> int:
@@ -117,6 +152,7 @@ SOURCES = {
     "JSON lines, zstd": (".jsonl.zst", write_zstd),
     "Parquet": (".parquet", write_parquet),
     TABLE: (None, None),
+    BY_WATERMARK: (None, None),
 }
 ADD_TABLE = ["sync", "add", "corpus", "--table", f"{TABLE_SCHEMA}.corpus", "--id", "id", "--text", "text",
              *(option for name in ("source", "published", "lang", "score") for option in ("--metadata", name))]
@@ -154,9 +190,9 @@ class SourceRuns:
     ingest: list[SourceIngest] = field(default_factory=list)
 
 
-def read_alone(path: str, count: int, url: str | None = None) -> dict:
+def read_alone(path: str, count: int, url: str | None = None, watermark: str | None = None) -> dict:
     """In a fresh process: every document of ``path`` through ``read_documents`` (of the table, through a sync run's
-    reader, when ``url`` is given); time and memory."""
+    reader, when ``url`` is given, in ``watermark`` order when given); time and memory."""
     from simdb.inputs import Document, read_documents
     from simdb.sync import Source, source_documents
 
@@ -169,7 +205,7 @@ def read_alone(path: str, count: int, url: str | None = None) -> dict:
     marks = {count * q // 4 for q in range(1, 5)}
     by_quarter, documents, start = [], 0, time.perf_counter()
     items = read_documents([path]) if url is None else source_documents(url, Source(
-        "corpus", path, None, "id", "text", ("source", "published", "lang", "score")))
+        "corpus", path, None, "id", "text", ("source", "published", "lang", "score"), watermark_column=watermark))
     for item in items:
         if isinstance(item, Document):
             documents += 1
@@ -183,9 +219,9 @@ def read_alone(path: str, count: int, url: str | None = None) -> dict:
             "quarters": by_quarter}
 
 
-def measure_reader(path: str, count: int, url: str | None = None) -> ReaderRun:
+def measure_reader(path: str, count: int, url: str | None = None, watermark: str | None = None) -> ReaderRun:
     with multiprocessing.get_context("spawn").Pool(1) as pool:
-        m = ReaderRun(**pool.apply(read_alone, (path, count, url)))
+        m = ReaderRun(**pool.apply(read_alone, (path, count, url, watermark)))
     if m.documents != count:
         raise RuntimeError(f"the reader gave {m.documents:,} of {count:,} documents from {path}")
     log(f"  reader alone: {count / m.seconds:,.0f} docs/s; RSS {mb(m.before)} after imports, peak "
@@ -198,7 +234,8 @@ def measure_reader(path: str, count: int, url: str | None = None) -> ReaderRun:
 def measure_ingest(server: Server, schema: str, path: str, count: int, args, directory: str) -> SourceIngest:
     common = ["--database-url", server.url, "--schema", schema]
     server.drop_schemas(schema)
-    subprocess.run([*simdb_command(), "init", *common], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([*simdb_command(), "init", *common, "--tokenizer", args.tokenizer], check=True,
+                   stdout=subprocess.DEVNULL)
     server.checkpoint()
     if path == f"{TABLE_SCHEMA}.corpus":  # the table: the source is added, then one run ingests it all
         subprocess.run([*simdb_command(), *ADD_TABLE, *common], check=True, stdout=subprocess.DEVNULL)
@@ -221,15 +258,18 @@ def measure_ingest(server: Server, schema: str, path: str, count: int, args, dir
 
 def table_rows(results: dict[str, SourceRuns], count: int) -> list[tuple[str, str, str, str]]:
     base_read = results["JSON lines"].read
-    baseline = sum(count / m.run.seconds for m in results["JSON lines"].ingest) / len(results["JSON lines"].ingest)
+    baseline = sum(count / m.run.seconds for m in results["JSON lines"].ingest) / max(1, len(results["JSON lines"].ingest))
     rows = []
     for name, m in results.items():
         read = m.read
-        reader = "`sync.source_documents`" if name == TABLE else "`read_documents`"
+        reader = {TABLE: "`sync.source_documents`", BY_WATERMARK: f"`sync.source_documents`, watermark {WATERMARK}"
+                  }.get(name, "`read_documents`")
         rows.append((f"read {name} alone: {reader}, peak RSS", f"{count / read.seconds:,.0f} docs/s, "
                      f"{mb(read.peak)}", f"JSON lines {count / base_read.seconds:,.0f} docs/s",
                      ratio(base_read.seconds / read.seconds)))
     for name, m in results.items():
+        if not m.ingest:
+            continue
         rates = [count / ingest.run.seconds for ingest in m.ingest]
         shown = " and ".join(f"{r:,.0f}" for r in rates) + " docs/s"
         peak = max(ingest.run.main for ingest in m.ingest)
@@ -247,6 +287,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="--workers of simdb ingest "
                         "(default: all cores)")
     parser.add_argument("--seed", type=int, default=20240601)
+    parser.add_argument("--texts", choices=TEXTS, default="sentences", help="sentences: random sentences recombined "
+                        "(bench_ingest's); random: random characters, no text shared (cheap to match: what 1M "
+                        "documents in a session's time need) [default: sentences]")
+    parser.add_argument("--chars", type=lambda value: tuple(int(n) for n in value.split("-", 1)), default=(60, 200),
+                        metavar="MIN-MAX", help="characters a document (default 60-200)")
+    parser.add_argument("--tokenizer", default="auto", help="the indexes' `simdb init --tokenizer` (shingles: "
+                        "tokenizing costs least, so reading weighs most) [default: auto]")
+    parser.add_argument("--skip", action="append", default=[], choices=[name for name in SOURCES if name not in ("JSON lines", BY_WATERMARK)],
+                        help="a source read alone but not ingested end to end (repeatable)")
+    parser.add_argument("--readers-only", action="store_true", help="the readers alone, no ingest")
     parser.add_argument("--markdown", action="store_true", help="print a GitHub markdown table")
     return parser.parse_args(argv)
 
@@ -260,25 +310,30 @@ def main(argv: list[str] | None = None) -> None:
     try:
         jsonl = os.path.join(work, "corpus.jsonl")
         log(f"writing {args.documents:,} documents")
-        sizes = {"JSON lines": write_jsonl(jsonl, args.documents, random.Random(args.seed))}
+        sizes = {"JSON lines": write_jsonl(jsonl, args.documents, random.Random(args.seed), args.texts, args.chars)}
         paths = {"JSON lines": jsonl}
         for name, (suffix, write) in SOURCES.items():
             if name == TABLE:
                 paths[name], sizes[name] = f"{TABLE_SCHEMA}.corpus", write_table(jsonl, server)
+            elif name == BY_WATERMARK:
+                paths[name] = paths[TABLE]
+                continue
             elif write is not None:
                 paths[name] = os.path.join(work, "corpus" + suffix)
                 sizes[name] = write(jsonl, paths[name])
             log(f"{name}: {mb(sizes[name])}")
         for name, path in paths.items():
             log(f"{name}: reader alone")
-            results[name] = SourceRuns(measure_reader(path, args.documents, server.url if name == TABLE else None))
-        order = [*paths, "JSON lines"]  # the baseline first and last
+            results[name] = SourceRuns(measure_reader(path, args.documents, server.url if name in (TABLE, BY_WATERMARK)
+                                                      else None, WATERMARK if name == BY_WATERMARK else None))
+        order = [] if args.readers_only else [name for name in [*paths, "JSON lines"]
+                                              if name not in (*args.skip, BY_WATERMARK)]
         for i, name in enumerate(order):
             log(f"{name}: simdb ingest --workers {args.workers}")
             results[name].ingest.append(measure_ingest(server, f"{PREFIX}_{i}", paths[name], args.documents,
                                                           args, work))
         duplicates = {name: {ingest.duplicates for ingest in m.ingest} for name, m in results.items()}
-        if len(set().union(*duplicates.values())) != 1:
+        if len(set().union(*duplicates.values())) > 1:
             raise RuntimeError(f"the sources marked different numbers of duplicates: {duplicates}")
         version = server.version()
     finally:
@@ -288,12 +343,12 @@ def main(argv: list[str] | None = None) -> None:
     log("done")
     header = [machine(version, server.embedded),
               f"load average (1, 5, 15 min) at the start: {load_start}; at the end: {load_average()}",
-              f"documents: {args.documents:,} short (sentences of random Han text up to 60-200 characters, 2 % "
-              "edited copies), "
+              f"documents: {args.documents:,} short ({TEXTS[args.texts].format(*args.chars)}), "
               "four metadata fields; sizes: " + ", ".join(f"{name} {mb(size)}" for name, size in sizes.items()),
-              f"ingest: a fresh index each, `--workers {args.workers}`, default chunk size; target: each source at "
+              f"ingest: a fresh index each (`simdb init --tokenizer {args.tokenizer}`), `--workers {args.workers}`, "
+              "default chunk size; target: each source at "
               f"least {TARGET}x the JSON-lines rate",
-              "command: " + " ".join([".venv/bin/python", "scripts/bench_sources.py", *sys.argv[1:]])]
+              "command: " + shlex.join([".venv/bin/python", "scripts/bench_sources.py", *sys.argv[1:]])]
     print_table(header, table_rows(results, args.documents), args.markdown)
 
 

@@ -609,3 +609,53 @@ def test_checking_a_source_runs_its_query_read_only(database_url, schema, table)
                            text_column="body")
     with psycopg.connect(database_url, autocommit=True) as connection:
         assert connection.execute(f"SELECT last_value, is_called FROM {sequence}").fetchone() == (1, False)
+
+
+def test_metadata_keeps_its_json_types_and_a_number_json_cannot_hold_rejects_only_its_row(database_url, schema,
+                                                                                           table, tmp_path):
+    """The metadata columns are the JSON of their jsonb values (numbers, ISO timestamps, nested objects, nulls); a
+    number no double holds (a numeric of 400 digits and a fraction) or of more than 4,300 digits (which Python's
+    JSON parser refuses) rejects its row, naming it, and the run goes on."""
+    texts = [CORPUS[i]["text"] for i in range(4)]
+    with psycopg.connect(database_url, autocommit=True) as connection:
+        connection.execute(f"CREATE TABLE {table} (id int, body text, n numeric, at timestamptz, extra jsonb)")
+        connection.execute(
+            f"INSERT INTO {table} VALUES (1, %s, 2.5, '2026-01-01 12:00+00', '{{\"k\": [1, \"x\"]}}'), "
+            f"(2, %s, repeat('9', 5000)::numeric, NULL, NULL), (3, %s, 10::numeric ^ 400 + 0.5, NULL, NULL), "
+            f"(4, %s, 7, NULL, 'null')", texts)
+    with Index.create(database_url, schema=schema) as index:
+        index.sync_add("typed", table=table, id_column="id", text_column="body", metadata_columns=["n", "at", "extra"])
+        summary = index.sync_run("typed", run_options(tmp_path))
+        rejected = {v.id: v.reason for v in index.verdicts(summary.name) if v.status == "rejected"}
+        assert index.document("1").metadata == {"n": 2.5, "at": "2026-01-01T12:00:00+00:00", "extra": {"k": [1, "x"]}}
+        assert index.document("4").metadata == {"n": 7, "at": None, "extra": None}
+    assert summary.documents == 2 and summary.rejected == 2 and sorted(rejected) == ["2", "3"], rejected
+    assert all("unreadable number in a metadata column" in reason for reason in rejected.values()), rejected
+
+
+def test_without_a_watermark_column_the_reader_keeps_no_memory_per_row(database_url, table):
+    """Rows come in id order without a watermark column, so a repeated id comes right after its first row: the
+    reader keeps only the last id, and what it holds does not grow with the rows read (a dict of every id read
+    grew by about 4 MB over these 28,000 rows), while the repeat is still a reject naming the first row."""
+    import tracemalloc
+
+    from simdb.sync import source_documents
+
+    with psycopg.connect(database_url, autocommit=True) as connection:
+        connection.execute(f"CREATE TABLE {table} (id int, body text)")
+        connection.execute(f"INSERT INTO {table} SELECT i, 'text ' || i FROM generate_series(1, 30000) i")
+        connection.execute(f"INSERT INTO {table} VALUES (7, 'again')")
+    errors, held = [], {}
+    tracemalloc.start()
+    try:
+        for read, item in enumerate(source_documents(database_url, pg_sync.Source("flat", table, None, "id", "body"),
+                                                     itersize=1000), 1):
+            if isinstance(item, InputError):
+                errors.append(str(item))
+            if read in (2_000, 30_001):  # the last: before the reader ends (and lets go of what it holds)
+                held[read] = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert held[30_001] - held[2_000] < 1 << 20, held
+    assert len(errors) == 1 and "sync source flat, row 8" in errors[0] and "id '7' appears twice" in errors[0] and \
+        "first at sync source flat, row 7" in errors[0], errors

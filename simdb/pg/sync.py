@@ -178,11 +178,12 @@ def _relation(relation: str) -> sql.Composable:
 
 def select_rows(source: Source, after: bool) -> sql.Composed:
     """The statement reading the source's rows in order (past its position when ``after``): id and watermark
-    as text, the text, and the metadata columns as one jsonb object."""
+    as text, the text, and the metadata columns as the text of one jsonb object (parsed by the reader, which
+    checks its numbers: see :func:`simdb.sync._records`; a jsonb value holds no NUL and no unpaired surrogate)."""
     base = sql.SQL(source.query.strip().rstrip(";").replace("%", "%%")) if source.query else \
         sql.SQL("SELECT * FROM {}").format(_relation(source.relation))
     column = {"id": sql.SQL("s.{}").format(sql.Identifier(source.id_column))}
-    metadata = sql.SQL("jsonb_build_object({})").format(sql.SQL(", ").join(
+    metadata = sql.SQL("jsonb_build_object({})::text").format(sql.SQL(", ").join(
         sql.SQL("{}, s.{}").format(sql.Literal(name), sql.Identifier(name)) for name in source.metadata_columns))
     conditions, order = [], [column["id"]]
     if source.watermark_column is not None:
@@ -233,8 +234,9 @@ def check_source(url: str, source: Source) -> None:
                              "table, query and column names (as PostgreSQL spells them: case matters)") from None
 
 
-def source_rows(url: str, source: Source, itersize: int) -> Iterator[tuple[str | None, str | None, dict, str | None]]:
-    """(id, text, metadata, watermark) of the source's rows past its position, in order, streamed."""
+def source_rows(url: str, source: Source, itersize: int) -> Iterator[tuple[str | None, str | None, str, str | None]]:
+    """(id, text, metadata as JSON text, watermark) of the source's rows past its position, in order, streamed
+    ``itersize`` rows a round trip."""
     connection = connect_source(url)
     try:
         connection.read_only = True
@@ -242,7 +244,8 @@ def source_rows(url: str, source: Source, itersize: int) -> Iterator[tuple[str |
         with connection.cursor(name="simdb_sync") as cursor:
             cursor.itersize = itersize
             cursor.execute(select_rows(source, source.started), parameters(source))
-            yield from cursor
+            while rows := cursor.fetchmany(itersize):  # a list at a time: no cursor call per row
+                yield from rows
     except psycopg.Error as error:
         raise SimdbError(f"reading sync source {source.name!r} failed: {translate(error, url)}") from None
     finally:
