@@ -33,6 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
+
 from bench_common import command_line, load_average, log, print_table, ratio
 
 from simdb.pg import embedded
@@ -66,10 +68,10 @@ def backends_cpu(data_dir: Path) -> float:
     if pid is None:
         return 0.0
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
+        times = psutil.Process(pid).cpu_times()
+    except psutil.Error:
         return 0.0
-    return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")  # cutime, cstime: fields 16 and 17
+    return times.children_user + times.children_system  # the finished backends it waited for
 
 
 def timed(arguments: list[str], environment: dict[str, str], runs: int, warm_up: bool = True) -> Timings:

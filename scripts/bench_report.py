@@ -90,7 +90,7 @@ def main() -> None:
                          time.perf_counter() - start))
             timed = {
                 "report_data: everything the page reads": lambda c: reads.report_data(
-                    c, method, None, sample_size=SAMPLE_SIZE, clusters=LARGEST_CLUSTERS, members=MEMBERS_SHOWN,
+                    c, index.context, None, sample_size=SAMPLE_SIZE, clusters=LARGEST_CLUSTERS, members=MEMBERS_SHOWN,
                     pairs=PAIRS_SHOWN, text_chars=TEXT_CHARS, sample_chars=SAMPLE_TEXT_CHARS, by="source",
                     by_values=BY_VALUES),
                 "duplicates by source": lambda c: reads.metadata_breakdown(c, "source", None, BY_VALUES),

@@ -352,7 +352,7 @@ def migrated_index(database_url: str, schema: str, settings: IndexSettings) -> N
             if settings.distributed is not None:
                 drop_functions_and_views(connection, schema)
                 citus.distribute(connection, schema, settings.distributed["shards"])
-                create_functions(connection, schema, settings.method)
+                create_functions(connection, schema, settings.method, distributed=True)
                 create_views(connection, schema, settings.method)
     finally:
         database.close()

@@ -82,7 +82,8 @@ def test_off_gives_the_python_twins():
 
 
 def test_an_unknown_value_is_one_clear_error():
-    done = _python("import simdb", "fast")
+    """At the first use of what the choice decides (``import simdb`` itself loads nothing: start-up)."""
+    done = _python("from simdb import fingerprint", "fast")
     assert done.returncode != 0
     assert done.stderr.strip().splitlines()[-1] == (
         "ImportError: SIMDB_NATIVE='fast' in the environment: set it to one of auto, required, off (or unset it)")
