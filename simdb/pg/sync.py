@@ -204,7 +204,10 @@ def select_rows(source: Source, after: bool) -> sql.Composed:
         id=column["id"], text=sql.Identifier(source.text_column), metadata=metadata,
         watermark=sql.SQL("{}::text").format(column["watermark"]) if "watermark" in column else sql.SQL("NULL"),
         base=base, where=sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conditions) if conditions else sql.SQL(""),
-        order=sql.SQL(", ").join(order))
+        # then by the id's text: the reader compares ids as text with the one before, and the id's own type can
+        # sort different texts as equal (a float's 0 and -0, citext's 'a' and 'A'); this keeps one text's rows
+        # next to each other among them, so that a repeat between them is still seen
+        order=sql.SQL(", ").join([*order, sql.SQL('{}::text COLLATE "C"').format(column["id"])]))
 
 
 def parameters(source: Source) -> dict:
