@@ -166,3 +166,13 @@ def test_what_a_call_names_and_is_not_stored_is_not_found(call, reader_archive, 
 def test_a_missing_index_is_not_found(server_url):
     with pytest.raises(NotFound):
         Index.open(server_url, schema=f"simdb_boundary_{uuid.uuid4().hex[:8]}")
+
+
+def test_a_method_this_simdb_has_no_sql_for_is_one_clear_error():
+    """An index made by another simdb, with a method this one does not know: IncompatibleIndex naming both, not
+    a KeyError from the registry of the methods' SQL."""
+    from simdb.errors import IncompatibleIndex
+    from simdb.pg.methods.base import MethodSQL
+
+    with pytest.raises(IncompatibleIndex, match=r"no SQL for the method 'lsh-forest' \(it knows minhash, simhash\)"):
+        MethodSQL.named("lsh-forest")

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
+from ...errors import IncompatibleIndex
+
 if TYPE_CHECKING:
     import sqlalchemy as sa
 
@@ -40,7 +42,12 @@ class MethodSQL(ABC):
     @staticmethod
     def named(name: str) -> type["MethodSQL"]:
         """The implementation registered under a method's name."""
-        return MethodSQL._registry[name]
+        try:
+            return MethodSQL._registry[name]
+        except KeyError:
+            raise IncompatibleIndex(
+                f"this simdb has no SQL for the method {name!r} (it knows {', '.join(sorted(MethodSQL._registry))}): "
+                "open the index with the simdb that made it") from None
 
     @property
     def key_columns(self) -> list[str]:
