@@ -40,6 +40,12 @@ def __getattr__(name: str):
         value = getattr(importlib.import_module(_WHERE[name], __name__), name)
         globals()[name] = value
         return value
+    if not name.startswith("_"):  # a submodule (``simdb.errors``), bound by the package's import as it was before
+        try:
+            return importlib.import_module(f".{name}", __name__)
+        except ModuleNotFoundError as error:
+            if error.name != f"{__name__}.{name}":
+                raise
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

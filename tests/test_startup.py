@@ -35,3 +35,14 @@ def test_every_public_name_is_there_on_first_use():
     assert set(simdb.__all__) <= set(dir(simdb))
     names = loaded_after("from simdb import *")
     assert {"simdb.index", "simdb.ingest", "simdb.verdicts"} <= set(names)
+
+
+def test_a_submodule_is_an_attribute_of_the_package_as_before():
+    """``import simdb; simdb.errors.SimdbError`` worked while the package imported its modules; it still does, each
+    on first use, and a name that is neither a public name nor a module is still an AttributeError."""
+    code = ("import simdb\nassert simdb.errors.SimdbError.__name__ == 'SimdbError'\n"
+            "assert simdb.bits.hamming(0, 3) == 2\n"
+            "try:\n    simdb.no_such_thing\nexcept AttributeError as error:\n    print('refused:', error)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "refused: module 'simdb' has no attribute 'no_such_thing'"
