@@ -35,6 +35,14 @@ def corpus_pieces(texts: list[str] | None, rng: random.Random) -> tuple[list[str
     return ["".join(rng.choices(han, k=rng.randint(8, 40))) + "。" for _ in range(50_000)], [1200]
 
 
+def edited_copy(recent: deque[str], alphabet: str | list[str], rng: random.Random) -> str:
+    """One of the ``recent`` texts with 1-3 of its characters replaced from ``alphabet``: a planted near copy."""
+    chars = list(rng.choice(recent))
+    for _ in range(rng.randint(1, 3)):
+        chars[rng.randrange(len(chars))] = rng.choice(alphabet)
+    return "".join(chars)
+
+
 def write_corpus(path: str, count: int, sentences: list[str], lengths: list[int], rng: random.Random,
                  near: float = 0.02) -> int:
     """``count`` JSONL documents of recombined sentences (``near`` of them lightly edited copies); returns bytes."""
@@ -43,10 +51,7 @@ def write_corpus(path: str, count: int, sentences: list[str], lengths: list[int]
     with open(path, "w", encoding="utf-8") as f:
         for i in range(count):
             if recent and rng.random() < near:
-                chars = list(rng.choice(recent))
-                for _ in range(rng.randint(1, 3)):
-                    chars[rng.randrange(len(chars))] = rng.choice(han)
-                text = "".join(chars)
+                text = edited_copy(recent, han, rng)
             else:
                 target, parts, size = rng.choice(lengths), [], 0
                 while size < target:

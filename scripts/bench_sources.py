@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 import psutil
 
 from bench_common import DATABASE_HELP, Server, load_average, log, machine, mb, print_table, ratio
-from bench_corpus import corpus_pieces, write_corpus
+from bench_corpus import corpus_pieces, edited_copy, write_corpus
 from bench_process import ProcessRun, quarters, run_cli, simdb_command
 
 PREFIX = f"simdb_bench_sources_{os.getpid()}"  # its own: the tests run this script beside a longer run
@@ -78,10 +78,7 @@ def write_random(path: str, count: int, chars: tuple[int, int], rng: random.Rand
     with open(path, "w", encoding="utf-8") as f:
         for i in range(count):
             if recent and rng.random() < near:
-                text = list(rng.choice(recent))
-                for _ in range(rng.randint(1, 3)):
-                    text[rng.randrange(len(text))] = rng.choice(han)
-                text = "".join(text)
+                text = edited_copy(recent, han, rng)
             else:
                 text = "".join(rng.choices(han, k=rng.randint(*chars)))
                 recent.append(text)
