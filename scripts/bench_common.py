@@ -16,7 +16,7 @@ import sqlalchemy as sa
 
 import simdb
 import simdb.native
-from simdb.pg.database import postgres_url, scratch_server
+from simdb.pg.database import postgres_url, redact, scratch_server
 
 STARTED = time.perf_counter()
 #: The environment variable a benchmark's database comes from (else the local server, else embedded).
@@ -167,7 +167,8 @@ def machine(version: str, embedded: bool = False) -> str:
 
 
 def command_line(script: str) -> str:
-    return "command: " + " ".join([".venv/bin/python", f"scripts/{script}", *sys.argv[1:]])
+    """The command that ran, as the tables print it: a password in a database URL among the options masked."""
+    return "command: " + " ".join([".venv/bin/python", f"scripts/{script}", *map(redact, sys.argv[1:])])
 
 
 def random_u64(rng: np.random.Generator, n: int) -> np.ndarray:

@@ -81,6 +81,22 @@ def test_the_scripts_sample_processes_with_psutil_not_proc():
     assert readers == []
 
 
+def test_the_printed_command_masks_a_database_password(monkeypatch):
+    """Every benchmark prints the command that ran (and docs/performance.md copies it): a password given in
+    ``--database-url`` (userinfo or ``?password=``) is masked, the rest of the command kept."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from bench_common import command_line
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    monkeypatch.setattr(sys, "argv", ["bench_x.py", "--database-url", "postgresql://simdb:hunter2@db:5432/archive",
+                                      "--database-url=postgresql://db/archive?password=sw0rdfish", "--runs", "5"])
+    printed = command_line("bench_x.py")
+    assert "hunter2" not in printed and "sw0rdfish" not in printed, printed
+    assert printed.startswith("command: .venv/bin/python scripts/bench_x.py --database-url postgresql://simdb:")
+    assert printed.endswith("--runs 5") and "@db:5432/archive" in printed, printed
+
+
 def test_the_sampler_names_what_it_found(tmp_path):
     """bench_process.run_cli gives a named record: the command's own peak, its child's, the tree's, CPU seconds.
     Oracle: the sizes the command itself allocates (a parent holding 200 MB and a child holding 100 MB, both
