@@ -158,7 +158,7 @@ def join_traffic(index: Index, fingerprints: np.ndarray) -> dict:
     keys = method.keys(sketches).tolist()
     found = {"probes": len(sketches), "rows_sent": 0, "bytes_sent": 0, "rows_received": 0, "bytes_received": 0}
     with index.database.engine.connect() as connection:  # apart: a transaction that read a reference table on
-        stored = list_segments(connection)  # the coordinator may not then send a distributed plan's tasks
+        stored = list_segments(connection, distributed=index.context.distributed)  # the coordinator may not then send a distributed plan's tasks
     with index.database.engine.begin() as connection:
         columns = create_staging(connection, method)
         copy_in(connection, f"staging ({', '.join(name for name, _ in columns)})", [kind for _, kind in columns],

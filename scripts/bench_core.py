@@ -134,7 +134,8 @@ def raw_copy(url: str, data: Data, blocks: int, k: int) -> float:
             batch_id = connection.execute(sa.text(
                 "INSERT INTO batches (name, source, status, started_at, documents) "
                 "VALUES ('raw', 'bench', 'complete', now(), :n) RETURNING id"), {"n": len(batch)}).scalar_one()
-            segments.ensure_segments(connection, segments.load_policy(connection), segments.list_segments(connection),
+            stored = segments.list_segments(connection, distributed=raw.context.distributed)
+            segments.ensure_segments(connection, segments.load_policy(connection), stored,
                                      1, len(batch))  # the segments the rows' ids go to
             start = time.perf_counter()
             keys = layout.block_keys_array(data.fingerprints).tolist()

@@ -235,7 +235,8 @@ def naive_ingest(url: str, schema: str, layout: BlockLayout, stored: np.ndarray,
             batch_id = c.execute(batches.insert().values(name="naive", source="bench", status="running",
                                                          started_at=sa.func.now()).returning(batches.c.id)).scalar_one()
             first = c.execute(sa.text("SELECT last_value + 1 FROM documents_id_seq")).scalar_one()
-            segments.ensure_segments(c, segments.load_policy(c), segments.list_segments(c), first,
+            stored_segments = segments.list_segments(c, distributed=index.context.distributed)
+            segments.ensure_segments(c, segments.load_policy(c), stored_segments, first,
                                      first + count - 1)  # the naive client's rows need a segment too
         start = time.perf_counter()
         for i, fp in enumerate(fps.tolist()):

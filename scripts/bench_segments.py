@@ -159,7 +159,7 @@ def reopen_big_segment(server: Server, end: int) -> None:
     name = segments.segment_name(1)
     with server.admin.connect() as c:
         c.exec_driver_sql(f"SET search_path TO {SCHEMA}")
-        for segment in segments.list_segments(c)[1:]:
+        for segment in segments.list_segments(c, distributed=False)[1:]:  # a local archive
             count = c.exec_driver_sql(f"SELECT count(*) FROM {segment.name}").scalar_one()
             if count:
                 raise RuntimeError(f"segment {segment.name} is not empty")
@@ -242,13 +242,13 @@ def segment_curve(server: Server, stored: np.ndarray, rng) -> list[tuple[int, fl
             if extra:  # extra small segments, each of 1,000 documents (ids moved past the active segment)
                 with index.database.engine.begin() as c:
                     segments.save_policy(c, segments.SegmentPolicy(size=1000, merge_factor=64))
-                    last = segments.list_segments(c)[-1]
+                    last = segments.list_segments(c, distributed=index.context.distributed)[-1]
                     c.execute(sa.text("SELECT setval('documents_id_seq', :v)"), {"v": last.end_id - 1})
                 for number in range(extra):
                     index.add_fingerprinted(batch_of(rng, random_u64(rng, 1000), f"curve{len(curve)}-{number}"),
                                             batch=f"curve{len(curve)}-{number}")
             with index.database.engine.connect() as c:
-                total = len(segments.list_segments(c))
+                total = len(segments.list_segments(c, distributed=index.context.distributed))
             times, near = [], []
             for fp in probes.tolist():
                 start = time.perf_counter()

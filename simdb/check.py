@@ -23,10 +23,9 @@ from .decisions import decide_chunk, pairs_between
 from .errors import InputError
 from .ingest import size_checked
 from .inputs import DEFAULT_MAX_CHARS, Document, checks
-from .methods import Method
 from .parallel import Fingerprinted, fingerprint_stream, key_rows
 from .pg import reads
-from .pg.citus import is_distributed
+from .pg.context import IndexContext
 from .verdicts import Verdict, rejected, verdict
 
 #: Records matched against the archive per statement.
@@ -47,17 +46,18 @@ class _InputRecords:
     texts: dict[int, bytes] = field(default_factory=dict)
 
 
-def check(engine: sa.Engine, method: Method, items: Iterable[Document | InputError], *, batch: str | None = None,
+def check(index: IndexContext, items: Iterable[Document | InputError], *, batch: str | None = None,
           max_chars: int = DEFAULT_MAX_CHARS, workers: int | None = 1, chunk_size: int = CHECK_CHUNK
           ) -> Iterator[Verdict]:
-    """The verdict of every input record, in input order, as an ingest of the input now would give it.
+    """The verdict of every input record, in input order, as an ingest of the input now would give it into the
+    open ``index``.
 
     Input errors are verdicts (``rejected``), as under ``on_error="skip"``; nothing is written.
     """
+    method, earlier = index.method, _InputRecords()
     seen: dict[str, str] = {}
-    earlier = _InputRecords()
     stream = fingerprint_stream(size_checked(items, max_chars), method, workers=workers)
-    with engine.connect() as connection:
+    with index.engine.connect() as connection:
         reads.read_only_snapshot(connection)
         chunk: list[tuple[int, Fingerprinted | InputError]] = []
         position = 0
@@ -65,14 +65,15 @@ def check(engine: sa.Engine, method: Method, items: Iterable[Document | InputErr
             position += 1
             chunk.append((position, item))
             if len(chunk) >= chunk_size:
-                yield from _check_chunk(connection, method, chunk, batch, seen, earlier)
+                yield from _check_chunk(connection, index, chunk, batch, seen, earlier)
                 chunk = []
-        yield from _check_chunk(connection, method, chunk, batch, seen, earlier)
+        yield from _check_chunk(connection, index, chunk, batch, seen, earlier)
         connection.rollback()
 
 
-def _check_chunk(connection: sa.Connection, method: Method, chunk: list, batch: str | None, seen: dict[str, str],
-                 earlier: _InputRecords) -> Iterator[Verdict]:
+def _check_chunk(connection: sa.Connection, index: IndexContext, chunk: list, batch: str | None,
+                 seen: dict[str, str], earlier: _InputRecords) -> Iterator[Verdict]:
+    method = index.method
     documents = [(position, item) for position, item in chunk if isinstance(item, Fingerprinted)]
     stored_rows = reads.stored_ids(connection, [item.document.external_id for _, item in documents])
     outcome: dict[int, Verdict] = {}  # by position
@@ -95,15 +96,16 @@ def _check_chunk(connection: sa.Connection, method: Method, chunk: list, batch: 
             outcome[position] = rejected(position, checks.stored_with_another_text(name, document.origin, row.batch),
                                          batch)
     if matched:
-        outcome.update(_decided(connection, method, matched, batch, earlier))
+        outcome.update(_decided(connection, index, matched, batch, earlier))
     for position, item in chunk:
         yield rejected(position, item, batch) if isinstance(item, InputError) else outcome[position]
 
 
-def _decided(connection: sa.Connection, method: Method, matched: list[tuple[int, Fingerprinted]],
+def _decided(connection: sa.Connection, index: IndexContext, matched: list[tuple[int, Fingerprinted]],
              batch: str | None, earlier: _InputRecords) -> dict[int, Verdict]:
     """{position: verdict} of a chunk's records to match (as an ingest would stage them), by the decision an
     ingest of the chunk takes; they join the ``earlier`` records."""
+    method = index.method
     sketches = [item.sketch for _, item in matched]
     ids = np.array([FIRST_INPUT_ID + position for position, _ in matched], dtype=np.int64)
     keys = key_rows([item.keys for _, item in matched], sketches, method)
@@ -116,7 +118,7 @@ def _decided(connection: sa.Connection, method: Method, matched: list[tuple[int,
 
     def archive_pairs() -> Iterator[np.ndarray]:
         probed = reads.probe_arrays(connection, method, sketches, wide, keys.tolist(),
-                                    distributed=is_distributed(connection))
+                                    distributed=index.distributed)
         found = np.array(list(probed), dtype=np.int64).reshape(-1, 3)
         found[:, 0] = ids[found[:, 0]]  # sketch index -> the record's id
         yield found

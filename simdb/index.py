@@ -313,7 +313,7 @@ class Index:
         """Ingest documents (and, with ``on_error="skip"``, read errors to reject) as one batch, merging
         segments after each chunk if the index's policy asks for it (unless ``options.compact`` is false)."""
         return ingest(self.database.engine, self.database.schema, self.sketcher, items, options, progress,
-                      store_text=self.settings.texts)
+                      store_text=self.settings.texts, distributed=self.context.distributed)
 
     def verdicts(self, batch: str, *, status: str | None = None) -> Iterator[Verdict]:
         """What became of every input record of a stored batch (of one ``status``), in input order, streamed."""
@@ -329,8 +329,7 @@ class Index:
         item, a text over ``max_chars``, a repeated id) is a ``rejected`` verdict, as ingest records it
         with ``on_error="skip"``.
         """
-        return check(self.database.engine, self.settings.method, items, batch=batch, workers=workers,
-                     max_chars=max_chars)
+        return check(self.context, items, batch=batch, workers=workers, max_chars=max_chars)
 
     def check_many(self, documents: Iterable[Document | Mapping], *, batch: str | None = None,
                    workers: int | None = 1, max_chars: int = DEFAULT_MAX_CHARS) -> list[Verdict]:
@@ -344,7 +343,7 @@ class Index:
         with self.database.engine.begin() as connection:
             result = store_chunk(connection, self.database.schema, self.settings.method, fingerprinted, name=batch,
                                  source=source, first=True, final=True, position=len(fingerprinted),
-                                 skip_errors=False)
+                                 skip_errors=False, distributed=self.context.distributed)
             row = reads.batch_row(connection, batch)
         return BatchSummary(name=batch, documents=result.stored, new=row.new, exact_duplicates=row.exact_duplicates,
                             near_duplicates=row.near_duplicates, within_batch=row.within_batch,
@@ -374,7 +373,8 @@ class Index:
         name is the run's own)."""
         return sync.run_source(self.database.engine, self.database.schema, self.sketcher, self._own_url, name,
                                options or IngestOptions(), source_url=source_url, wait=wait, itersize=itersize,
-                               store_text=self.settings.texts, progress=progress)
+                               store_text=self.settings.texts, distributed=self.context.distributed,
+                               progress=progress)
 
     # -- removal and layout ------------------------------------------------------------------------
 
@@ -403,12 +403,13 @@ class Index:
                 ) -> segments.CompactionSummary:
         """Merge sealed segments as the index's policy asks (``full``: all of them into one); see
         :mod:`simdb.pg.segments`."""
-        return segments.compact(self.database.engine, self.database.schema, full=full, progress=progress)
+        return segments.compact(self.database.engine, self.database.schema, distributed=self.context.distributed,
+                                full=full, progress=progress)
 
     def segments(self) -> list[segments.Segment]:
         """The segments of ``documents`` in id order, with their document counts and sizes."""
         with self.database.engine.connect() as connection:
-            return segments.list_segments(connection, counts=True)
+            return segments.list_segments(connection, distributed=self.context.distributed, counts=True)
 
     def grant_reader(self, role: str, *, login: bool | None = None, password: str | None = None) -> Grant:
         """Create or update a read-only role for analysts. ``login`` gives (True) or takes (False) its LOGIN;
@@ -569,7 +570,7 @@ class Index:
         method = self.settings.method
         with self.database.engine.connect() as connection:
             found = reads.statistics(connection, method, sample=None if exact else reads.STATS_SAMPLE)
-            stored_segments = segments.list_segments(connection, counts=True)
+            stored_segments = segments.list_segments(connection, distributed=self.context.distributed, counts=True)
             policy = segments.load_policy(connection)
             server_warnings = server.warnings(connection)
             stored_settings = catalog.load_settings(connection)  # ingests since the open add segmenters

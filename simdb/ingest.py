@@ -182,8 +182,10 @@ def size_checked(items: Iterable[Document | InputError], max_chars: int) -> Iter
 
 def ingest(engine: sa.Engine, schema: str, method: Method,
            items: Iterable[Document | InputError], options: IngestOptions,
-           progress: Callable[[int], None] | None = None, *, store_text: bool = False) -> BatchSummary:
-    """Ingest a batch in atomic chunks (keeping each text when ``store_text``); see the module docstring."""
+           progress: Callable[[int], None] | None = None, *, store_text: bool = False,
+           distributed: bool) -> BatchSummary:
+    """Ingest a batch in atomic chunks (keeping each text when ``store_text``) into an index, ``distributed`` or
+    not as its settings say; see the module docstring."""
     started = time.perf_counter()
     started_at = datetime.now(timezone.utc)  # the batch's start: before reading and fingerprinting, not after
     name = options.batch_name
@@ -219,7 +221,7 @@ def ingest(engine: sa.Engine, schema: str, method: Method,
                                       first=first, final=final, position=consumed, rejects=chunk_errors,
                                       skip_errors=skip_errors, started_at=started_at,
                                       stored_up_to=kept.position if kept else None,
-                                      rereads=options.items_follow_position)
+                                      rereads=options.items_follow_position, distributed=distributed)
                 if options.after_chunk is not None:
                     options.after_chunk(connection, consumed)
             kept = KeptBatch(name, consumed, (kept.documents if kept else 0) + result.stored, complete=final)
@@ -229,7 +231,7 @@ def ingest(engine: sa.Engine, schema: str, method: Method,
             if options.compact and merge_failed is None:  # between chunks too: bulk chunks must not pile up
                 try:  # housekeeping: its failure (a lock timeout, a full disk, a merge simdb refuses) must not
                     # fail a stored batch, nor may it hold the batch up for long behind an analyst's long query
-                    compact(engine, schema, merged=compacted, lock_attempts=1, wait=False)
+                    compact(engine, schema, distributed=distributed, merged=compacted, lock_attempts=1, wait=False)
                 except sa.exc.DBAPIError as error:
                     merge_failed = str(translate(error, engine.url))
                 except SimdbError as error:

@@ -201,7 +201,8 @@ def _naming(error: InputError, row_id: str) -> InputError:
 
 def run_source(engine: sa.Engine, schema: str, method: Method, own_url: str, name: str, options: IngestOptions,
                *, source_url: str | None = None, wait: bool = False, itersize: int = DEFAULT_ITERSIZE,
-               store_text: bool = False, progress: Callable[[int], None] | None = None) -> BatchSummary:
+               store_text: bool = False, distributed: bool,
+               progress: Callable[[int], None] | None = None) -> BatchSummary:
     """Ingest source ``name``'s rows past its position as one batch (see the module docstring); ``source_url``
     overrides the stored URL for this run (one with its password)."""
     with engine.connect() as holder:
@@ -209,12 +210,14 @@ def run_source(engine: sa.Engine, schema: str, method: Method, own_url: str, nam
             raise SimdbError(f"another `simdb sync run` of source {name!r} is under way; this one stopped before "
                              "reading anything (run it again when that one is done, or pass «wait»)")
         try:
-            return _run(engine, schema, method, own_url, name, options, source_url, itersize, store_text, progress)
+            return _run(engine, schema, method, own_url, name, options, source_url, itersize, store_text, distributed,
+                        progress)
         finally:
             pg.unlock_run(holder, schema, name)
 
 
-def _run(engine, schema, method, own_url, name, options, source_url, itersize, store_text, progress) -> BatchSummary:
+def _run(engine, schema, method, own_url, name, options, source_url, itersize, store_text, distributed,
+         progress) -> BatchSummary:
     with engine.connect() as connection:
         source = pg.get_source(connection, name)
         consumed = pg.running_batch(connection, source.batch)
@@ -235,7 +238,7 @@ def _run(engine, schema, method, own_url, name, options, source_url, itersize, s
                           after_chunk=advance)
     try:
         summary = ingest(engine, schema, method, _records(source, rows, positions), run_options, progress,
-                         store_text=store_text)
+                         store_text=store_text, distributed=distributed)
     except SimdbError as error:
         error.args = (redact(str(error.args[0]) if error.args else str(error), secrets_in(url)),)
         raise

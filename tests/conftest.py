@@ -353,7 +353,7 @@ def migrated_index(database_url: str, schema: str, settings: IndexSettings) -> N
                 drop_functions_and_views(connection, schema)
                 citus.distribute(connection, schema, settings.distributed["shards"])
                 create_functions(connection, schema, settings.method, distributed=True)
-                create_views(connection, schema, settings.method)
+                create_views(connection, schema, settings.method, distributed=True)
     finally:
         database.close()
 

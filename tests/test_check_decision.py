@@ -53,8 +53,7 @@ def check_then_ingest(index, admin_engine, items: list, check_chunk: int, ingest
                       max_chars: int = MAX_CHARS) -> tuple[list, list]:
     """``check``'s verdicts of ``items`` (nothing stored), then ingest's, recorded, of batch "new"."""
     before = count_rows(admin_engine, index.database.schema)
-    checked = list(check(index.database.engine, index.settings.method, items, batch="new", max_chars=max_chars,
-                         chunk_size=check_chunk))
+    checked = list(check(index.context, items, batch="new", max_chars=max_chars, chunk_size=check_chunk))
     assert count_rows(admin_engine, index.database.schema) == before  # nothing stored
     index.ingest(items, IngestOptions(batch="new", chunk_size=ingest_chunk, on_error="skip", max_chars=max_chars,
                                       rejects="/dev/null"))

@@ -24,7 +24,7 @@ from simdb.pg import segments
 from simdb.pg.methods import sql_of
 from simdb.pg.segments import SegmentPolicy
 from simdb.text import content_hash
-from tests.conftest import Concurrently, assert_consistent, killed
+from tests.conftest import Concurrently, _distributed, assert_consistent, killed
 from tests.test_clusters import histories, replay
 from tests.test_index import flip, make_batch
 
@@ -32,7 +32,7 @@ from tests.test_index import flip, make_batch
 def segment_rows(engine, schema):
     with engine.connect() as connection:
         connection.exec_driver_sql(f"SET search_path = {schema}")
-        return segments.list_segments(connection, counts=True)
+        return segments.list_segments(connection, distributed=_distributed(engine, schema), counts=True)
 
 
 def snapshot(engine, schema):
@@ -554,7 +554,7 @@ def test_a_segment_read_into_memory_gives_the_pairs_its_index_lookups_give(datab
             columns = [("id", "int8"), method.sketch_column, *((c, "int8") for c in method.key_columns)]
             copy_in(connection, f"probes_t ({', '.join(n for n, _ in columns)})", [t for _, t in columns],
                     ((int(i), s, *row) for i, s, row in zip(ids, stored, keys.tolist())), create=True)
-            [segment] = segments.list_segments(connection)
+            [segment] = segments.list_segments(connection, distributed=index.context.distributed)
             by_index = distinct(sql_of(method).candidate_pairs(connection, "probes_t", f'"{segment.name}"', k,
                                                                index_probes=True))
             read = distinct(in_memory.segment_pairs_in_memory(

@@ -261,7 +261,7 @@ def test_the_migrations_create_what_todays_code_creates(settings, database_url, 
             drop_functions_and_views(connection, schema)
             assert definitions(connection, schema) == {}
             create_functions(connection, schema, index.settings.method, distributed=index.context.distributed)
-            create_views(connection, schema, index.settings.method)
+            create_views(connection, schema, index.settings.method, distributed=index.context.distributed)
             assert definitions(connection, schema) == migrated and len(migrated) >= 7
             connection.rollback()
 
@@ -369,22 +369,21 @@ def test_the_segment_policy_is_the_stored_settings_own():
     assert IndexSettings.from_rows(older).segments == SegmentPolicy(size=5000, merge_factor=3)
 
 
-#: Where ``is_distributed()`` still asks the database although an open index's settings know: code not yet
-#: handed the index's context (:class:`simdb.pg.context.IndexContext`). This list only shrinks.
-ASKS_WHETHER_DISTRIBUTED = {"simdb/check.py": 1, "simdb/pg/chunks.py": 1, "simdb/pg/functions.py": 2,
-                            "simdb/pg/segments.py": 3}
-
-
 def test_an_open_index_s_facts_are_passed_not_read_again():
-    """The reads of an open index (lookups, matches, the report's sample), the analysts' functions and the
-    reader role take whether the index is distributed from its context, not from a query per call."""
-    found = {}
+    """Whether an index is distributed is read once, with its settings, when it is opened (or known from the
+    settings it is created with): every other code path (reads, check, ingest's chunks and segments, merges,
+    views and functions, the reader role) is handed it by the index's context (:class:`simdb.pg.context.
+    IndexContext`), not a query of the ``distributed`` settings row per call (``is_distributed()`` made 7)."""
+    found = []
     for path in sorted(PACKAGE.rglob("*.py")):
-        calls = [node for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))) if isinstance(node, ast.Call)
-                 and isinstance(node.func, ast.Name) and node.func.id == "is_distributed"]
-        if calls:
-            found[str(path.relative_to(ROOT))] = len(calls)
-    assert {path: count for path, count in found.items() if count > ASKS_WHETHER_DISTRIBUTED.get(path, 0)} == {}
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                    and re.search(r"name\s*=\s*'distributed'", node.value)):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}: reads the distributed settings row")
+            if isinstance(node, (ast.FunctionDef, ast.Name, ast.Attribute, ast.alias)) and "is_distributed" in (
+                    getattr(node, "name", None), getattr(node, "id", None), getattr(node, "attr", None)):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}: is_distributed")
+    assert found == []
 
 
 def test_the_unit_lane_needs_no_database():

@@ -83,7 +83,7 @@ def test_check_and_ingest_give_the_oracles_verdicts(settings, seed, database_url
         expected_old, expected_new = oracle(method, stored, old), oracle(method, stored, new)
         index.ingest(old, IngestOptions(batch="old", chunk_size=13))
         before = count_rows(admin_engine, schema)
-        checked = list(check(index.database.engine, method, new, batch="new", chunk_size=9))
+        checked = list(check(index.context, new, batch="new", chunk_size=9))
         assert count_rows(admin_engine, schema) == before  # nothing stored
         verdicts_file = tmp_path / "verdicts.jsonl"
         summary = index.ingest(new, IngestOptions(batch="new", chunk_size=7, on_error="skip",

@@ -92,8 +92,9 @@ def create_index(connection: sa.Connection, schema: str, settings: IndexSettings
                 copy.write_row(row)
     if settings.distributed is not None:
         citus.distribute(connection, schema, settings.distributed["shards"])
-    create_functions(connection, schema, settings.method, distributed=settings.distributed is not None)
-    create_views(connection, schema, settings.method)
+    distributed = settings.distributed is not None
+    create_functions(connection, schema, settings.method, distributed=distributed)
+    create_views(connection, schema, settings.method, distributed=distributed)
     migrate.stamp(connection, schema)
     return True
 
@@ -130,7 +131,8 @@ def copy_to_distributed(connection: sa.Connection, source: str, target: str, sha
     waiting; rows copied per table. The source is left as it was."""
     lock(connection, source, "ingest")
     connection.exec_driver_sql(f"SET LOCAL search_path TO {source}, public")
-    stored, ranges = open_index(connection, source, where), [(s.first_id, s.end_id) for s in list_segments(connection)]
+    stored = open_index(connection, source, where)
+    ranges = [(s.first_id, s.end_id) for s in list_segments(connection, distributed=stored.distributed is not None)]
     connection.exec_driver_sql(f"SET LOCAL search_path TO {target}, public")
     if not create_index(connection, target, replace(stored, distributed={"shards": shards}), where):
         raise IncompatibleIndex(f"an index already exists in schema {target!r} of {where}; copy into a new schema")

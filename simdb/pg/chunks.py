@@ -28,7 +28,6 @@ from ..inputs import checks
 from ..decisions import decide_chunk
 from ..methods import Method
 from .catalog import check_layout, record_segmenter
-from .citus import is_distributed
 from .clusters import merge_cluster_rows, merge_clusters
 from .copy import copy_in, id_table
 from .database import lock
@@ -91,19 +90,19 @@ def store_chunk(connection: sa.Connection, schema: str, method: Method, chunk, *
                  name: str, source: str, first: bool, final: bool, position: int,
                  rejects: list[tuple[int, InputError]] = (), skip_errors: bool,
                  started_at: datetime | None = None, stored_up_to: int | None = None,
-                 rereads: bool = False) -> ChunkResult:
+                 rereads: bool = False, distributed: bool) -> ChunkResult:
     """Match and insert one chunk inside the caller's transaction; record every input record's outcome
     (``rejects`` are the reader's, by position) and update the batch's counts. A chunk that is not the
     batch's first follows its records ``stored_up_to`` (checked: see :func:`open_batch`). ``rereads``: the
     reader rejects an id it reads twice itself (a sync run), so an id that an earlier chunk of the batch stored
-    is a row an interrupted run stored and this run read again: it is handled as one of another batch."""
+    is a row an interrupted run stored and this run read again: it is handled as one of another batch.
+    ``distributed``: the index is (its settings say so)."""
     lock(connection, schema, "ingest")
-    distributed = is_distributed(connection)
     check_layout(connection, method)
     record_segmenter(connection, method)
     batch_id = open_batch(connection, name, source, first, started_at, stored_up_to)
     count = len(chunk)
-    ids, bulk_segment, sealed = place_chunk(connection, count)
+    ids, bulk_segment, sealed = place_chunk(connection, count, distributed=distributed)
     keys, stored_sketches = chunk.key_rows(method), method.stored(chunk.sketches)
     texts = chunk.texts if count and len(chunk.texts) == count else None
     if texts is None and count and method.needs_texts:
@@ -133,7 +132,7 @@ def store_chunk(connection: sa.Connection, schema: str, method: Method, chunk, *
     staged_ids, staged_sketches, staged_keys = ids[staged], _kept(stored_sketches, staged), keys[staged]
     decision = decide_chunk(  # the decision ``check`` reaches the same way
         method, segment_pairs(connection, method, "staging", count - len(unstored), wide,
-                              below=int(ids[0]) if count else 1,
+                              below=int(ids[0]) if count else 1, distributed=distributed,
                               probe_rows=lambda: _probe_rows(ids, stored_sketches, keys, set(unstored)),
                               memory_probes=lambda: MemoryProbes.of(method, staged_ids, staged_sketches, staged_keys)),
         staged_ids, staged_sketches, staged_keys,

@@ -131,11 +131,6 @@ def check(connection: sa.Connection, schema: str, where: str) -> None:
                                 "Citus tables on this coordinator; open it on the coordinator that holds it")
 
 
-def is_distributed(connection: sa.Connection) -> bool:
-    """Whether the index on ``connection``'s search path is distributed (its ``distributed`` settings row)."""
-    return connection.execute(sa.text("SELECT value FROM settings WHERE name = 'distributed'")).scalar() is not None
-
-
 #: The tables whose rows make an index, in the order they are copied (foreign keys point backwards).
 COPIED_TABLES = ("batches", "documents", "near_duplicates", "clusters", "records")
 

@@ -3,8 +3,8 @@
 sqlite-utils' ``Table`` carries its database and its name; an :class:`IndexContext` carries where an
 index lives (``engine``, ``schema``), its stored settings as read and checked on open, and what follows
 from them: the method, the method's SQL (:func:`simdb.pg.methods.sql_of`), and whether the index is
-distributed on a Citus cluster, which its settings say (:func:`simdb.pg.citus.is_distributed` asks the
-database, for the code that has no open index at hand).
+distributed on a Citus cluster, which its settings say. The PostgreSQL layer's functions take the context,
+or the one fact they need from it (``distributed=``); none asks the database again.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from psycopg import sql
 
 from ..errors import SimdbError
 from ..methods import Method
-from .citus import SESSION_SETTINGS, is_distributed
+from .citus import SESSION_SETTINGS
 from .methods import sql_of
 from .plpython import create_placeholders
 
@@ -127,11 +127,12 @@ def pairs_view(schema: str, similarity: str, distributed: bool) -> str:
         JOIN {schema}.batches bt ON bt.id = p.batch_id"""
 
 
-def create_views(connection: sa.Connection, schema: str, method: Method) -> None:
+def create_views(connection: sa.Connection, schema: str, method: Method, *, distributed: bool) -> None:
     """The views, ``simdb_neighbours`` (it returns a view's rows) and the lookups of a typed-in text, with
-    ``simdb_sketch`` a placeholder until ``simdb sql-functions`` (:mod:`simdb.pg.plpython`)."""
+    ``simdb_sketch`` a placeholder until ``simdb sql-functions`` (:mod:`simdb.pg.plpython`), written for a
+    ``distributed`` index or not."""
     similarity = sql_of(method).similarity_sql("p.distance")
-    connection.exec_driver_sql(pairs_view(schema, similarity, is_distributed(connection)))
+    connection.exec_driver_sql(pairs_view(schema, similarity, distributed))
     connection.exec_driver_sql(f"""
         CREATE OR REPLACE VIEW {schema}.duplicate_clusters AS
         SELECT k.cluster_id, c.external_id AS canonical_id, k.size, k.first_seen, k.last_seen, k.batches,
@@ -168,7 +169,7 @@ def create_views(connection: sa.Connection, schema: str, method: Method) -> None
         FROM {schema}.batches b""")
     _run(connection, SOURCE_VERDICTS.format(schema=schema))
     _create_function(connection, schema, neighbours_function(schema),  # it returns a view's rows: after the views
-                     is_distributed(connection))
+                     distributed)
     for view, comment in {
         "near_duplicate_pairs": "Every near-duplicate pair found at ingest (a stored first), with both documents' "
                                 "metadata, batches (a_batch, b_batch; batch is b_batch) and, where the index keeps "

@@ -41,7 +41,7 @@ from ..errors import SimdbError
 from ..methods import Method
 from ..settings import SegmentPolicy
 from . import probes as probes_module
-from .citus import distribute_like_documents, is_distributed
+from .citus import distribute_like_documents
 from .database import LOCK_POLL, lock, try_lock
 from .in_memory import MemoryProbes, segment_pairs_in_memory, worth_reading
 from .methods import sql_of
@@ -88,8 +88,9 @@ def save_policy(connection: sa.Connection, policy: SegmentPolicy) -> None:
         "ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value"), {"value": json.dumps(policy.to_row())})
 
 
-def list_segments(connection: sa.Connection, *, counts: bool = False) -> list[Segment]:
-    """The segments in id order; with ``counts``, their exact document counts and sizes on disk."""
+def list_segments(connection: sa.Connection, *, distributed: bool, counts: bool = False) -> list[Segment]:
+    """The segments in id order (of a ``distributed`` index or not); with ``counts``, their exact document
+    counts and sizes on disk."""
     rows = connection.execute(sa.text(
         "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid), c.reltuples FROM pg_inherits i "
         "JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = CAST('documents' AS regclass) "
@@ -107,7 +108,6 @@ def list_segments(connection: sa.Connection, *, counts: bool = False) -> list[Se
     bounds.sort(key=lambda row: row[1])
     # a distributed segment's rows are on the workers: the coordinator's estimate is none, so the policy takes
     # its width, and its size on disk is its shards'
-    distributed = is_distributed(connection)
     if distributed:
         bounds = [(name, first, end, None) for name, first, end, _ in bounds]
     size_function = "citus_total_relation_size" if distributed else "pg_total_relation_size"
@@ -125,7 +125,8 @@ def list_segments(connection: sa.Connection, *, counts: bool = False) -> list[Se
     return segments
 
 
-def place_chunk(connection: sa.Connection, count: int) -> tuple[np.ndarray, str | None, list[Segment]]:
+def place_chunk(connection: sa.Connection, count: int, *, distributed: bool
+                ) -> tuple[np.ndarray, str | None, list[Segment]]:
     """Under the ingest lock: ``count`` new document ids (in order, above every stored id), the bulk
     segment that takes them if any, and the segments the chunk seals (to :func:`seal` once it is stored).
 
@@ -137,7 +138,7 @@ def place_chunk(connection: sa.Connection, count: int) -> tuple[np.ndarray, str 
     policy = load_policy(connection)
     sequence = int(connection.execute(sa.text(
         "SELECT CAST(pg_get_serial_sequence('documents', 'id') AS regclass)::oid")).scalar_one())
-    before = list_segments(connection)
+    before = list_segments(connection, distributed=distributed)
     last = before[-1] if before else None
     # (a last segment open to the top of the ids, which simdb never makes, keeps every document)
     bulk = count >= policy.bulk_chunk and (last is None or last.end_id < 2 ** 63 - 1)
@@ -154,7 +155,7 @@ def place_chunk(connection: sa.Connection, count: int) -> tuple[np.ndarray, str 
         return ids, None, []
     first, end = int(ids[0]), int(ids[-1]) + 1
     if bulk and end - first == count and (last is None or first >= last.end_id):
-        return ids, _create_segment(connection, first, end, attach=False), [last] if last else []
+        return ids, _create_segment(connection, first, end, attach=False, distributed=distributed), [last] if last else []
     created = ensure_segments(connection, policy, before, first, end - 1)
     # sealed by this chunk: the active segment it runs past, and each new one but the last
     passed = [last] if created and last is not None else []
@@ -193,22 +194,22 @@ def add_segment(connection: sa.Connection, first_id: int, end_id: int) -> None:
 
 
 def _create_segment(connection: sa.Connection, first_id: int, end_id: int, name: str | None = None,
-                    attach: bool = True) -> str:
+                    attach: bool = True, distributed: bool = False) -> str:
     """A new empty segment table; attached (a SHARE UPDATE EXCLUSIVE lock on ``documents``: readers and
-    writers go on) unless ``attach`` is false."""
+    writers go on) unless ``attach`` is false, and then sharded when the index is ``distributed``."""
     name = name or segment_name(first_id)
     connection.exec_driver_sql(f'CREATE TABLE "{name}" (LIKE documents INCLUDING DEFAULTS INCLUDING CONSTRAINTS '
                                "INCLUDING STORAGE INCLUDING COMPRESSION)")
     if attach:
         connection.exec_driver_sql(f'ALTER TABLE documents ATTACH PARTITION "{name}" '
                                    f"FOR VALUES FROM ({int(first_id)}) TO ({int(end_id)})")
-    elif is_distributed(connection):  # sharded before it is filled: a local table would keep its rows on the
+    elif distributed:  # sharded before it is filled: a local table would keep its rows on the
         distribute_like_documents(connection, name)  # coordinator when Citus distributes it at ATTACH
     return name
 
 
 def segment_pairs(connection: sa.Connection, method: Method, probe: str, probes: int, max_distance: int,
-                  below: int, probe_rows: Callable[[], Iterable[tuple]] | None = None,
+                  below: int, *, distributed: bool, probe_rows: Callable[[], Iterable[tuple]] | None = None,
                   memory_probes: Callable[[], MemoryProbes] | None = None) -> Iterator[np.ndarray]:
     """Verified ``(probe id, document id, distance)`` rows of the ``probes`` rows of ``probe`` against every
     stored document, one segment at a time: index lookups into a segment that may hold more documents than
@@ -220,9 +221,9 @@ def segment_pairs(connection: sa.Connection, method: Method, probe: str, probes:
     of the index lookups (:func:`~simdb.pg.probes.shared_lookups`). With ``memory_probes`` (the probes in
     memory), a segment of few documents per probe is read and joined in memory instead, on one server
     (:mod:`simdb.pg.in_memory`)."""
-    by_index = not is_distributed(connection)  # Citus plans no LATERAL probe; its join runs on every worker
+    by_index = not distributed  # Citus plans no LATERAL probe; its join runs on every worker
     lookups, read = [], []
-    for segment in list_segments(connection):
+    for segment in list_segments(connection, distributed=distributed):
         capacity = min(segment.end_id, below) - segment.first_id
         if capacity <= 0:
             continue
@@ -313,7 +314,7 @@ def attach_indexed(connection: sa.Connection, table: str, first_id: int, end_id:
     connection.exec_driver_sql(f'ALTER TABLE "{table}" DROP CONSTRAINT "{table}_range"')
 
 
-def merge(connection: sa.Connection, run: list[Segment], lock_attempts: int = 24) -> dict:
+def merge(connection: sa.Connection, run: list[Segment], lock_attempts: int = 24, *, distributed: bool) -> dict:
     """Replace adjacent sealed segments by one, inside the caller's transaction (which holds the migrate
     and ingest locks): copy in id order, index, then detach and drop the old ones and attach the new.
 
@@ -326,13 +327,13 @@ def merge(connection: sa.Connection, run: list[Segment], lock_attempts: int = 24
     started = time.perf_counter()
     first, end = run[0].first_id, run[-1].end_id
     names = {segment.name for segment in run}
-    between = [s.name for s in list_segments(connection) if s.first_id < end and s.end_id > first
+    between = [s.name for s in list_segments(connection, distributed=distributed) if s.first_id < end and s.end_id > first
                and s.name not in names]
     if between:
         raise SimdbError(f"segment(s) {', '.join(between)} lie between {run[0].name} and {run[-1].name}; "
                          "cannot merge them")
     staging = segment_name(first) + "_merged"
-    _create_segment(connection, first, end, staging, attach=False)
+    _create_segment(connection, first, end, staging, attach=False, distributed=distributed)
     connection.exec_driver_sql(f'ALTER TABLE "{staging}" SET (autovacuum_enabled = false)')
     columns = ", ".join(f'"{c}"' for c in connection.execute(sa.text(
         "SELECT attname FROM pg_attribute WHERE attrelid = CAST('documents' AS regclass) AND attnum > 0 "
@@ -374,7 +375,7 @@ def _lock_documents(connection: sa.Connection, attempts: int = 24, wait: str = "
             time.sleep(1)
 
 
-def compact(engine: sa.Engine, schema: str, *, full: bool = False,
+def compact(engine: sa.Engine, schema: str, *, distributed: bool, full: bool = False,
             progress: Callable[[str], None] | None = None, merged: list | None = None,
             lock_attempts: int = 24, wait: bool = True) -> CompactionSummary:
     """Merge sealed segments as the policy says (or all of them, ``full``), one merge per transaction.
@@ -389,17 +390,17 @@ def compact(engine: sa.Engine, schema: str, *, full: bool = False,
     """
     say = progress or (lambda message: None)
     with engine.connect() as connection:
-        before = list_segments(connection)
+        before = list_segments(connection, distributed=distributed)
     merged, waiting = [] if merged is None else merged, False
     while True:
         with engine.begin() as connection:
             free = try_lock(connection, schema, "migrate")
             if free:
                 lock(connection, schema, "ingest")
-            run = _next_run(connection, full) if free else None
+            run = _next_run(connection, full, distributed) if free else None
             if run:
                 say(f"merging {len(run)} segments ({run[0].name} .. {run[-1].name})")
-                summary = merge(connection, run, lock_attempts)
+                summary = merge(connection, run, lock_attempts, distributed=distributed)
         if run:
             merged.append(summary)  # committed
             say(f"merged into {summary['name']}: {summary['documents']:,} documents in {summary['seconds']} s")
@@ -411,17 +412,12 @@ def compact(engine: sa.Engine, schema: str, *, full: bool = False,
                 waiting = True
             time.sleep(LOCK_POLL)
     with engine.connect() as connection:
-        after = list_segments(connection)
+        after = list_segments(connection, distributed=distributed)
     return CompactionSummary(merged=merged, segments_before=len(before), segments_after=len(after))
 
 
-def _next_run(connection: sa.Connection, full: bool) -> list[Segment] | None:
+def _next_run(connection: sa.Connection, full: bool, distributed: bool) -> list[Segment] | None:
     """The sealed segments the policy (or ``full``) merges next, or None."""
-    sealed = [s for s in list_segments(connection) if not s.active]
+    sealed = [s for s in list_segments(connection, distributed=distributed) if not s.active]
     runs = load_policy(connection).plan([s.size for s in sealed], full=full)
     return [sealed[i] for i in runs[0]] if runs else None
-
-
-def needs_compaction(connection: sa.Connection) -> bool:
-    policy = load_policy(connection)
-    return bool(policy.plan([s.size for s in list_segments(connection) if not s.active]))
