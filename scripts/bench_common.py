@@ -17,6 +17,7 @@ import sqlalchemy as sa
 import simdb
 import simdb.native
 from simdb.pg.database import postgres_url, redact, scratch_server
+from simdb.pg.methods import sql_of
 
 STARTED = time.perf_counter()
 #: The environment variable a benchmark's database comes from (else the local server, else embedded).
@@ -88,7 +89,7 @@ def bulk_load(url: str, admin: sa.Engine, schema: str, layout, size: int, rng: n
     minhash = method.name == "minhash"
     kept = []
     name = segments.segment_name(1)
-    sketch_column, sketch_type = method.sketch_column
+    sketch_column, sketch_type = sql_of(method).sketch_column
     columns = ["id", "external_id", "batch_id", sketch_column, *method.key_columns, "content_hash", "length",
                "metadata", "cluster_id"]
     types = ["int8", "text", "int4", sketch_type, *["int8"] * len(method.key_columns), "bytea", "int4", "jsonb",

@@ -27,12 +27,10 @@ from .errors import SimdbError
 from .ingest_options import DEFAULT_CHUNK_SIZE, DEFAULT_ITERSIZE, ON_CHANGE, ON_ERROR, IngestOptions
 from .inputs import DEFAULT_MAX_CHARS, FORMATS, check_paths, input_files, read_documents, total_bytes
 from .methods import Method
-from .methods.simhash.blocks import MAX_DISTANCE
-from .methods.simhash.fingerprint import DEFAULT_BIGRAMS, DEFAULT_TOP_FEATURES, IdfTable
 from .pg import DEFAULT_SCHEMA, DEFAULT_SHARDS
 from .settings import DEFAULT_BULK_CHUNK, DEFAULT_MERGE_FACTOR, DEFAULT_SEGMENT_SIZE, IndexSettings
 from .progress import Progress
-from .text.tokenize import TOKENIZERS, TokenizerSettings
+from .text.tokenize import TOKENIZERS
 from .verdicts import STATUSES
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
@@ -122,6 +120,9 @@ DEFAULTS = {name: parameter.default
             for function in (IndexSettings.new, *(Method.named(name).new for name in Method.names()))
             for name, parameter in inspect.signature(function).parameters.items()
             if parameter.default is not parameter.empty}
+#: What the options state beyond the signatures (:attr:`simdb.methods.Method.option_notes`): an option's largest
+#: value, and the usual default of one whose default follows from another option.
+NOTES = {name: note for method in Method.names() for name, note in Method.named(method).option_notes.items()}
 
 
 def resume_command(context: click.Context, batch: str) -> str:
@@ -169,15 +170,16 @@ def open_index(database_url, schema, data_dir):
     return Index.open(database_url, schema=schema, data_dir=data_dir)
 
 
-def learn_idf(paths, tokenizer: TokenizerSettings, workers: int | None):
-    """IDF weights from the documents in ``paths`` (read like ``simdb ingest`` reads them), tokenized on
-    ``workers`` processes."""
-    from .parallel import distinct_tokens
+def learn_idf(method: str, paths, options: dict, workers: int | None):
+    """The method's IDF weights learned from the documents in ``paths`` (read like ``simdb ingest`` reads them)
+    under the ``options`` asked for, tokenized on ``workers`` processes."""
+    from .parallel import map_texts
 
     progress = Progress("learning IDF weights", total_bytes(paths))
     try:
-        return IdfTable.learn(distinct_tokens((document.text for document in read_documents(
-            paths, progress=progress.add_bytes)), tokenizer, workers=workers))
+        return Method.named(method).learn(
+            "idf", (document.text for document in read_documents(paths, progress=progress.add_bytes)),
+            lambda function, texts: map_texts(function, texts, workers=workers), **options)
     finally:
         progress.close()
 
@@ -296,8 +298,9 @@ cli.add_command(fingerprint_command, name="fingerprint")
 
 @cli.command()
 @database_options
-@click.option("--max-distance", type=click.IntRange(1, MAX_DISTANCE), default=DEFAULTS["max_distance"],
-              show_default=True, help="Largest Hamming distance that counts as a near-duplicate (k).")
+@click.option("--max-distance", type=click.IntRange(1, NOTES["max_distance"]["max"]),
+              default=DEFAULTS["max_distance"], show_default=True,
+              help="Largest Hamming distance that counts as a near-duplicate (k).")
 @click.option("--blocks", type=click.IntRange(1, 16), default=None,
               help="Blocks the 64 bits are cut into (m); keys are made of m - k blocks "
                    "[default: the fewest that keep lookups small at --expected-size].")
@@ -311,12 +314,13 @@ cli.add_command(fingerprint_command, name="fingerprint")
               help="Feature weights [default: tfidf with --idf-from, else tf].")
 @click.option("--bigrams", type=click.IntRange(0), default=None,
               help="Pairs of adjacent tokens are features too, weighing min(1, N / tokens) times their "
-                   f"frequency; 0 for tokens only [default: {DEFAULT_BIGRAMS}; 0 with tfidf].")
+                   f"frequency; 0 for tokens only [default: {NOTES['bigrams']['default']}; 0 with tfidf].")
 @click.option("--idf-from", "idf_paths", multiple=True, type=click.Path(),
               help="Learn IDF weights from these documents (a sample of the archive, same formats as ingest; "
                    "repeatable). The table is frozen in the index.")
 @click.option("--top-features", type=click.IntRange(0), default=None,
-              help=f"With tfidf: the heaviest features kept per document, 0 for all [default: {DEFAULT_TOP_FEATURES}].")
+              help="With tfidf: the heaviest features kept per document, 0 for all "
+                   f"[default: {NOTES['top_features']['default']}].")
 @click.option("--expected-size", type=click.IntRange(1), default=DEFAULTS["expected_size"], show_default=True,
               help="Documents the archive is expected to grow to; chooses --blocks when it is not given.")
 @click.option("--method", type=click.Choice(Method.names()), default=DEFAULTS["method"], show_default=True,
@@ -412,9 +416,7 @@ def init(database_url, schema, data_dir, max_distance, blocks, tokenizer, jieba_
     if idf_paths:
         idf_paths = input_files(idf_paths)
         check_paths(idf_paths)
-        options["idf"] = learn_idf(idf_paths, TokenizerSettings(name=tokenizer, jieba_hmm=jieba_hmm,
-                                                                shingle_size=shingle_size, stopwords=stopwords),
-                                   workers)
+        options["idf"] = learn_idf(method, idf_paths, values, workers)
     with Index.create(database_url, schema=schema, data_dir=data_dir, exist_ok=True, **options) as index:
         verb = "created" if index.created else "found existing"
         click.echo(f"{verb} index in schema {schema!r} of {index.database.display_url}")

@@ -54,8 +54,8 @@ class Writer:
             return count
         rows = index.export_rows(**chosen)
         if self.format == "csv":
-            return self._csv(rows, index.settings.method.sketch_column[0])
-        return self._parquet(rows, index.settings.method.sketch_column[0])
+            return self._csv(rows, index.context.sql.sketch_column[0])
+        return self._parquet(rows, index.context.sql.sketch_column[0])
 
     def _csv(self, rows, sketch: str) -> int:
         count = 0

@@ -556,7 +556,7 @@ class Index:
             raise SimdbError("give «unique» or «canonical», not both: the documents that were new when they "
                              "arrived, or the earliest of each cluster")
         method = self.settings.method
-        column = method.sketch_column[0]
+        column = self.context.sql.sketch_column[0]
         with self.database.engine.connect() as connection:
             chosen = reads.batch_id(connection, batch) if batch is not None else None
             for row in reads.export(connection, method, batch=chosen, unique=unique, canonical=canonical):

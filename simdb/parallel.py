@@ -27,8 +27,6 @@ import numpy as np
 from .errors import InputError
 from .inputs import Document
 from .methods import Method
-from .methods.simhash.fingerprint import FingerprintSettings, token_counts
-from .text.tokenize import TokenizerSettings
 from .text import content_hash
 
 #: Documents per task sent to a worker: large enough to amortise the inter-process
@@ -125,28 +123,28 @@ def fingerprint_stream(items: Iterable[Document | InputError], method: Method, *
         yield from _merge(chunk, results)
 
 
-_tokenizer: FingerprintSettings | None = None
+_text_function: Callable[[str], object] | None = None
 
 
-def _start_tokenizer(settings: FingerprintSettings, parent: int | None) -> None:
-    global _tokenizer
-    _tokenizer = settings
+def _start_text_worker(function: Callable[[str], object], parent: int | None) -> None:
+    global _text_function
+    _text_function = function
     if parent is not None:
         _exit_with_parent(parent)
 
 
-def _distinct_tokens(texts: list[str]) -> list[list[str]]:
-    return [list(token_counts(text, _tokenizer)) for text in texts]
+def _map_texts(texts: list[str]) -> list:
+    return [_text_function(text) for text in texts]
 
 
-def distinct_tokens(texts: Iterable[str], tokenizer: TokenizerSettings, *,
-                    workers: int | None = None) -> Iterator[list[str]]:
-    """Each text's distinct SimHash tokens, in input order, tokenized on ``workers`` processes (None: every
-    core); texts of nothing but whitespace are left out. What ``simdb init --idf-from`` learns IDF weights
-    from (:meth:`IdfTable.learn <simdb.methods.simhash.fingerprint.IdfTable.learn>`)."""
-    tasks = ((None, chunk) for chunk in batched((text for text in texts if text.strip()), TASK_SIZE))
-    for _, results in ordered_map(_distinct_tokens, tasks, workers=workers, initializer=_start_tokenizer,
-                                  initargs=(FingerprintSettings(tokenizer=tokenizer),)):
+def map_texts(function: Callable[[str], object], texts: Iterable[str], *, workers: int | None = None) -> Iterator:
+    """``function(text)`` of each text, in input order, on ``workers`` processes (None: every core); ``function``
+    is sent to them, so it pickles (a module's function, or a ``functools.partial`` of one). What a method
+    learns from a sample of the archive (:meth:`simdb.methods.Method.learn`, ``simdb init --idf-from``) is
+    computed this way."""
+    tasks = ((None, chunk) for chunk in batched(texts, TASK_SIZE))
+    for _, results in ordered_map(_map_texts, tasks, workers=workers, initializer=_start_text_worker,
+                                  initargs=(function,)):
         yield from results
 
 

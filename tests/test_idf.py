@@ -8,9 +8,9 @@ import sqlalchemy as sa
 
 from simdb import IncompatibleIndex, Index
 from simdb.methods.simhash.fingerprint import IDF_MIN_DF, FingerprintSettings, IdfTable, fingerprint, learn_idf
-from simdb.parallel import TASK_SIZE, distinct_tokens
+from simdb.methods import SimHash
+from simdb.parallel import TASK_SIZE, map_texts
 from simdb.samples import corpus
-from simdb.text.tokenize import TokenizerSettings
 
 TEXTS = [r["text"] for r in list(corpus())[:200]]
 
@@ -109,7 +109,7 @@ def test_the_sample_is_tokenized_on_every_core_into_the_same_table():
     texts = [f"{r['text']} {copy}" for copy in range(4) for r in corpus()] + ["   ", ""]
     assert len(texts) > 2 * TASK_SIZE * 2
     alone = learn_idf(texts)
-    pooled = IdfTable.learn(distinct_tokens(texts, TokenizerSettings(), workers=2))
+    pooled = SimHash.learn("idf", texts, lambda function, some: map_texts(function, some, workers=2))
     assert (pooled.documents, pooled.digest) == (alone.documents, alone.digest)
     assert pooled.documents == len(texts) - 2
 

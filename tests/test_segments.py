@@ -551,7 +551,7 @@ def test_a_segment_read_into_memory_gives_the_pairs_its_index_lookups_give(datab
         assert method.stored_keys(stored).tolist() == keys.tolist()  # keys from the column's form too
         k = method.candidate_distance(method.max_distance)
         with index.database.engine.begin() as connection:
-            columns = [("id", "int8"), method.sketch_column, *((c, "int8") for c in method.key_columns)]
+            columns = [("id", "int8"), sql_of(method).sketch_column, *((c, "int8") for c in method.key_columns)]
             copy_in(connection, f"probes_t ({', '.join(n for n, _ in columns)})", [t for _, t in columns],
                     ((int(i), s, *row) for i, s, row in zip(ids, stored, keys.tolist())), create=True)
             [segment] = segments.list_segments(connection, distributed=index.context.distributed)

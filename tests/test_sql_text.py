@@ -11,6 +11,7 @@ from simdb import Index
 from simdb.errors import SimdbError
 from simdb.pg import plpython as plpython_module
 from simdb.pg.database import postgres_url
+from simdb.pg.methods import sql_of
 
 METHODS = [{"method": "simhash"}, {"method": "minhash"}]
 IDS = ["simhash", "minhash"]
@@ -115,7 +116,7 @@ def test_simdb_sketch_is_what_ingest_stores_and_the_text_lookups_answer_as_the_i
     assert result.exit_code == 0, result.output
     assert result.output.startswith(f"simdb_sketch, simdb_near_text and simdb_similar_text answer in schema "
                                     f"{schema!r}; the server's Python imports simdb from ")
-    column = method.sketch_column[0]
+    column = sql_of(method).sketch_column[0]
     with admin_engine.connect() as connection:
         rows = connection.execute(sa.text(
             f"SELECT x.id, {schema}.simdb_sketch(x.text) AS in_sql, d.{column} AS stored "

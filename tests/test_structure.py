@@ -232,6 +232,43 @@ def test_only_the_methods_know_which_method_they_are():
     assert found == []
 
 
+def test_only_a_method_s_own_folders_import_its_modules():
+    """A method's modules (``simdb.methods.simhash...``) are imported by the method's own folder, its SQL
+    (``simdb.pg.methods.simhash``) and the registry that names every method (:mod:`simdb.methods`); the rest
+    asks the :class:`~simdb.methods.Method` it holds (``cli.py`` imported SimHash's largest distance, defaults
+    and IDF table, ``parallel.py`` its tokenizer)."""
+    from simdb.methods import Method
+
+    found = []
+    for module, targets in graph().items():
+        for name in Method.names():
+            own = (f"simdb.methods.{name}", f"simdb.pg.methods.{name}")
+            if module == "simdb.methods" or any(module == m or module.startswith(m + ".") for m in own):
+                continue
+            found += [f"{module} -> {target}" for target in sorted(targets)
+                      if target == own[0] or target.startswith(own[0] + ".")]
+    assert found == []
+
+
+def method_interface() -> list[str]:
+    """The public members of :class:`simdb.methods.Method`: its attributes, properties and methods, those the
+    registry offers (``named``, ``names``, ``stored_class``) included."""
+    from simdb.methods import Method
+
+    return sorted(name for name in {*vars(Method), *Method.__annotations__} if not name.startswith("_"))
+
+
+def test_a_method_s_storage_is_the_database_layer_s():
+    """Where a sketch is stored (its column, and whether a segment is read by its sketches) is said by the
+    method's SQL (:class:`simdb.pg.methods.MethodSQL`), not by the method, which computes."""
+    from simdb.methods import Method
+    from simdb.pg.methods import sql_of
+
+    assert not {"sketch_column", "keys_from_stored"} & set(method_interface())
+    for name in Method.names():
+        assert sql_of(Method.named(name).new()).sketch_column[0].isidentifier()
+
+
 def test_no_migration_imports_simdb():
     for path in sorted((ROOT / "migrations").rglob("*.py")):
         assert not any(name.startswith("simdb") for name in imports_of(path)), path
@@ -401,3 +438,4 @@ def test_the_unit_lane_needs_no_database():
 
 if __name__ == "__main__":
     print(layer_table())
+    print(f"method interface: {len(method_interface())} members")

@@ -15,6 +15,7 @@ import sqlalchemy as sa
 
 from simdb import Index
 from simdb.bits import to_unsigned
+from simdb.pg.methods import sql_of
 from simdb.samples import corpus
 from tests.conftest import assert_clusters_table, explained
 from tests.maintained import assert_maintained
@@ -81,7 +82,7 @@ def test_clusters_and_their_members_are_what_the_documents_say(archive, admin_en
     assert clusters and all(c.canonical_text in (None, texts[c.canonical_id]) for c in clusters)
     assert any(c.canonical_text is not None for c in clusters) == index.settings.texts
     sketches = {row.id: row.sketch for row in rows(
-        index, f"SELECT id, {method.sketch_column[0]} AS sketch FROM documents")}
+        index, f"SELECT id, {sql_of(method).sketch_column[0]} AS sketch FROM documents")}
     members = rows(index, "SELECT cluster_id, document_id, cluster_size, similarity_to_canonical, "
                           "cluster_min_similarity FROM cluster_members")
     by_cluster: dict[int, list] = {}

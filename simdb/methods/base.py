@@ -14,7 +14,7 @@ is one new module that subclasses :class:`Method` and is imported by :mod:`simdb
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -33,8 +33,6 @@ class Method(ABC):
 
     #: The name stored in ``settings.method`` and given to ``simdb init --method``.
     name: ClassVar[str]
-    #: The documents column that holds the sketch, and its PostgreSQL type.
-    sketch_column: ClassVar[tuple[str, str]]
     #: What a distance counts, for people ("bits", "signature positions").
     distance_unit: ClassVar[str]
     #: The method's name for people ("SimHash").
@@ -42,10 +40,9 @@ class Method(ABC):
     #: What ``simdb calibrate`` sweeps, for the plot's axis, and its symbol in the table.
     calibration_axis: ClassVar[str]
     calibration_symbol: ClassVar[str]
-    #: Whether a stored sketch is one ``bigint`` whose keys :meth:`stored_keys` computes faster than they are
-    #: read: a segment read into memory (:mod:`simdb.pg.in_memory`) is then read as ids and sketches, not as
-    #: its key columns.
-    keys_from_stored: ClassVar[bool] = False
+    #: What the command line states of :meth:`new`'s options beyond their signature: an option's largest value
+    #: (``max``), and the usual default of one whose default follows from another option (``default``).
+    option_notes: ClassVar[dict[str, dict[str, int]]] = {}
     _registry: ClassVar[dict[str, type["Method"]]] = {}
 
     def __init_subclass__(cls, **kwargs) -> None:
@@ -96,6 +93,14 @@ class Method(ABC):
     def side_table_names(cls, rows: dict[str, object]) -> list[str]:
         """The side tables to read back for the stored ``rows``: two-column (key, value) tables."""
         return []
+
+    @classmethod
+    def learn(cls, option: str, texts: Iterable[str], map_texts: Callable = map, **options) -> Any:
+        """The value of :meth:`new`'s ``option`` learned from ``texts``, a sample of the archive (``simdb init
+        --idf-from``), under the other ``options`` asked for (a tokenizer's, say); ``map_texts(function,
+        texts)`` maps a picklable function over them (on every core: :func:`simdb.parallel.map_texts`).
+        ValueError where there is nothing to learn from."""
+        raise ValueError(f"{cls.title} learns no {option!r} from a sample of the archive")
 
     @abstractmethod
     def summary(self) -> dict[str, object]:
@@ -185,15 +190,15 @@ class Method(ABC):
 
     @abstractmethod
     def stored(self, sketches: Sequence[Sketch]) -> list:
-        """The sketches as the sketch column stores them."""
+        """The sketches as the index stores them (a ``bigint``, ``bytea`` ...)."""
 
     @abstractmethod
     def keys(self, sketches: Sequence[Sketch]) -> np.ndarray:
         """Key values: ``(len(sketches), len(key_columns))`` int64."""
 
     def stored_keys(self, stored: Sequence) -> np.ndarray:
-        """Key values of sketches as the sketch column stores them (as :meth:`keys`; this default is for a
-        method that stores its sketches as they are)."""
+        """Key values of sketches as the index stores them (:meth:`stored`), as :meth:`keys` gives them; this
+        default is for a method that stores its sketches as they are."""
         return self.keys(stored)
 
     @abstractmethod
@@ -248,7 +253,7 @@ class Method(ABC):
 
     @abstractmethod
     def distances(self, sketch: Sketch, stored: Sequence) -> np.ndarray:
-        """Distances from one sketch to stored sketches (as the sketch column holds them)."""
+        """Distances from one sketch to stored sketches (as :meth:`stored` gives them)."""
 
     # -- calibration ---------------------------------------------------------------------------
 

@@ -32,12 +32,13 @@ from .clusters import merge_cluster_rows, merge_clusters
 from .copy import copy_in, id_table
 from .database import lock
 from .in_memory import MemoryProbes
+from .methods import sql_of
 from .segments import attach_indexed, index_bare, place_chunk, seal, segment_pairs
 
 def create_staging(connection: sa.Connection, method: Method, texts: bool = False) -> list[tuple[str, str]]:
     """The transaction's temporary staging table (with the documents' ``text`` when ``texts``); returns its
     (column, type) list. A document's ``metadata`` is NULL there when it has none (see :func:`_from_staging`)."""
-    columns = ([("id", "int8"), ("external_id", "text"), method.sketch_column]
+    columns = ([("id", "int8"), ("external_id", "text"), sql_of(method).sketch_column]
                + [(name, "int8") for name in method.key_columns]
                + [("content_hash", "bytea"), ("length", "int4"), ("metadata", "jsonb")]
                + ([("text", "bytea")] if texts else []))  # UTF-8, decoded by the INSERT

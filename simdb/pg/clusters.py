@@ -93,7 +93,7 @@ def merge_cluster_rows(connection: sa.Connection, batch_id: int, method: Method,
     document and the similarities (:func:`spread_sql`) of the members whose canonical document changed: the
     chunk's own (their sketches in ``staging``) and those of the absorbed clusters (``cluster_moved``). Only
     the canonical documents stored before the chunk are read from ``documents``, each by its id."""
-    sketch = method.sketch_column[0]
+    sketch = sql_of(method).sketch_column[0]
     connection.exec_driver_sql("ANALYZE cluster_parts")
     connection.exec_driver_sql(
         f"CREATE TEMPORARY TABLE cluster_joined ON COMMIT DROP AS SELECT id, root, {sketch} FROM cluster_moved "

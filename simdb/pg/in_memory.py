@@ -11,7 +11,7 @@ most :data:`ROWS_PER_PROBE` documents per probe costs less read whole:
 * its rows leave the server as one ``bytea`` per slice of ids, ``string_agg`` of ``int8send``
   (0.34 µs a row for an id and a fingerprint; a binary COPY spends about 1.4 µs a row on psycopg's
   per-row messages): ids and sketches where the method computes the keys from a stored sketch
-  (:attr:`~simdb.methods.base.Method.keys_from_stored`, SimHash), ids and key columns otherwise;
+  (:attr:`~simdb.pg.methods.MethodSQL.keys_from_stored`, SimHash), ids and key columns otherwise;
 * each row's keys are looked up in hash tables of the probes' keys, built once per chunk
   (:class:`simdb.matches.ProbeKeys`, :func:`simdb.matches.key_matches`: numpy gathers);
 * the candidates are verified by the method (:meth:`~simdb.methods.base.Method.pair_distances`), as
@@ -31,6 +31,7 @@ import sqlalchemy as sa
 
 from ..matches import ProbeKeys, key_matches
 from ..methods import Method
+from .methods import sql_of
 
 #: A segment holding at most this many documents per probe is read into memory rather than probed: about
 #: where the two cost the same for the cheapest probes measured (13 µs of wall time, 10 rows at 1.3 µs).
@@ -59,8 +60,9 @@ class MemoryProbes:
 
     @classmethod
     def of(cls, method: Method, ids: np.ndarray, stored: Sequence, keys: np.ndarray) -> "MemoryProbes":
-        return cls(np.asarray(ids, dtype=np.int64),
-                   np.asarray(stored, dtype=np.int64) if method.keys_from_stored else list(stored), ProbeKeys(keys))
+        by_sketch = sql_of(method).keys_from_stored
+        return cls(np.asarray(ids, dtype=np.int64), np.asarray(stored, dtype=np.int64) if by_sketch else list(stored),
+                   ProbeKeys(keys))
 
 
 def worth_reading(documents: int, probes: int) -> bool:
@@ -82,13 +84,13 @@ def segment_pairs_in_memory(connection: sa.Connection, method: Method, table: st
 def _read(connection: sa.Connection, method: Method, table: str, start: int, end: int
           ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
     """(ids, stored sketches or None, keys) of the segment's documents with ids in ``[start, end)``."""
-    sketch = method.sketch_column[0]
-    columns = ["id", sketch] if method.keys_from_stored else ["id", *method.key_columns]
+    sql = sql_of(method)
+    columns = ["id", sql.sketch_column[0]] if sql.keys_from_stored else ["id", *method.key_columns]
     data = connection.execute(sa.text(
         f"SELECT string_agg({' || '.join(f'int8send({c})' for c in columns)}, ''::bytea) FROM \"{table}\" "
         "WHERE id >= :start AND id < :end"), {"start": start, "end": end}).scalar()
     rows = np.frombuffer(data or b"", dtype=">i8").reshape(-1, len(columns)).astype(np.int64)
-    if method.keys_from_stored:
+    if sql.keys_from_stored:
         return rows[:, 0], rows[:, 1], method.stored_keys(rows[:, 1])
     return rows[:, 0], None, rows[:, 1:]
 
@@ -103,8 +105,9 @@ def _verified(connection: sa.Connection, method: Method, table: str, probes: Mem
         stored = np.concatenate([probes.stored[probe_set], sketches[row_set]])
     else:  # the candidates' sketches, by id
         wanted = ids[row_set].tolist()
-        found = dict(connection.execute(sa.text(
-            f"SELECT id, {method.sketch_column[0]} FROM \"{table}\" WHERE id = ANY(:ids)"), {"ids": wanted}).all())
+        sketch = sql_of(method).sketch_column[0]
+        found = dict(connection.execute(sa.text(f'SELECT id, {sketch} FROM "{table}" WHERE id = ANY(:ids)'),
+                                        {"ids": wanted}).all())
         stored = [probes.stored[i] for i in probe_set.tolist()] + [found[i] for i in wanted]
     distances = np.asarray(method.pair_distances(stored, left.reshape(-1), len(probe_set) + right.reshape(-1)),
                            dtype=np.int64)

@@ -93,7 +93,7 @@ def documents(connection: sa.Connection, method: Method, ids: Sequence[int]) -> 
     if not ids:
         return {}
     return {row.id: row for row in connection.execute(sa.text(
-        f"SELECT id, external_id, {method.sketch_column[0]} AS sketch, metadata FROM documents "
+        f"SELECT id, external_id, {sql_of(method).sketch_column[0]} AS sketch, metadata FROM documents "
         "WHERE id = ANY(:ids)"), {"ids": list(ids)})}
 
 
@@ -101,7 +101,7 @@ def stored_document(connection: sa.Connection, method: Method, external_id: str)
     """One stored document by its external id: its row, with its batch's name, the external ids of its
     cluster's canonical document and of its earliest near-duplicate, and its sketch."""
     row = connection.execute(sa.text(
-        f"SELECT d.id, d.external_id, d.{method.sketch_column[0]} AS sketch, d.text, d.metadata, d.length, "
+        f"SELECT d.id, d.external_id, d.{sql_of(method).sketch_column[0]} AS sketch, d.text, d.metadata, d.length, "
         "d.created_at, b.name AS batch, d.cluster_id, d.duplicate_of, d.duplicate_distance "
         "FROM documents d JOIN batches b ON b.id = d.batch_id WHERE d.external_id = :external_id"),
         {"external_id": external_id}).first()
@@ -156,7 +156,7 @@ def lookup(connection: sa.Connection, method: Method, sketch, max_distance: int)
     """(document, distance) of every stored document within ``max_distance`` of one sketch, in one statement
     through the method's lookup (the analysts' function where it has one), verified by the method."""
     candidates, params = sql_of(method).lookup_sql(sketch, max_distance)
-    statement = _compiled(f"SELECT d.id, d.external_id, d.{method.sketch_column[0]} AS sketch, d.metadata "
+    statement = _compiled(f"SELECT d.id, d.external_id, d.{sql_of(method).sketch_column[0]} AS sketch, d.metadata "
                           f"FROM ({candidates}) c JOIN documents d ON d.id = c.document_id", connection.dialect)
     # the driver's cursor, the statement prepared from its first run: a lookup is planned once per connection
     # (planning it took 1.9 of 2.6 ms at 10M documents in 6 segments), and the rows skip SQLAlchemy's layer;
@@ -181,7 +181,7 @@ def match_many(connection: sa.Connection, index: IndexContext, sketches: Sequenc
         pairs = probe_arrays(connection, method, sketches, max_distance, distributed=index.distributed)
     else:
         keys, values = method.keys(sketches), method.stored(sketches)
-        columns = [("id", "int8"), method.sketch_column, *((c, "int8") for c in method.key_columns)]
+        columns = [("id", "int8"), sql_of(method).sketch_column, *((c, "int8") for c in method.key_columns)]
         copy_in(connection, f"probes ({', '.join(name for name, _ in columns)})", [t for _, t in columns],
                 ((i, value, *key_row) for i, (value, key_row) in enumerate(zip(values, keys.tolist()))), create=True)
         connection.exec_driver_sql("ANALYZE probes")
@@ -209,10 +209,10 @@ def _array_probe(method: Method, ids: list[int], stored: list, keys: list[list[i
     """Probes (``ids``, their sketches as ``method`` stores them, their key rows) as a derived table of arrays
     sent as parameters, and those parameters: it needs no table, and Citus joins it with a distributed table
     on any column (each shard gets the arrays)."""
-    columns = [("id", "int8"), method.sketch_column, *((c, "int8") for c in method.key_columns)]
+    columns = [("id", "int8"), sql_of(method).sketch_column, *((c, "int8") for c in method.key_columns)]
     arrays = ", ".join(f"CAST(%(p_{name})s AS {'bigint' if kind == 'int8' else kind}[])" for name, kind in columns)
     probe = f"(SELECT * FROM unnest({arrays}) AS probe({', '.join(name for name, _ in columns)}))"
-    return probe, {"p_id": ids, f"p_{method.sketch_column[0]}": stored,
+    return probe, {"p_id": ids, f"p_{sql_of(method).sketch_column[0]}": stored,
                    **{f"p_{column}": [row[i] for row in keys] for i, column in enumerate(method.key_columns)}}
 
 
@@ -255,7 +255,7 @@ def export(connection: sa.Connection, method: Method, *, batch: int | None = Non
     kept (revision 0005) have no record; they are unique when they point at no earlier document. Ids only
     grow, so they all come before the first document with a record, and the two parts are read in turn.
     """
-    select = (f"SELECT d.external_id, d.{method.sketch_column[0]} AS sketch, d.metadata, b.name AS batch "
+    select = (f"SELECT d.external_id, d.{sql_of(method).sketch_column[0]} AS sketch, d.metadata, b.name AS batch "
               "FROM documents d JOIN batches b ON b.id = d.batch_id WHERE ")
     scope = ["d.batch_id = :batch"] if batch is not None else []
     in_batch = " AND batch_id = :batch" if batch is not None else ""
@@ -342,7 +342,7 @@ def _distance_sample(connection: sa.Connection, index: IndexContext, batch: int 
     method = index.method
     ids = [row.id for row in random_rows(connection, ["id"], population, size, "BERNOULLI",
                                          "batch_id = :batch" if batch is not None else "", {"batch": batch})]
-    columns = ", ".join(["id", method.sketch_column[0], *method.key_columns])
+    columns = ", ".join(["id", index.sql.sketch_column[0], *method.key_columns])
     rows = connection.execute(sa.text(f"SELECT {columns} FROM documents WHERE id = ANY(:ids) ORDER BY id"),
                               {"ids": ids}).all()
     # arrays, not a temporary table: the report reads in a read-only transaction

@@ -81,7 +81,7 @@ def relayout(engine: sa.Engine, schema: str, settings: IndexSettings, blocks: in
         documents = connection.execute(sa.text("SELECT count(*) FROM documents")).scalar_one()
     new = old.relaid_out(blocks, documents)
     say = progress or (lambda message: None)
-    sketch = old.sketch_column[0]
+    sketch = sql_of(old).sketch_column[0]
 
     # the statements below that change documents hold the ingest lock (after the migrate lock, which the
     # relayout holds throughout its index builds): an ingest's chunk and a relayout's statement never wait for

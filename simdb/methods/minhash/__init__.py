@@ -44,7 +44,6 @@ class MinHash(Method):
 
     name = "minhash"
     title = "MinHash"
-    sketch_column = ("signature", "bytea")
     calibration_symbol = "t"
     calibration_axis = "threshold t (Jaccard estimate)"
 

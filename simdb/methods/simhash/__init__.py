@@ -9,7 +9,7 @@ block key (the pigeonhole argument of Manku, Jain & Das Sarma), so the lookup is
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,9 +20,9 @@ from ...errors import IncompatibleIndex, InputError, SimdbError
 from ...text.segment import segmenter_name
 from ...text.tokenize import TokenizerSettings
 from ..base import Method
-from .blocks import DEFAULT_EXPECTED_SIZE, DEFAULT_MAX_DISTANCE, BlockLayout, layouts_for
+from .blocks import DEFAULT_EXPECTED_SIZE, DEFAULT_MAX_DISTANCE, MAX_DISTANCE, BlockLayout, layouts_for
 from .fingerprint import (ALGORITHM, ALGORITHMS, DEFAULT_BIGRAMS, DEFAULT_TOP_FEATURES, FingerprintSettings, IdfTable,
-                          fingerprints, tokens_for)
+                          fingerprints, learn_idf, tokens_for)
 
 #: Mean candidates per lookup above which ``stats`` advises more blocks.
 OUTGROWN_CANDIDATES = 256
@@ -43,11 +43,11 @@ class SimHash(Method):
 
     name = "simhash"
     title = "SimHash"
-    sketch_column = ("simhash", "int8")
-    keys_from_stored = True
     distance_unit = "bits"
     calibration_symbol = "k"
     calibration_axis = "max distance k (bits)"
+    option_notes = {"max_distance": {"max": MAX_DISTANCE}, "bigrams": {"default": DEFAULT_BIGRAMS},
+                    "top_features": {"default": DEFAULT_TOP_FEATURES}}
 
     fingerprints: FingerprintSettings = field(default_factory=FingerprintSettings)
     layout: BlockLayout = field(default_factory=lambda: BlockLayout.for_size(DEFAULT_MAX_DISTANCE,
@@ -115,6 +115,18 @@ class SimHash(Method):
     @classmethod
     def side_table_names(cls, rows: dict[str, object]) -> list[str]:
         return ["idf_terms"] if rows.get("idf") else []
+
+    @classmethod
+    def learn(cls, option: str, texts: Iterable[str], map_texts: Callable = map, **options) -> IdfTable:
+        """``idf``: the IDF table of ``texts`` under the tokenizer ``options`` (those of :meth:`new`) ask for."""
+        if option != "idf":
+            return super().learn(option, texts, map_texts, **options)
+        defaults = TokenizerSettings()
+        tokenizer = TokenizerSettings(name=options.get("tokenizer", defaults.name),
+                                      jieba_hmm=options.get("jieba_hmm", defaults.jieba_hmm),
+                                      shingle_size=options.get("shingle_size", defaults.shingle_size),
+                                      stopwords=options.get("stopwords", defaults.stopwords))
+        return learn_idf(texts, tokenizer, map_texts)
 
     @classmethod
     def from_rows(cls, rows: dict[str, object], side_tables: dict[str, dict]) -> "SimHash":

@@ -29,7 +29,7 @@ import functools
 import itertools
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -561,8 +561,15 @@ def _simhashes(owner: np.ndarray, hashes: np.ndarray, weights: np.ndarray, texts
     return packed.view("<u8")[:, 0].tolist()
 
 
-def learn_idf(texts: Iterable[str], tokenizer: TokenizerSettings = TokenizerSettings()) -> IdfTable:
-    """Document frequencies of the tokens of ``texts`` (a sample of the archive), for tfidf weighting (on
-    every core: :func:`simdb.parallel.distinct_tokens`)."""
-    settings = FingerprintSettings(tokenizer=tokenizer)
-    return IdfTable.learn(list(token_counts(text, settings)) for text in texts if text.strip())
+def distinct_tokens(text: str, settings: FingerprintSettings) -> list[str]:
+    """A text's distinct tokens under ``settings``: what IDF weights count."""
+    return list(token_counts(text, settings))
+
+
+def learn_idf(texts: Iterable[str], tokenizer: TokenizerSettings = TokenizerSettings(),
+              map_texts: Callable = map) -> IdfTable:
+    """Document frequencies of the tokens of ``texts`` (a sample of the archive; texts of nothing but whitespace
+    are left out), for tfidf weighting; ``map_texts(function, texts)`` tokenizes them (on every core:
+    :func:`simdb.parallel.map_texts`)."""
+    tokens = functools.partial(distinct_tokens, settings=FingerprintSettings(tokenizer=tokenizer))
+    return IdfTable.learn(map_texts(tokens, (text for text in texts if text.strip())))

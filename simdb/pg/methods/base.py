@@ -29,6 +29,12 @@ class MethodSQL(ABC):
     name: ClassVar[str]
     #: The SQL type of a sketch as the analysts' functions take it (``bigint``, ``bytea``).
     sketch_type: ClassVar[str]
+    #: The documents column that holds the sketch (as :meth:`simdb.methods.Method.stored` gives it), and its type.
+    sketch_column: ClassVar[tuple[str, str]]
+    #: Whether a stored sketch is one ``bigint`` whose keys :meth:`simdb.methods.Method.stored_keys` computes
+    #: faster than they are read: a segment read into memory (:mod:`simdb.pg.in_memory`) is then read as ids
+    #: and sketches, not as its key columns.
+    keys_from_stored: ClassVar[bool] = False
     _registry: ClassVar[dict[str, type["MethodSQL"]]] = {}
 
     def __init_subclass__(cls, **kwargs) -> None:
@@ -52,10 +58,6 @@ class MethodSQL(ABC):
     @property
     def key_columns(self) -> list[str]:
         return self.method.key_columns
-
-    @property
-    def sketch_column(self) -> tuple[str, str]:
-        return self.method.sketch_column
 
     @abstractmethod
     def candidate_pairs(self, connection: sa.Connection, probe: str, target: str, max_distance: int, *,

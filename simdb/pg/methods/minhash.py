@@ -168,6 +168,7 @@ class MinHashSQL(MethodSQL):
 
     name = "minhash"
     sketch_type = "bytea"
+    sketch_column = ("signature", "bytea")
 
     def candidate_pairs(self, connection: sa.Connection, probe: str, target: str, max_distance: int, *,
                         where: str | None = None, params: dict | None = None, index_probes: bool = False,

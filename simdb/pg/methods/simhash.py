@@ -140,6 +140,8 @@ class SimHashSQL(MethodSQL):
 
     name = "simhash"
     sketch_type = "bigint"
+    sketch_column = ("simhash", "int8")
+    keys_from_stored = True
 
     def candidate_pairs(self, connection: sa.Connection, probe: str, target: str, max_distance: int, *,
                         where: str | None = None, params: dict | None = None, index_probes: bool = False,
