@@ -63,6 +63,29 @@ def write_corpus(path: str, count: int, sentences: list[str], lengths: list[int]
     return os.path.getsize(path)
 
 
+
+def write_variants(path: str, count: int, sentences: list[str], lengths: list[int], rng: random.Random,
+                   variants: int = 10) -> int:
+    """``count`` JSONL documents in which each composed text comes ``variants`` times, its sentences rotated
+    (variant j starts at its j-th sentence): all but one of each group are near-duplicates of the others,
+    as in an archive of reposts. Lengths from the long side of ``lengths`` (at least 500 characters), so
+    that each text has sentences to rotate. Returns bytes."""
+    long = [n for n in lengths if n >= 500] or [max(lengths)]
+    with open(path, "w", encoding="utf-8") as f:
+        i = 0
+        while i < count:
+            target, parts, size = rng.choice(long), [], 0
+            while size < target:
+                parts.append(rng.choice(sentences))
+                size += len(parts[-1])
+            for j in range(min(variants, count - i)):
+                shift = j % len(parts)
+                text = "".join(parts[shift:] + parts[:shift])
+                f.write(json.dumps({"id": f"doc-{i:09d}", "text": text}, ensure_ascii=False) + "\n")
+                i += 1
+    return os.path.getsize(path)
+
+
 # -- fingerprints, without text ------------------------------------------------------------------
 
 def near_copies(rng: np.random.Generator, source: np.ndarray, count: int, max_distance: int) -> np.ndarray:

@@ -16,6 +16,10 @@ It measures, on this machine, in one run:
   with MinHash (0.8, 128), English with SimHash; and, in the same run, a subprocess running
   ``jieba.lcut(text, HMM=False)`` on one core over ``--jieba-documents`` (50k) of the same Chinese
   documents, start to exit as well. Targets: 2,500 / 4,000 / 5,000 docs/s and 6x single-core jieba.
+* a duplicate-heavy archive (issue 36): ``--documents`` long Chinese texts in groups of 10 rotated variants
+  (90 % of the documents are near-duplicates of others, so most have pairs and clusters to keep), ``simdb
+  ingest`` with SimHash against single-core ``jieba.lcut(HMM=False)`` on the same documents (target 6x);
+  ``--skip duplicates`` leaves it out, ``--skip ingest`` every end-to-end run.
 
 Only prints (progress on stderr, the tables on stdout); asserts nothing about timings. Its schemas
 (``simdb_bench_text_*``) are dropped at the start and at the end.
@@ -40,7 +44,7 @@ import time
 from pathlib import Path
 
 from bench_common import DATABASE_HELP, Server, command_line, log, machine, mb, print_table, ratio
-from bench_corpus import SENTENCE, write_corpus
+from bench_corpus import SENTENCE, corpus_pieces, write_corpus, write_variants
 from bench_process import ProcessRun, quarters, run_cli, simdb_command
 
 from simdb import native
@@ -55,6 +59,7 @@ from simdb.text.tokenize import punctuated_runs, punctuated_parts
 REPO = Path(__file__).resolve().parent.parent
 DEVSET = Path(os.environ.get("SIMDB_DEVSET", REPO.parent / "shared" / "devset")) / "docs"
 PREFIX = "simdb_bench_text"
+DUPLICATES = 4  # the schema number of the duplicate-heavy run (0-3: the runs on composed documents)
 ENGLISH_SENTENCE = re.compile(r"[^.!?\n]+[.!?]?")
 
 
@@ -167,6 +172,13 @@ def compose(path: str, source: Path, count: int, sentence: re.Pattern, seed: int
     return write_corpus(path, count, sentences, [len(text) for text in texts], random.Random(seed))
 
 
+def compose_variants(path: str, source: Path, count: int, seed: int) -> int:
+    """The duplicate-heavy corpus: devset sentences composed into long texts, each in 10 rotated variants."""
+    rng = random.Random(seed)
+    sentences, lengths = corpus_pieces([json.loads(line)["text"] for line in source.open(encoding="utf-8")], rng)
+    return write_variants(path, count, sentences, lengths, rng)
+
+
 def ingest(url: str, admin, schema: str, path: str, documents: int, workers: int, init: list[str],
            directory: str) -> tuple[ProcessRun, int]:
     """The CLI's run, and the bytes its archive takes."""
@@ -244,7 +256,29 @@ def measure_end_to_end(server: Server, args, directory: str) -> list[tuple[str, 
             rows.append((f"the same run against single-core `jieba.lcut(HMM=False)` (one process, start to exit, "
                          f"{jieba_documents:,} of the same documents)", f"{rate:,.0f} docs/s",
                          f"{jieba_rate:,.0f} docs/s (target 6x)", ratio(rate / jieba_rate)))
+    if "duplicates" not in args.skip:
+        rows.extend(measure_duplicates(server, args, directory))
     return rows
+
+
+def measure_duplicates(server: Server, args, directory: str) -> list[tuple[str, str, str, str]]:
+    """Most documents with pairs and clusters to keep: ``simdb ingest`` against one-core jieba on the same texts."""
+    path = os.path.join(directory, "variants.jsonl")
+    log(f"composing {args.documents:,} Chinese documents, each text in 10 rotated variants")
+    size = compose_variants(path, DEVSET / "long-zh.jsonl", args.documents, args.seed)
+    jieba_documents = min(args.jieba_documents, args.documents)
+    log(f"jieba.lcut(HMM=False), one process, the first {jieba_documents:,} of them")
+    jieba_rate = jieba_documents / jieba_alone(path, jieba_documents)
+    log(f"  {jieba_rate:,.0f} docs/s")
+    log(f"simdb ingest --workers {args.workers}: {args.documents:,} documents, 90 % near-duplicates, SimHash")
+    m, _ = ingest(server.url, server.admin, f"{PREFIX}_{DUPLICATES}", path, args.documents, args.workers, [],
+                  directory)
+    rate = args.documents / m.seconds
+    return [(f"end to end: `simdb ingest --workers {args.workers}`, {args.documents:,} zh docs "
+             f"({size / args.documents / 1000:.1f} KB avg) in groups of 10 rotated variants (90 % near-duplicates), "
+             f"SimHash, against single-core `jieba.lcut(HMM=False)` on {jieba_documents:,} of them",
+             f"{rate:,.0f} docs/s (CPU: CLI {m.cpu_main:.0f} s, workers {m.cpu_children:.0f} s)",
+             f"{jieba_rate:,.0f} docs/s (target 6x)", ratio(rate / jieba_rate))]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -255,7 +289,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--jieba-documents", type=int, default=50_000,
                         help="Chinese documents the single-core jieba process segments (default 50,000)")
     parser.add_argument("--min-seconds", type=float, default=2.0, help="per stage measurement (default 2)")
-    parser.add_argument("--skip", default="", help="comma-separated parts to leave out: stages,ingest")
+    parser.add_argument("--skip", default="", help="comma-separated parts to leave out: stages,ingest,duplicates")
     parser.add_argument("--seed", type=int, default=20261123)
     parser.add_argument("--markdown", action="store_true", help="print GitHub markdown tables")
     args = parser.parse_args(argv)
@@ -281,7 +315,7 @@ def main(argv: list[str] | None = None) -> None:
                 rows = measure_end_to_end(server, args, directory)
             finally:
                 with server.admin.connect() as c:
-                    for i in range(4):
+                    for i in range(DUPLICATES + 1):
                         c.exec_driver_sql(f"DROP SCHEMA IF EXISTS {PREFIX}_{i} CASCADE")
     version = server.version() if server else "not used"
     bullet = "- " if args.markdown else ""

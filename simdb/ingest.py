@@ -51,7 +51,8 @@ from .verdicts import OutcomeFile, sync_all
 from .ingest_options import DEFAULT_CHUNK_SIZE, ON_ERROR, IngestOptions  # noqa: F401 -- and re-exported
 
 #: The first documents of a batch whose texts the method judges (too short for it, or not): a few hundred
-#: tokenizations, about 10 ms; a batch of fewer than SHORT_TEXT_MINIMUM is too small to judge.
+#: tokenizations, about 10 ms in the workers that sketch them (in this process, the tokenizer's dictionaries
+#: alone took 1.7 s to load); a batch of fewer than SHORT_TEXT_MINIMUM is too small to judge.
 SHORT_TEXT_SAMPLE, SHORT_TEXT_MINIMUM = 200, 20
 
 @dataclass
@@ -207,10 +208,10 @@ def ingest(engine: sa.Engine, schema: str, method: Method,
                 return _summary(engine, name, rejects, started, already_complete=True)
         unread = items if options.items_follow_position else itertools.islice(items, position, None)
         stream = fingerprint_stream(size_checked(unread, options.max_chars),
-                                    method, workers=options.workers)
+                                    method, workers=options.workers, judge_first=SHORT_TEXT_SAMPLE)
         chunk, chunk_errors, seen = FingerprintedBatch(), [], {}
         consumed, compacted, merge_failed = position, [], None
-        first_texts: list[str] = []  # for the method to say whether they are too short for it
+        judged = short = 0  # of the first texts: for the method to say whether they are too short for it
 
         def commit(final: bool) -> None:
             nonlocal chunk, chunk_errors, seen, first, kept, merge_failed
@@ -246,8 +247,8 @@ def ingest(engine: sa.Engine, schema: str, method: Method,
                                               f"first at {seen[document.external_id]}")
                 else:
                     seen[document.external_id] = document.origin
-                    if len(first_texts) < SHORT_TEXT_SAMPLE:
-                        first_texts.append(document.text)
+                    if item.short is not None and judged < SHORT_TEXT_SAMPLE:
+                        judged, short = judged + 1, short + item.short
                     chunk.append(document.external_id, item.sketch, item.content_hash, len(document.text),
                                  document.metadata, document.origin, consumed, item.keys,
                                  document.text if store_text else None)
@@ -272,7 +273,7 @@ def ingest(engine: sa.Engine, schema: str, method: Method,
     finally:
         for file in files:
             file.close()
-    advice = method.short_text_advice(first_texts) if len(first_texts) >= SHORT_TEXT_MINIMUM else None
+    advice = method.short_text_advice(short, judged) if judged >= SHORT_TEXT_MINIMUM else None
     return _summary(engine, name, rejects, started, compacted=compacted, merge_failed=merge_failed,
                     warnings=[advice] if advice else [])
 

@@ -45,6 +45,9 @@ class Fingerprinted:
     #: chunks would otherwise spend while the workers wait. Bytes, not ints: 8 bytes a key, where a tuple of
     #: Python ints takes about 1 KB for MinHash's 21.
     keys: bytes | None = None
+    #: Whether the text is too short for the method (:meth:`Method.is_short`), for the first ``judge_first``
+    #: texts of a stream; None for the rest.
+    short: bool | None = None
 
 
 def key_rows(keys: Sequence[bytes | None], sketches: Sequence, method: Method) -> np.ndarray:
@@ -93,13 +96,24 @@ def _start_worker(method: Method, parent: int | None) -> None:
         method.sketch("预热 jieba 與 OpenCC")  # load jieba's dictionary and OpenCC now, once per worker
 
 
-def _fingerprint_texts(texts: list[str]) -> list[tuple[int | bytes, bytes, bytes] | tuple[str, str | None, None]]:
-    """(sketch, content hash, key values) per text, or (reason, hint, None) for a text that has no sketch."""
+def _fingerprint_texts(task: tuple[list[str], int]) -> list[tuple[int | bytes, bytes, bytes, bool | None]
+                                                             | tuple[str, str | None, None, None]]:
+    """(sketch, content hash, key values, short) per text of ``(texts, judge)``, or (reason, hint, None, None)
+    for a text that has no sketch; ``short`` (:meth:`Method.is_short`) for the first ``judge`` texts that have
+    one, None for the rest."""
+    texts, judge = task
     results = _method.sketch_many(texts)
     sketches = [result for result in results if not isinstance(result, InputError)]
     keys = iter(_method.keys(sketches).astype("<i8")) if sketches else iter(())
-    return [(result.reason, result.hint, None) if isinstance(result, InputError)
-            else (result, content_hash(text), next(keys).tobytes()) for text, result in zip(texts, results)]
+    answers = []
+    for text, result in zip(texts, results):
+        if isinstance(result, InputError):
+            answers.append((result.reason, result.hint, None, None))
+            continue
+        short = _method.is_short(text) if judge > 0 else None
+        judge -= 1
+        answers.append((result, content_hash(text), next(keys).tobytes(), short))
+    return answers
 
 
 def batched(items: Iterable, size: int) -> Iterator[list]:
@@ -114,11 +128,19 @@ def batched(items: Iterable, size: int) -> Iterator[list]:
         yield chunk
 
 
-def fingerprint_stream(items: Iterable[Document | InputError], method: Method, *,
-                       workers: int | None = None) -> Iterator[Fingerprinted | InputError]:
-    """Fingerprint documents in input order; read errors pass through, fingerprint errors become InputErrors."""
-    chunks = ((chunk, [d.text for d in chunk if isinstance(d, Document)]) for chunk in batched(items, TASK_SIZE))
-    for chunk, results in ordered_map(_fingerprint_texts, chunks, workers=workers, initializer=_start_worker,
+def fingerprint_stream(items: Iterable[Document | InputError], method: Method, *, workers: int | None = None,
+                       judge_first: int = 0) -> Iterator[Fingerprinted | InputError]:
+    """Fingerprint documents in input order; read errors pass through, fingerprint errors become InputErrors.
+    The first ``judge_first`` documents are also judged short or not (``Fingerprinted.short``) where they are
+    sketched: the process reading the stream need not load the tokenizer to tell."""
+    def tasks() -> Iterator[tuple[list, tuple[list[str], int]]]:
+        judge = judge_first  # a task judges at most this many; a text without a sketch is not judged
+        for chunk in batched(items, TASK_SIZE):
+            texts = [d.text for d in chunk if isinstance(d, Document)]
+            yield chunk, (texts, judge)
+            judge = max(0, judge - len(texts))
+
+    for chunk, results in ordered_map(_fingerprint_texts, tasks(), workers=workers, initializer=_start_worker,
                                       initargs=(method,)):
         yield from _merge(chunk, results)
 
@@ -189,8 +211,8 @@ def _merge(chunk: list, results: list) -> Iterator[Fingerprinted | InputError]:
         if isinstance(item, InputError):
             yield item
             continue
-        first, second, keys = next(answers)
+        first, second, keys, short = next(answers)
         if isinstance(first, str):
             yield InputError(first, path=item.path, line=item.line, hint=second)
         else:
-            yield Fingerprinted(item, first, second, keys)
+            yield Fingerprinted(item, first, second, keys, short)

@@ -13,6 +13,7 @@ import sqlalchemy as sa
 from simdb import Index, InputError
 from simdb.ingest import IngestOptions
 from simdb.methods import MinHash, SimHash
+from simdb.methods.simhash import SHORT_FEATURES
 from simdb.methods.simhash.fingerprint import fingerprint
 from simdb.text import content_hash
 from simdb.inputs import Document
@@ -58,6 +59,29 @@ def test_the_workers_key_values_are_the_methods_keys_of_their_sketches(method):
         assert len(found) > 2 * TASK_SIZE and all(x.keys is not None for x in found)
         assert key_rows([x.keys for x in found], sketches, method).tolist() == method.keys(sketches).tolist()
     assert key_rows([None, *[x.keys for x in found[1:]]], sketches, method).tolist() == method.keys(sketches).tolist()
+
+
+def test_short_texts_are_judged_by_the_workers_that_sketch_them(database_url, schema, monkeypatch):
+    """Issue 36: an ingest judged its first 200 texts short or not after the last chunk, in the process that
+    stores the chunks, which loaded the tokenizer's dictionaries for it (1.7 s of one core at the end of every
+    SimHash ingest, while the workers had them loaded). The workers judge them now, and say the same: here
+    the main process cannot tokenize at all (the spawned workers import their own simdb), yet the advice is
+    given, counted over the first 200 texts, as one process alone gives it."""
+    texts = [f"Review {i}: the room was clean, breakfast {'good' if i % 2 else 'cold'}." for i in range(600)]
+    records = [{"id": f"s{i}", "text": text} for i, text in enumerate(texts)]
+    assert all(len(set(SimHash().tokens(text))) < SHORT_FEATURES for text in texts)
+    with Index.create(database_url, schema=schema) as index:
+        alone = index.add_many(records[:300], batch="alone", workers=1)
+    assert alone.warnings and alone.warnings[0].startswith("200 of the first 200 texts have fewer than 40")
+
+    def refuse(self, text):
+        raise AssertionError("tokenized in the process that stores the chunks")
+
+    monkeypatch.setattr(SimHash, "tokens", refuse)
+    monkeypatch.setattr(SimHash, "is_short", refuse, raising=False)
+    with Index.open(database_url, schema=schema) as index:
+        pooled = index.add_many([{**r, "id": f"p-{r['id']}"} for r in records], batch="pooled", workers=2)
+    assert pooled.documents == 600 and pooled.warnings == alone.warnings
 
 
 def test_chunked_ingest_equals_one_transaction(database_url, admin_engine, schema):

@@ -287,8 +287,13 @@ class Method(ABC):
         """What to do when lookups meet ``measured`` candidates on average, or None when all is well."""
         return None
 
-    def short_text_advice(self, texts: Sequence[str]) -> str | None:
-        """When most of ``texts`` (the first of a batch) are too short for this method's guarantees: one line that
+    def is_short(self, text: str) -> bool:
+        """Whether ``text`` is too short for this method's guarantees (judged where it is sketched: in the
+        workers, which have the tokenizer loaded)."""
+        return False
+
+    def short_text_advice(self, short: int, judged: int) -> str | None:
+        """When most of the ``judged`` texts (the first of a batch) are ``short`` (:meth:`is_short`): one line that
         says so and names the better mode; else None."""
         return None
 

@@ -275,12 +275,14 @@ class SimHash(Method):
         return (f"lookups meet {measured:,.0f} candidates on average: the archive has outgrown its layout; "
                 f"run `simdb relayout --blocks {blocks}`")
 
-    def short_text_advice(self, texts: Sequence[str]) -> str | None:
-        # a text of many characters has many tokens: counted only where it could be short
-        short = sum(len(text) < SHORT_CHARACTERS and len(set(self.tokens(text))) < SHORT_FEATURES for text in texts)
-        if not texts or short * 2 <= len(texts):
+    def is_short(self, text: str) -> bool:
+        # a text of many characters has many tokens: tokenized only where it could be short
+        return len(text) < SHORT_CHARACTERS and len(set(self.tokens(text))) < SHORT_FEATURES
+
+    def short_text_advice(self, short: int, judged: int) -> str | None:
+        if not judged or short * 2 <= judged:
             return None
-        return (f"{short:,} of the first {len(texts):,} texts have fewer than {SHORT_FEATURES} distinct tokens, too "
+        return (f"{short:,} of the first {judged:,} texts have fewer than {SHORT_FEATURES} distinct tokens, too "
                 f"few for SimHash: on the devset, {SHORT_RECALL} {self.max_distance} bits, against 84% for texts of "
                 "60 tokens or more. For short texts, create the index with `simdb init --method minhash --verify exact`, "
                 "which decides on the texts' exact Jaccard similarity (docs/quality.md)")
