@@ -15,6 +15,7 @@ from tests.conftest import EXAMPLES_ENV, examples, examples_of_lane, on_citus
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # a pytest run of its own with two workers, each importing simdb: about 10 s of CPU
 def test_one_worker_runs_every_test_on_citus(tmp_path):
     """scripts/test runs ``--dist loadgroup``: the tests on Citus all go to one pytest-xdist worker, so that one
     cluster starts (xdist's own grouping, by a suffix it writes into the ids, groups nothing under pytest 9.2:
