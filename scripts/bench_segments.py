@@ -17,9 +17,9 @@ fingerprints, 1 % of them near copies of stored ones, through ``Index.add_finger
 * lookups at the archive's size: ``Index.query_fingerprint`` p50/p99 and ``simdb_near`` p50 over
   ``--lookups`` probes (half near copies), and one ``query_fingerprints`` batch of 1,000 (after one
   warm-up batch);
-* lookup cost against the number of segments: 1, 3, 7, 15 and 31 more segments of 1,000 documents each
-  (``--plot`` draws it)
-  (p50 of 300 random probes through ``Index.query_fingerprint`` and ``simdb_near``);
+* lookup cost against the number of segments: 1, 3, 7, 15 and 31 more segments of ``--curve-segment``
+  (1,000) documents each (``--plot`` draws it)
+  (p50 of ``--curve-probes`` (300) random probes through ``Index.query_fingerprint`` and ``simdb_near``);
 * a full merge (``simdb compact --full``) of the whole archive, beside the bulk load's rate.
 
 Server settings are reported in the header, with the ones simdb recommends for this machine;
@@ -233,19 +233,20 @@ def lookups(server: Server, stored: np.ndarray, count: int, rng) -> dict:
             "batch_rate": 1000 / batch}
 
 
-def segment_curve(server: Server, stored: np.ndarray, rng) -> list[tuple[int, float, float]]:
-    """(segments, lookup p50, simdb_near p50) as the extra documents are split into more segments."""
+def segment_curve(server: Server, stored: np.ndarray, rng, size: int = 1000, probe_count: int = 300
+                  ) -> list[tuple[int, float, float]]:
+    """(segments, lookup p50, simdb_near p50) as the extra documents are split into more segments of ``size``."""
     curve = []
-    probes = random_u64(rng, 300)
+    probes = random_u64(rng, probe_count)
     with simdb.Index.open(server.url, schema=SCHEMA) as index:
         for extra in (0, 1, 3, 7, 15, 31):
-            if extra:  # extra small segments, each of 1,000 documents (ids moved past the active segment)
+            if extra:  # extra small segments, each of ``size`` documents (ids moved past the active segment)
                 with index.database.engine.begin() as c:
-                    segments.save_policy(c, segments.SegmentPolicy(size=1000, merge_factor=64))
+                    segments.save_policy(c, segments.SegmentPolicy(size=size, merge_factor=64))
                     last = segments.list_segments(c, distributed=index.context.distributed)[-1]
                     c.execute(sa.text("SELECT setval('documents_id_seq', :v)"), {"v": last.end_id - 1})
                 for number in range(extra):
-                    index.add_fingerprinted(batch_of(rng, random_u64(rng, 1000), f"curve{len(curve)}-{number}"),
+                    index.add_fingerprinted(batch_of(rng, random_u64(rng, size), f"curve{len(curve)}-{number}"),
                                             batch=f"curve{len(curve)}-{number}")
             with index.database.engine.connect() as c:
                 total = len(segments.list_segments(c, distributed=index.context.distributed))
@@ -286,6 +287,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--archive", type=int, default=10_000_000)
     parser.add_argument("--added", type=int, default=100_000)
     parser.add_argument("--lookups", type=int, default=2000)
+    parser.add_argument("--curve-segment", type=int, default=1000,
+                        help="documents in each extra segment of the lookup cost curve (default 1,000)")
+    parser.add_argument("--curve-probes", type=int, default=300,
+                        help="random probes per point of the lookup cost curve (default 300)")
     parser.add_argument("--seed", type=int, default=20261123)
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--plot", metavar="PNG", help="draw the lookup cost against the number of segments")
@@ -331,7 +336,7 @@ def main(argv: list[str] | None = None) -> None:
                     measured = index.stats(exact=exact)["measured_candidates_per_lookup"]
                     stats[exact] = (time.perf_counter() - start, measured)
             log(f"  stats: {stats[False][0]:.1f} s sampled, {stats[True][0]:.1f} s exact")
-            curve = segment_curve(server, stored, rng)
+            curve = segment_curve(server, stored, rng, args.curve_segment, args.curve_probes)
             if args.plot:
                 plot_curve(curve, args.plot, f"lookups at {args.archive:,} documents, "
                                              f"shared_buffers {int(settings['shared_buffers']) * 8 // 1024:,} MB")

@@ -22,6 +22,7 @@ import shutil
 import tempfile
 import uuid
 
+import hypothesis
 import psycopg
 import pytest
 import sqlalchemy as sa
@@ -59,6 +60,43 @@ def _database() -> tuple[str, str, object]:
     return server.get_uri(), f"embedded PostgreSQL in {directory}", server
 
 
+#: How many examples each Hypothesis property runs, per lane (SIMDB_TEST_EXAMPLES, else chosen by the lane):
+#: "full" runs every property's own count (the whole suite, CI); "quick" a tenth of it, at least 10, for the
+#: lanes a developer runs while working (``-m unit``, ``-m "not slow"``), which CI's full counts back.
+EXAMPLES_ENV = "SIMDB_TEST_EXAMPLES"
+EXAMPLE_SHARE = {"full": 1.0, "quick": 0.1}
+
+
+def examples(count: int) -> int:
+    """A property's ``max_examples``: ``count`` in the full lane, a tenth of it (at least 10, at most ``count``)
+    in the quick one."""
+    lane = os.environ.get(EXAMPLES_ENV, "full")
+    if lane not in EXAMPLE_SHARE:
+        raise pytest.UsageError(f"{EXAMPLES_ENV}={lane!r}: use one of {', '.join(EXAMPLE_SHARE)}")
+    return min(count, max(10, round(count * EXAMPLE_SHARE[lane])))
+
+
+def examples_of_lane(selection: str) -> str:
+    """The share of examples for a ``-m`` selection: quick where it leaves the slow tests out or takes the unit
+    tests only (a developer's lanes), full for the whole suite (CI) and the rest."""
+    selection = " ".join(selection.split())
+    return "quick" if "not slow" in selection or selection.startswith("unit") else "full"
+
+
+def pytest_configure(config):
+    """The lane's Hypothesis share, decided before the test modules (whose decorators read it) are imported:
+    quick where the selection leaves the slow tests out or takes the unit tests only, unless SIMDB_TEST_EXAMPLES
+    says. The environment carries it to pytest-xdist's workers and to ``tests.conftest`` imported again."""
+    os.environ.setdefault(EXAMPLES_ENV, examples_of_lane(config.getoption("markexpr", "") or ""))
+    if not config.getoption("hypothesis_profile", None):  # --hypothesis-profile wins
+        hypothesis.settings.register_profile("simdb", max_examples=examples(100))  # the properties that set no count
+        hypothesis.settings.load_profile("simdb")
+
+
+def pytest_report_header(config):
+    return f"simdb Hypothesis examples: {os.environ[EXAMPLES_ENV]} ({EXAMPLES_ENV}=full|quick)"
+
+
 #: Every fixture that reaches a database asks for one of these.
 DATABASE_FIXTURES = {"server_url", "database_url", "backend"}
 
@@ -72,6 +110,28 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if not needs_database(item):
             item.add_marker(pytest.mark.unit)
+
+
+def on_citus(nodeid: str) -> bool:
+    """Whether a test runs on Citus, from its id alone (the ``backend`` parameter's id is ``citus``)."""
+    return nodeid.endswith("]") and "citus" in nodeid[nodeid.rfind("[") + 1:-1].split("-")
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent without it (-p no:xdist)
+def pytest_xdist_make_scheduler(config, log):
+    """Under ``--dist loadgroup`` (scripts/test), every test on Citus goes to one worker, so that one cluster
+    starts instead of one per worker. xdist groups the tests marked ``xdist_group`` by a suffix it writes into
+    their ids, which pytest 9.2 (whose ids live elsewhere) no longer reads back: the tests would spread over
+    every worker. The scheduler groups them by their ids instead; every other test goes where a worker is free."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class CitusOnOneWorker(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "citus" if on_citus(nodeid) else super()._split_scope(nodeid)
+
+    return CitusOnOneWorker(config, log)
 
 
 def pytest_report_collectionfinish(config, start_path, items):
@@ -171,8 +231,8 @@ def _citus() -> tuple[str | None, str]:
         return None, missing
     import subprocess
 
-    # each pytest-xdist worker starts its own cluster (xdist's loadgroup, which could send every Citus test to
-    # one worker, groups nothing under pytest 9.2), on ports of its own: the workers probe them at the same time
+    # under scripts/test one pytest-xdist worker runs every test on Citus (pytest_xdist_make_scheduler); with
+    # another --dist, each worker starts a cluster of its own, on ports of its own: they probe them at once
     port = free_port(3, start=9800 + 30 * _worker_number())
     directory = tempfile.mkdtemp(prefix="simdb-test-citus-")
     started = subprocess.run(["bash", str(CITUS_TOOLS / "cluster.sh"), "start", directory, "2", str(port)],

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from simdb.bits import (format_fingerprint, hamming, hamming_array, parse_fingerprint, to_signed,
                         to_signed_array, to_unsigned, to_unsigned_array)
+from tests.conftest import examples
 
 uint64 = st.integers(min_value=0, max_value=2**64 - 1)
 EDGES = [0, 1, 2**63 - 1, 2**63, 2**63 + 1, 2**64 - 1]
@@ -24,7 +25,7 @@ def test_signed_round_trip(value):
     assert to_signed_array(np.array([value], dtype=np.uint64))[0] == stored
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(st.lists(uint64, min_size=1, max_size=200))
 def test_round_trip_through_postgresql(server_engine, values):
     values = values + EDGES

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from simdb import Index, to_signed
-from tests.conftest import GATHERING_TABLES, Concurrently, assert_consistent, catalog, stored_max_distance
+from tests.conftest import Concurrently, GATHERING_TABLES, assert_consistent, catalog, examples, stored_max_distance
 from tests.maintained import assert_maintained
 from tests.test_index import make_batch
 
@@ -85,7 +85,7 @@ def replay(database_url, admin_engine, schema, index, history, after_chunk=None)
         assert_maintained(admin_engine, schema, expected, stored_max_distance(admin_engine, schema))
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                  HealthCheck.too_slow])
 @pytest.mark.citus
 @given(history=histories())

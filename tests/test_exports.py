@@ -22,6 +22,7 @@ from simdb.pg.clusters import UnionFind
 from simdb.samples import corpus
 from tests.test_index import make_batch
 from tests.test_verdicts import oracle
+from tests.conftest import examples
 
 CORPUS = list(corpus())
 P, Y = 0x0123_4567_89AB_CDEF, 0x0123_4567_89AB_CDEF ^ 0b1111  # Y is 4 bits from P
@@ -161,7 +162,7 @@ def canonical(method, stored: list) -> list[str]:
     return [external_id for i, (external_id, _, _) in enumerate(stored) if forest.find(i) == i]
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+@settings(max_examples=examples(12), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                  HealthCheck.too_slow])
 @pytest.mark.parametrize("options", [{}, {"method": "minhash", "threshold": 0.7}], ids=["simhash", "minhash"])
 @given(steps=histories())

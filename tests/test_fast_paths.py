@@ -29,6 +29,7 @@ from simdb.text.normalize import (ascii_words, fold, fold_and_simplify, normaliz
 from simdb.text.scripts import WITHOUT_SPACES_CHARACTER
 from simdb.text import segment
 from simdb.text.tokenize import _RUNS, TokenizerSettings, count_punctuated, punctuated_tokens, shingles, tokenize
+from tests.conftest import examples
 
 _TRICKY = st.sampled_from(list("abcXYZ019 \t\n\u3000\u00a0,.!?;:'\"()[]{}+-*/=<>@#$%^&_~|\\，。！？：；（）《》、…—·「」"
                                "人民日报北京天安门中文與網路設定頭髮後來發現的了是和")
@@ -44,7 +45,7 @@ def _tokens_both_ways(text: str, tokenizer: TokenizerSettings) -> tuple[Counter,
             count_punctuated(fold_and_simplify(text), tokenizer) if normalize(text) else Counter())
 
 
-@settings(max_examples=3000, deadline=None)
+@settings(max_examples=examples(3000), deadline=None)
 @given(st.lists(st.one_of(_TRICKY, st.text(max_size=3)), max_size=30).map("".join), st.booleans(), st.booleans())
 def test_the_fingerprints_fast_path_gives_the_tokens_of_the_normalized_text(text, hmm, stopwords):
     tokenizer = TokenizerSettings(jieba_hmm=hmm, stopwords=stopwords)
@@ -52,7 +53,7 @@ def test_the_fingerprints_fast_path_gives_the_tokens_of_the_normalized_text(text
     assert fast == slow
 
 
-@settings(max_examples=3000, deadline=None)
+@settings(max_examples=examples(3000), deadline=None)
 @given(st.lists(st.one_of(_TRICKY, st.text(max_size=3)), max_size=30).map("".join), st.booleans(), st.booleans())
 def test_the_ordered_fast_path_gives_the_tokens_of_the_normalized_text_in_their_order(text, hmm, stopwords):
     """Bigrams are made of neighbouring tokens: the fast path must give the plain path's order too."""
@@ -61,7 +62,7 @@ def test_the_ordered_fast_path_gives_the_tokens_of_the_normalized_text_in_their_
     assert (punctuated_tokens(fold_and_simplify(text), tokenizer) if normalize(text) else []) == slow
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=examples(1500), deadline=None)
 @given(st.lists(st.one_of(_TRICKY, st.text(max_size=3), st.sampled_from(["\U00020000", "\U0002c62d", "丵"])),
                 max_size=30).map("".join), st.booleans())
 def test_the_plain_tokenizer_segments_each_han_run_on_its_own(text, hmm):
@@ -94,7 +95,7 @@ def test_the_fingerprints_fast_path_gives_the_tokens_of_every_devset_text(devset
     assert differing == []
 
 
-@settings(max_examples=5000, deadline=None)
+@settings(max_examples=examples(5000), deadline=None)
 @given(st.lists(st.one_of(_TRICKY, st.text(max_size=3)), max_size=30).map("".join))
 def test_fold_is_nfkc_then_casefold(text):
     assert fold(text) == unicodedata.normalize("NFKC", text).casefold()
@@ -105,14 +106,14 @@ def test_fold_is_nfkc_then_casefold_on_every_devset_text(devset_texts):
     assert [t[:60] for t in devset_texts if fold(t) != unicodedata.normalize("NFKC", t).casefold()] == []
 
 
-@settings(max_examples=3000, deadline=None)
+@settings(max_examples=examples(3000), deadline=None)
 @given(st.lists(st.one_of(_TRICKY, st.text(max_size=3)), max_size=30).map("".join))
 def test_punctuation_is_stripped_as_translate_then_collapse_did(text):
     stripped = re.sub(r"\s+", " ", text.translate(dict.fromkeys(punctuation_and_symbols(), " "))).strip()
     assert strip_punctuation(text) == stripped
 
 
-@settings(max_examples=3000, deadline=None)
+@settings(max_examples=examples(3000), deadline=None)
 @given(st.lists(st.one_of(_TRICKY, st.text(max_size=3)), max_size=30).map("".join))
 def test_minhash_counts_letters_as_a_loop_over_the_characters_did(text):
     letters = sum(1 for c in text if c.isalpha())
@@ -120,7 +121,7 @@ def test_minhash_counts_letters_as_a_loop_over_the_characters_did(text):
     assert writes_without_spaces(text) == expected
 
 
-@settings(max_examples=2000, deadline=None)
+@settings(max_examples=examples(2000), deadline=None)
 @given(st.text(alphabet=st.characters(max_codepoint=127)))
 def test_ascii_words_are_the_words_of_the_stripped_text(text):
     assert ascii_words(text) == strip_punctuation(text).split()
@@ -133,7 +134,7 @@ def _shingles_or_error(shingles, text, settings):
         return exc.reason
 
 
-@settings(max_examples=3000, deadline=None)
+@settings(max_examples=examples(3000), deadline=None)
 @given(st.lists(st.one_of(_TRICKY, st.text(max_size=3), st.sampled_from(["hello", "world", " "])), max_size=120)
        .map("".join), st.sampled_from([0, 100]))
 def test_minhash_shingles_by_table_lookup_are_those_of_the_normalized_text(text, table_from):

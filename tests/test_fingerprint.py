@@ -13,7 +13,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from simdb import InputError, fingerprint, hamming
-from tests.conftest import use_python_twins
+from tests.conftest import examples, use_python_twins
 import simdb.methods.simhash.fingerprint as fingerprint_module
 from simdb.methods.simhash.fingerprint import (FingerprintSettings, feature_vector, fingerprints, simhash,
                                               simhash_of_hashes, tokens_for, weighted_features)
@@ -91,7 +91,7 @@ def _bigram_hash_by_the_definition(first: int, second: int) -> int:
     return x ^ x >> 31
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.sampled_from(["alpha", "beta", "gamma", "delta", "数据", "索引", "the", "x1"]), min_size=1,
                 max_size=120).map(" ".join), st.sampled_from([1, 7, 50]), st.sampled_from(["tf", "sublinear_tf", "binary"]))
 @example(" ".join(["alpha"] * 17 + ["beta", "alpha", "gamma", "alpha"]), 7, "binary")
@@ -123,7 +123,7 @@ def _features_by_the_definition(text: str, recipe: FingerprintSettings) -> list[
                        for (a, b), n in Counter(zip(tokens, tokens[1:])).items()]
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(st.lists(st.sampled_from(["alpha", "beta", "gamma", "the", "数据", "索引", "的", "x1", "ไทย", "，"]), min_size=1,
                 max_size=80).map(" ".join), st.sampled_from([0, 1, 7, 50]),
        st.sampled_from(["tf", "sublinear_tf", "binary"]))
@@ -138,7 +138,7 @@ def test_a_texts_feature_vector_is_what_its_fingerprint_signs(text, scale, weigh
         assert sorted(zip(hashes.tolist(), weights.tolist())) == sorted(_features_by_the_definition(text, recipe))
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(st.lists(st.lists(st.sampled_from(["alpha", "beta", "the", "of", "数据索引", "的", "，", "。", "x1", "ไทย"]),
                          min_size=1, max_size=40).map("".join), min_size=1, max_size=12),
        st.sampled_from([1, 3, fingerprint_module.VOCABULARY_LIMIT]), st.sampled_from([1, 5, 256]),
@@ -181,7 +181,7 @@ def test_empty_text_is_an_error(text):
         fingerprint(text)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(st.tuples(st.text(min_size=1, max_size=3), st.sampled_from([1.0, 1.0 + math.log(2), 1.0 + math.log(3),
                                                                               0.1, 2.5 * math.log(7), 1e-3])),
                 min_size=1, max_size=40, unique_by=lambda feature: feature[0]),

@@ -16,7 +16,7 @@ from simdb.text import content_hash
 from simdb.ingest import FingerprintedBatch, IngestOptions
 from simdb.inputs import Document
 from simdb.samples import sections
-from tests.conftest import assert_consistent, count_rows
+from tests.conftest import assert_consistent, count_rows, examples
 
 
 def make_batch(fingerprints, prefix):
@@ -72,7 +72,7 @@ def archive(request, database_url, schema):
 uint64 = st.integers(0, 2**64 - 1)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(base=uint64, data=st.data())
 def test_index_returns_exactly_the_brute_force_answer(archive, base, data):
     """Neighbours planted at every distance 0..k+2 around a base; the index must agree with brute force."""
@@ -109,7 +109,7 @@ key_rows = st.integers(1, 4).flatmap(lambda width: st.tuples(st.just(width), st.
     st.lists(st.integers(0, 3), min_size=width, max_size=width), max_size=40)))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(shape_rows=key_rows, batch=st.sampled_from([1, 2, 5, 1 << 20]))
 def test_shared_key_pairs_are_every_two_rows_agreeing_on_a_key(shape_rows, batch):
     """Small key ranges make runs of equal keys and whole rows repeated (one class per text copy); small
@@ -123,7 +123,7 @@ def test_shared_key_pairs_are_every_two_rows_agreeing_on_a_key(shape_rows, batch
     assert sorted(found) == expected
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(width=st.integers(1, 4), data=st.data(), batch=st.sampled_from([1, 2, 5, 1 << 20]),
        table_bits=st.sampled_from([1, 2, None]))
 def test_key_matches_are_every_probe_and_row_agreeing_on_a_key_once_per_key(width, data, batch, table_bits):

@@ -47,7 +47,7 @@ from simdb import Index, InputError
 from simdb.text import content_hash
 from simdb.ingest import IngestOptions
 from simdb.inputs import read_documents
-from tests.conftest import delete_rows, killed
+from tests.conftest import delete_rows, examples, killed
 
 MAX_CHARS = 300
 MAX_ID_BYTES = 1_000  # the documented limit of an id, in bytes of UTF-8
@@ -356,7 +356,7 @@ def fuzz_index(server_url):
             connection.exec_driver_sql(f"DROP SCHEMA {schema} CASCADE")
 
 
-EXAMPLES = int(__import__("os").environ.get("SIMDB_FUZZ_EXAMPLES", 200))
+EXAMPLES = int(__import__("os").environ.get("SIMDB_FUZZ_EXAMPLES", examples(200)))
 
 
 def empty_archive(admin_engine, schema) -> None:
@@ -429,7 +429,7 @@ def alias_of(original, folder, kind: str) -> str:
     return str(folder / "link")
 
 
-@settings(max_examples=int(__import__("os").environ.get("SIMDB_FUZZ_EXAMPLES", 200)) // 10, deadline=None,
+@settings(max_examples=max(5, EXAMPLES // 10), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(file=files(), option=st.sampled_from(["--verdicts", "--rejects"]), kind=st.sampled_from(ALIASES),
        second=st.booleans(), chunk=st.integers(1, 5))

@@ -15,7 +15,7 @@ from simdb import IncompatibleIndex, Index, SimdbError
 from simdb.methods.minhash import signature as minhash
 from simdb.pg.clusters import UnionFind
 from simdb.samples import corpus
-from tests.conftest import on_a_local_copy
+from tests.conftest import examples, on_a_local_copy
 
 CORPUS = list(corpus())
 
@@ -95,7 +95,7 @@ def test_settings_are_checked():
 
 
 @given(st.lists(st.integers(0, 2**32 - 1), min_size=SETTINGS.num_perm, max_size=SETTINGS.num_perm))
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 def test_band_keys_are_stable_functions_of_the_bands(values):
     signature = np.array(values, dtype=np.uint32)
     keys = minhash.band_keys(signature, SETTINGS)

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simdb import native
-from tests.conftest import use_python_twins
+from tests.conftest import examples, use_python_twins
 from simdb.methods.minhash import signature as minhash_signature
 from simdb.methods.minhash.signature import MinHashSettings
 from simdb.methods.simhash import fingerprint as fp
@@ -97,7 +97,7 @@ def test_fold_sends_every_canonical_composition_pair_to_python_or_agrees():
 
 
 @needs_native
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(_TEXT)
 def test_fold_agrees_with_python(text):
     folded = compiled.fold(text)
@@ -111,7 +111,7 @@ def _runs_in_python(folded: str):
 
 
 @needs_native
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(_TEXT)
 def test_runs_agree_with_the_regexes(text):
     folded = fold_in_python(text)
@@ -135,7 +135,7 @@ def test_the_compiled_paths_agree_on_every_devset_text(devset_texts):
 
 
 @needs_native
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(_TEXT)
 def test_any_marked_agrees_with_may_change(text):
     marks = t2s.marks()
@@ -161,7 +161,7 @@ def _parts_one_by_one(texts, simplify_script=True):
 
 
 @needs_native
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(_TEXT, max_size=12), st.booleans())
 def test_a_batch_of_texts_has_each_texts_own_tokens(texts, simplify_script):
     """``punctuated_parts_many`` (fold, the t2s check and the runs of a batch in one call) gives each text it
@@ -220,7 +220,7 @@ _TOKENS = st.lists(st.lists(st.sampled_from(["a", "b", "c", "的", "了", "the",
 
 
 @needs_native
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(_TOKENS, st.sampled_from(["tf", "sublinear_tf", "binary"]), st.sampled_from([0, 1, 3, 50, 1000]),
        st.booleans(), st.integers(0, 2**64 - 1))
 def test_simhashes_agree_with_numpy(token_lists, weighting, bigrams, stopwords, seed):
@@ -280,7 +280,7 @@ def _instruction_sets() -> list[int]:
 
 
 @needs_native
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=300), min_size=1, max_size=8),
        st.sampled_from([16, 128, 1024]), st.integers(0, 2**63))
 def test_minhashes_agree_with_numpy_on_every_instruction_set(hash_sets, num_perm, seed):

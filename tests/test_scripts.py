@@ -7,7 +7,9 @@ and nothing noticed). These runs time nothing worth reading and assert nothing a
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +20,43 @@ from tests.conftest import CITUS_TOOLS, DEVSET, citus_missing, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: (script, arguments for a run of a few seconds, whether it needs the devset)
+#: Documents per category of the devset the benchmarks run on (small_devset): 1,100-2,700 in the real one made
+#: the devset's benchmarks a third of the whole suite's time
+SMALL_DEVSET_DOCUMENTS = 120
+
+
+@pytest.fixture(scope="module")
+def small_devset(tmp_path_factory) -> Path:
+    """The devset cut down for the benchmarks' runs (which read it wherever it is, bench_ingest's real text
+    included): per category, the documents of its first labelled pairs (about SMALL_DEVSET_DOCUMENTS), with
+    every labelled pair between them, their rows of docs_meta.jsonl, and the devset's own score.py; every
+    category, kind of pair and file the benchmarks read is there. DEVSET itself where there is none."""
+    if not (DEVSET / "docs").is_dir():
+        return DEVSET
+    small = tmp_path_factory.mktemp("devset")
+    (small / "docs").mkdir()
+    pairs = [json.loads(line) for line in (DEVSET / "pairs.jsonl").open(encoding="utf-8")]
+    kept: set[str] = set()
+    for path in sorted((DEVSET / "docs").glob("*.jsonl")):
+        chosen: set[str] = set()
+        for pair in pairs:
+            if pair["category"] == path.stem and len(chosen) < SMALL_DEVSET_DOCUMENTS:
+                chosen |= {pair["a"], pair["b"]}
+        with path.open(encoding="utf-8") as lines:
+            (small / "docs" / path.name).write_text("".join(line for line in lines
+                                                            if json.loads(line)["id"] in chosen), encoding="utf-8")
+        kept |= chosen
+    (small / "pairs.jsonl").write_text("".join(json.dumps(pair) + "\n" for pair in pairs
+                                               if pair["a"] in kept and pair["b"] in kept), encoding="utf-8")
+    with (DEVSET / "docs_meta.jsonl").open(encoding="utf-8") as lines:
+        (small / "docs_meta.jsonl").write_text("".join(line for line in lines if json.loads(line)["id"] in kept),
+                                               encoding="utf-8")
+    shutil.copy(DEVSET / "score.py", small / "score.py")
+    return small
+
+
+#: (script, arguments for a run of a few seconds, whether it needs the devset); DEVSET in them stands for
+#: small_devset
 RUNS = [
     ("bench_core.py", ["--documents", "3000", "--queries", "40", "--scan-queries", "2", "--markdown"], False),
     ("bench_sql.py", ["--documents", "3000", "--chunk", "1000", "--markdown"], False),
@@ -33,12 +71,13 @@ RUNS = [
     ("bench_ingest_cli.py", ["--text-documents", "300", "--memory-documents", "300,600", "--cli-chunk-size", "100",
                              "--workers", "1", "--markdown"], False),
     ("bench_sources.py", ["--documents", "500", "--workers", "1", "--markdown"], False),
-    ("bench_segments.py", ["--archive", "20000", "--added", "1000", "--lookups", "20", "--markdown"], False),
+    ("bench_segments.py", ["--archive", "20000", "--added", "1000", "--lookups", "20", "--curve-segment", "100",
+                           "--curve-probes", "20", "--markdown"], False),
     ("bench_probes.py", ["--archive", "30000", "--chunk", "2000", "--repeat", "1", "--oracle", "20",
                           "--staging", "2000"], False),
     ("bench_minhash.py", ["--limit", "100", "--devset", str(DEVSET)], True),
-    ("bench_text.py", ["--documents", "300", "--jieba-documents", "200", "--min-seconds", "0.05", "--markdown"],
-     True),
+    ("bench_text.py", ["--documents", "200", "--jieba-documents", "100", "--min-seconds", "0.05",
+                       "--jieba-min-seconds", "0.05", "--markdown"], True),
     ("bench_memory.py", ["--huge", "300000", "--documents", "300", "--chunk-size", "100", "--workers", "1",
                          "--markdown"], True),
     ("eval_quality.py", ["--categories", "short-zh", "--workers", "1", "--devset", str(DEVSET), "--markdown"], True),
@@ -54,13 +93,15 @@ NO_DATABASE = {"bench_minhash.py", "simhash_ceiling.py", "short_texts.py", "benc
 
 @pytest.mark.slow
 @pytest.mark.parametrize("script, arguments, needs_devset", RUNS, ids=[run[0] for run in RUNS])
-def test_the_benchmark_runs_and_prints_its_table(script, arguments, needs_devset, database_url):
+def test_the_benchmark_runs_and_prints_its_table(script, arguments, needs_devset, database_url, small_devset):
     if needs_devset and not (DEVSET / "docs").is_dir():
         pytest.skip(f"no devset at {DEVSET} (set SIMDB_DEVSET to its folder)")
+    devset = small_devset
     database = [] if script in NO_DATABASE else ["--database-url", database_url]
+    arguments = [str(devset) if argument == str(DEVSET) else argument for argument in arguments]
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / script), *database, *arguments],
                           cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "SIMDB_DEVSET": str(DEVSET), "PYTHONPATH": str(ROOT)})
+                          env={**os.environ, "SIMDB_DEVSET": str(devset), "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr[-3000:]
     assert "|---" in done.stdout, done.stdout[-3000:]
 

@@ -18,6 +18,7 @@ from simdb.settings import IndexSettings
 from simdb.text import segment
 from simdb.text.normalize import normalize
 from simdb.text.tokenize import _RUNS
+from tests.conftest import examples
 
 rjieba = pytest.importorskip("rjieba", reason="rjieba has no wheel for this platform; jieba segments alone")
 
@@ -60,7 +61,7 @@ _PIECE = st.one_of(st.integers(min_value=0, max_value=10**9).map(lambda i: ("wor
                    st.sampled_from(_SPECIAL).map(lambda t: ("text", t)))
 
 
-@settings(max_examples=3000, deadline=None)
+@settings(max_examples=examples(3000), deadline=None)
 @given(st.lists(_PIECE, min_size=1, max_size=16))
 @example([("text", "一一一丵丁"), ("text", "\u3400"), ("word", 0)])  # a tie that jieba-rs broke the other way
 def test_rjieba_gives_jiebas_tokens_on_generated_text(pieces):

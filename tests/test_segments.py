@@ -24,7 +24,7 @@ from simdb.pg import segments
 from simdb.pg.methods import sql_of
 from simdb.pg.segments import SegmentPolicy
 from simdb.text import content_hash
-from tests.conftest import Concurrently, _distributed, assert_consistent, killed
+from tests.conftest import Concurrently, _distributed, assert_consistent, examples, killed
 from tests.test_clusters import histories, replay
 from tests.test_index import flip, make_batch
 
@@ -236,7 +236,7 @@ def test_a_merge_that_fails_mid_batch_leaves_the_batch_to_finish(database_url, s
     assert_consistent(admin_engine, schema)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                  HealthCheck.too_slow])
 @pytest.mark.citus
 @given(history=histories(), merge_after=st.lists(st.booleans(), min_size=20, max_size=20))

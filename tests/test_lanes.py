@@ -1,0 +1,68 @@
+"""The test lanes themselves (README, "Develop"): which worker runs the tests on Citus, how many examples a
+Hypothesis property runs in each lane."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import EXAMPLES_ENV, examples, examples_of_lane, on_citus
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow  # a pytest run of its own with two workers, each importing simdb: about 10 s of CPU
+def test_one_worker_runs_every_test_on_citus(tmp_path):
+    """scripts/test runs ``--dist loadgroup``: the tests on Citus all go to one pytest-xdist worker, so that one
+    cluster starts (xdist's own grouping, by a suffix it writes into the ids, groups nothing under pytest 9.2:
+    they spread over both workers). The other tests still go to both. Oracle: the worker each test reports."""
+    (tmp_path / "conftest.py").write_text("from tests.conftest import pytest_xdist_make_scheduler  # noqa: F401\n")
+    (tmp_path / "test_spread.py").write_text(
+        "import os, time\nimport pytest\n\n"
+        "@pytest.mark.parametrize('backend', ['postgres', 'citus'])\n"
+        "@pytest.mark.parametrize('n', range(8))\n"
+        "def test_x(n, backend):\n"
+        "    time.sleep(0.05)\n"
+        "    print('WORKER', os.environ['PYTEST_XDIST_WORKER'])\n")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-v", "-p",
+                           "no:cacheprovider", "-s", "test_spread.py"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    ran = {}
+    for line in done.stdout.splitlines():  # "[gw1] [ 12%] PASSED test_spread.py::test_x[3-citus]"
+        if line.startswith("[gw") and "PASSED" in line:
+            ran[line.split()[-1]] = line.split()[0]
+    assert len(ran) == 16, done.stdout[-3000:]
+    assert len({worker for test, worker in ran.items() if on_citus(test)}) == 1, ran
+    assert len(set(ran.values())) == 2, ran  # the rest are shared out
+
+
+def test_a_test_is_on_citus_by_its_backend_parameter():
+    assert on_citus("tests/test_sql.py::test_views_agree_with_the_tables[citus]")
+    assert on_citus("tests/test_x.py::test_y[3-citus]") and on_citus("tests/test_x.py::test_y[citus-a]")
+    assert not on_citus("tests/test_sql.py::test_views_agree_with_the_tables[postgres]")
+    assert not on_citus("tests/test_scripts.py::test_the_benchmark_runs_and_prints_its_table[bench_citus.py]")
+    assert not on_citus("tests/test_citus.py::test_no_parameter")
+
+
+def test_the_quick_lane_runs_a_tenth_of_the_examples_and_the_full_lane_all(monkeypatch):
+    monkeypatch.setenv(EXAMPLES_ENV, "full")
+    assert [examples(n) for n in (5, 12, 300, 3000)] == [5, 12, 300, 3000]
+    monkeypatch.setenv(EXAMPLES_ENV, "quick")
+    assert [examples(n) for n in (5, 12, 300, 3000)] == [5, 10, 30, 300]
+    monkeypatch.setenv(EXAMPLES_ENV, "most")
+    with pytest.raises(pytest.UsageError, match="SIMDB_TEST_EXAMPLES='most': use one of full, quick"):
+        examples(10)
+
+
+@pytest.mark.parametrize("selection, lane", [("", "full"), ("slow", "full"), ("citus", "full"),
+                                             ("not slow", "quick"), ("unit", "quick"), ("unit and not slow", "quick"),
+                                             ("not  slow and not citus", "quick"), ("not unit", "full")])
+def test_the_lane_chooses_the_examples(selection, lane):
+    """``-m "not slow"`` and ``-m unit`` (the lanes a developer runs) take the quick share, the whole suite (CI)
+    the full one."""
+    assert examples_of_lane(selection) == lane
