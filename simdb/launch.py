@@ -337,8 +337,15 @@ def start_server(path: str, key: str) -> None:
             "from simdb.launch import serve\nserve()")
     null = os.open(os.devnull, os.O_RDWR)
     try:
-        os.posix_spawn(sys.executable, [sys.executable, *flags, "-c", code, path],
-                       os.environ, file_actions=[(os.POSIX_SPAWN_DUP2, null, fd) for fd in (0, 1, 2)], setsid=True)
+        # none of simdb's open files stays open in it: a caller waiting for the end of a pipe it gave simdb
+        # (as fd 3, say) would wait for the warm process to stop
+        others = [int(fd) for fd in os.listdir("/proc/self/fd") if int(fd) > 2 and int(fd) != null]
+    except OSError:
+        others = []
+    actions = [(os.POSIX_SPAWN_DUP2, null, fd) for fd in (0, 1, 2)] + [(os.POSIX_SPAWN_CLOSE, fd) for fd in others]
+    try:
+        os.posix_spawn(sys.executable, [sys.executable, *flags, "-c", code, path], os.environ,
+                       file_actions=actions, setsid=True)
     except OSError:
         pass
     finally:

@@ -270,3 +270,56 @@ def test_the_entry_point_imports_nothing_heavy():
 
 def test_the_idle_setting_is_the_embedded_servers():
     assert (launch.IDLE_ENV, launch.DEFAULT_IDLE) == (embedded.IDLE_ENV, embedded.DEFAULT_IDLE)
+
+
+def test_the_terminal_is_the_callers(warm):
+    """On a terminal (a pseudo-terminal 50 columns wide here), the command sees that terminal: help is wrapped
+    to its width (more lines than at 120 columns), and what it prints is what it prints in its own process."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    def on_terminal(mode: str, columns: int = 50) -> tuple[int, bytes]:
+        leader, follower = pty.openpty()
+        fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
+        env = {name: value for name, value in warm.items() if name not in ("COLUMNS", "LINES")}
+        try:
+            done = subprocess.run([sys.executable, "-m", "simdb", "fingerprint", "--help"],
+                                  env={**env, "SIMDB_WARM": mode}, stdout=follower, stderr=subprocess.PIPE,
+                                  timeout=300, cwd=ROOT)
+            os.close(follower)
+            printed = b""
+            while True:
+                try:
+                    chunk = os.read(leader, 65536)
+                except OSError:  # EIO: the terminal's other side is closed and drained
+                    break
+                if not chunk:
+                    break
+                printed += chunk
+        finally:
+            os.close(leader)
+        return done.returncode, printed
+
+    here = on_terminal("0")
+    assert here[0] == 0 and len(here[1].splitlines()) > len(on_terminal("0", 120)[1].splitlines())  # wrapped
+    assert on_terminal("require") == here
+
+
+def test_the_warm_process_keeps_none_of_the_callers_files(warm):
+    """A caller that gave simdb a pipe (fd 3 and up) sees its end when simdb ends, not when the warm process
+    it started stops."""
+    read_end, write_end = os.pipe()
+    try:
+        done = subprocess.run([sys.executable, "-m", "simdb", "fingerprint", "a"], env={**warm, "SIMDB_WARM": "require"},
+                              pass_fds=(write_end,), capture_output=True, timeout=300, cwd=ROOT)
+        assert done.returncode == 0 and servers(warm["SIMDB_WARM_DIR"])
+        os.close(write_end)
+        write_end = None
+        os.set_blocking(read_end, False)
+        assert os.read(read_end, 1) == b""
+    finally:
+        os.close(read_end)
+        if write_end is not None:
+            os.close(write_end)
