@@ -302,11 +302,12 @@ def _converse(connection: socket.socket, argv: list[str], key: str, started: flo
         except OSError:
             pass
 
-    for name in FORWARDED_SIGNALS:
-        signal.signal(getattr(signal, name), forward)
+    before = {name: signal.signal(getattr(signal, name), forward) for name in FORWARDED_SIGNALS}
     try:
         send_message(connection, "go")
     except OSError as error:
+        for name, handler in before.items():  # the command runs here after all: Ctrl-C is its own again
+            signal.signal(getattr(signal, name), handler)
         raise Unavailable(f"the warm process failed: {error}") from None
     # the command runs from here: no falling back, and no timeout
     connection.settimeout(None)
@@ -382,6 +383,7 @@ def serve() -> None:
 
 
 def _serve(path: str):
+    import contextlib
     import fcntl
     import importlib
     import select
@@ -435,11 +437,14 @@ def _serve(path: str):
                 checked = now
                 if warm_key() != key:  # no more commands; stop once those running have ended
                     stale = True
-                    os.unlink(path)
+                    with contextlib.suppress(OSError):
+                        os.unlink(path)
                     listener.close()
             if not running and (stale or now - last >= idle):
                 break
             wait = STALE_CHECK_SECONDS if running else min(STALE_CHECK_SECONDS, idle - (now - last))
+            if any(until > now for until in quiet.values()):
+                wait = min(wait, 1.0)
             # a connection is watched for simdb's end; "go" on it is the child's to read: look again in a second
             watched = [connection for pid, connection in running.items()
                        if pid not in abandoned and quiet.get(pid, 0.0) <= now]

@@ -62,7 +62,8 @@ def reading_stdin(pid: int) -> bool:
 def warm(database_url, schema):
     """The environment of a ``simdb`` with its own warm directory (short: a socket's path has 107 bytes at most)."""
     directory = tempfile.mkdtemp(prefix="sw", dir="/tmp")
-    env = {name: value for name, value in os.environ.items() if not name.startswith("SIMDB_")}
+    env = {name: value for name, value in os.environ.items()
+           if name not in ("SIMDB_DATA_DIR", "SIMDB_DATABASE_URL", "SIMDB_SCHEMA", "SIMDB_WARM")}
     env.update(SIMDB_DATABASE_URL=database_url, SIMDB_SCHEMA=schema, SIMDB_WARM_DIR=directory,
                SIMDB_SERVER_IDLE="120", PYTHONPATH=str(ROOT))
     yield env
