@@ -9,7 +9,8 @@ working directory with its standard input, output and error themselves (``SCM_RI
 forks a child per command that takes those over (so output, ``isatty``, pipes and exit codes are those of
 the command run here), runs the same click ``main`` and exits; the warm process sends its exit status (or
 the signal that ended it) back, and ``simdb`` exits with it. SIGINT, SIGTERM and SIGHUP that ``simdb``
-receives go to the child: Ctrl-C interrupts the command as before.
+receives go to the child: Ctrl-C interrupts the command as before; a ``simdb`` killed outright (SIGKILL)
+takes its command along (the warm process sees its connection close and sends the child SIGTERM).
 
 Where it lives: a directory of the user's own, mode 0700 (``$SIMDB_WARM_DIR``, else
 ``$XDG_RUNTIME_DIR/simdb-warm``, else ``/tmp/simdb-warm-<uid>``; a directory that is not the user's own or
