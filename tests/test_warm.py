@@ -313,8 +313,9 @@ def test_the_warm_process_keeps_none_of_the_callers_files(warm):
     it started stops."""
     read_end, write_end = os.pipe()
     try:
-        done = subprocess.run([sys.executable, "-m", "simdb", "fingerprint", "a"], env={**warm, "SIMDB_WARM": "require"},
-                              pass_fds=(write_end,), capture_output=True, timeout=300, cwd=ROOT)
+        done = subprocess.run([sys.executable, "-m", "simdb", "fingerprint", "a"],
+                              env={**warm, "SIMDB_WARM": "require"}, pass_fds=(write_end,), capture_output=True,
+                              timeout=300, cwd=ROOT)
         assert done.returncode == 0 and servers(warm["SIMDB_WARM_DIR"])
         os.close(write_end)
         write_end = None
