@@ -125,6 +125,7 @@ def _serve(path: str):
                 if done:
                     code = os.waitstatus_to_exitcode(status)
                     try:
+                        connection.settimeout(READY_TIMEOUT)
                         send_message(connection, ("exit", code) if code >= 0 else ("signal", -code))
                     except OSError:
                         pass
@@ -141,6 +142,9 @@ def _serve(path: str):
                     continue
                 pid = _accept(connection, key)
                 if pid:
+                    # watched without waiting: a timeout's wait (Python polls before it reads) would hold the
+                    # whole loop whenever the child read "go" between select and the look
+                    connection.setblocking(False)
                     running[pid] = connection
                 else:
                     connection.close()
@@ -165,7 +169,7 @@ def _still_there(connection: socket.socket) -> bool | None:
     """Whether the ``simdb`` on ``connection`` is still there; None where it said something (left unread)."""
     try:
         return None if connection.recv(1, socket.MSG_DONTWAIT | socket.MSG_PEEK) else False
-    except BlockingIOError:
+    except (BlockingIOError, TimeoutError):
         return True
     except OSError:
         return False
