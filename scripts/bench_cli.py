@@ -10,6 +10,10 @@ every command did before), and, with ``--baseline DIR``, each command of another
 by this Python with ``PYTHONPATH=DIR``; each of its runs starts and stops the server where that simdb does).
 The index (the quickstart corpus, texts kept) is made in a temporary directory and removed at the end.
 
+Each command also runs through ``simdb``'s entry point (``python -m simdb``) in a warm command process
+(:mod:`simdb.launch`, ``SIMDB_WARM=require``, started by the warm-up run), beside the same entry point run
+in-process (``SIMDB_WARM=0``); the warm rows' CPU adds the warm process's child that ran the command.
+
 The commands run as an installed simdb does, with their bytecode cached (``pip install`` compiles it; the
 warm-up run writes it for a source checkout): ``PYTHONDONTWRITEBYTECODE`` is taken out of their environment,
 and one peer row shows what compiling simdb's sources at every run costs.
@@ -26,6 +30,7 @@ import json
 import os
 import resource
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -37,9 +42,11 @@ import psutil
 
 from bench_common import command_line, load_average, log, print_table, ratio
 
+from simdb import launch
 from simdb.pg import embedded
 
 RUN_SIMDB = "import sys; sys.argv[0] = 'simdb'; from simdb.cli import main; main()"
+ENTRY = [sys.executable, "-m", "simdb"]
 
 
 class Timings:
@@ -74,6 +81,28 @@ def backends_cpu(data_dir: Path) -> float:
     return times.children_user + times.children_system  # the finished backends it waited for
 
 
+def warm_cpu(environment: dict[str, str]) -> float:
+    """User + system seconds of the finished children (the commands) of the warm processes in
+    ``SIMDB_WARM_DIR``."""
+    total = 0.0
+    for lock in Path(environment["SIMDB_WARM_DIR"]).glob("*.lock"):
+        pid = launch.server_pid(str(lock.with_suffix(".sock")))
+        if pid is not None:
+            try:
+                times = psutil.Process(pid).cpu_times()
+            except psutil.Error:
+                continue
+            total += times.children_user + times.children_system
+    return total
+
+
+def stop_warm(directory: Path) -> None:
+    for lock in directory.glob("*.lock"):
+        pid = launch.server_pid(str(lock.with_suffix(".sock")))
+        if pid is not None:
+            os.kill(pid, signal.SIGTERM)
+
+
 def timed(arguments: list[str], environment: dict[str, str], runs: int, warm_up: bool = True) -> Timings:
     """Timings of each of ``runs`` runs of the command, after one run that is not counted. They run in the
     temporary directory: ``python -c`` puts the working directory first on the path, where a checkout's simdb
@@ -81,16 +110,16 @@ def timed(arguments: list[str], environment: dict[str, str], runs: int, warm_up:
     timings = Timings()
     data_dir = Path(environment["SIMDB_DATA_DIR"])
     for run in range(runs + warm_up):
-        cpu, server = children_cpu(), backends_cpu(data_dir)
+        cpu, server = children_cpu() + warm_cpu(environment), backends_cpu(data_dir)
         start = time.perf_counter()
         done = subprocess.run(arguments, env=environment, capture_output=True, text=True, timeout=600,
                               cwd=data_dir.parent)
         elapsed = time.perf_counter() - start
         if done.returncode != 0:
-            raise SystemExit(f"{' '.join(arguments)} failed: {done.stderr.strip()}")
+            raise SystemExit(f"{' '.join(arguments)} failed (exit status {done.returncode}): {done.stderr.strip()}")
         if run or not warm_up:
             timings.wall.append(elapsed)
-            timings.cpu.append(children_cpu() - cpu)
+            timings.cpu.append(children_cpu() + warm_cpu(environment) - cpu)
             timings.server.append(max(0.0, backends_cpu(data_dir) - server))
     return timings
 
@@ -109,7 +138,9 @@ def main() -> None:
     base = {name: value for name, value in os.environ.items()
             if name not in ("SIMDB_DATABASE_URL", "SIMDB_SCHEMA", "PYTHONPATH", "PYTHONDONTWRITEBYTECODE")}
     base["SIMDB_DATA_DIR"] = str(data_dir)
-    this = {**base, embedded.IDLE_ENV: "120"}
+    base[launch.DIR_ENV] = str(directory / "warm")
+    (directory / "warm").mkdir(mode=0o700)
+    this = {**base, embedded.IDLE_ENV: "120", launch.WARM_ENV: "0"}
     simdb = [sys.executable, "-c", RUN_SIMDB]
     try:
         corpus = directory / "corpus.jsonl"
@@ -137,6 +168,11 @@ def main() -> None:
             rows.append((name, str(after), "" if before is None else f"{before} (baseline)",
                          "" if before is None
                          else ratio(statistics.median(before.wall) / statistics.median(after.wall))))
+            log(f"{name}: in-process and warm, through the entry point")
+            here = timed([*ENTRY, *arguments], this, args.runs)
+            warm = timed([*ENTRY, *arguments], {**this, launch.WARM_ENV: "require"}, args.runs)
+            rows.append((f"{name}, warm process (SIMDB_WARM=require)", str(warm), f"{here} (in-process, SIMDB_WARM=0)",
+                         ratio(statistics.median(here.wall) / statistics.median(warm.wall))))
             if name == "simdb fingerprint TEXT":
                 compiling = timed([*simdb, *arguments], {**this, "PYTHONDONTWRITEBYTECODE": "1"}, args.runs)
                 rows.append(("simdb fingerprint TEXT, sources compiled every run (PYTHONDONTWRITEBYTECODE=1)",
@@ -150,10 +186,11 @@ def main() -> None:
         header = [command_line("bench_cli.py"), f"load (1, 5, 15 min): {load_start} at the start, "
                   f"{load_average()} at the end; {os.cpu_count()} cores",
                   "each: median wall time of the runs (min-max), whole process; CPU: median user + system time "
-                  "of the command's process; server: of the embedded server's "
-                  "backends; ratio: the peer's median wall time over simdb's"]
+                  "of the command's process (warm: and of the warm process's child that ran it); server: of the "
+                  "embedded server's backends; ratio: the peer's median wall time over simdb's"]
         print_table(header, rows, args.markdown)
     finally:
+        stop_warm(directory / "warm")
         pid = embedded.postmaster_pid(data_dir)
         if pid is not None:
             embedded.stop(data_dir, pid)

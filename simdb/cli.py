@@ -22,6 +22,7 @@ import click
 
 from . import __version__, exports, jsonlines, native, outputs
 from .bits import format_fingerprint
+from .clock import process_age
 from .diff import changed_characters, diff, elided
 from .errors import SimdbError
 from .ingest_options import DEFAULT_CHUNK_SIZE, DEFAULT_ITERSIZE, ON_CHANGE, ON_ERROR, IngestOptions
@@ -142,18 +143,6 @@ def resume_command(context: click.Context, batch: str) -> str:
         else:
             words += [flag, redact(value) if name == "database_url" else str(value)]
     return shlex.join([*words, "--batch", batch, "--resume"])
-
-
-def process_age() -> float:
-    """Seconds since this process started, as Linux's /proc says (0 where there is none): Python's start-up and
-    imports, which take seconds on a busy machine, are part of what a command costs."""
-    try:
-        with open("/proc/self/stat") as stat:
-            ticks = int(stat.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime, since boot
-        with open("/proc/uptime") as uptime:
-            return max(0.0, float(uptime.read().split()[0]) - ticks / os.sysconf("SC_CLK_TCK"))
-    except (OSError, ValueError, IndexError):
-        return 0.0
 
 
 def command_started() -> float:
@@ -1265,6 +1254,8 @@ def sync_list(database_url, schema, data_dir, as_json):
         click.echo("no sync sources; add one with `simdb sync add`", err=True)
 
 
-def main() -> None:
-    cli(prog_name="simdb", obj={"started": time.perf_counter() - process_age()})
+def main(started: float | None = None) -> None:
+    """Run the command in ``sys.argv``; ``started``: when its process started on the ``time.perf_counter()`` clock
+    (the ``simdb`` process's, where :mod:`simdb.launch` runs it in a warm process), by default this one's."""
+    cli(prog_name="simdb", obj={"started": time.perf_counter() - process_age() if started is None else started})
 

@@ -35,6 +35,10 @@ from simdb.pg.database import Database, postgres_url, redact, start_embedded
 from simdb.pg.functions import create_functions, create_views, drop_functions_and_views
 from simdb.settings import IndexSettings
 
+#: The ``simdb`` processes that tests start run their commands in-process, leaving no warm process behind
+#: (tests/test_warm.py runs both paths and compares them).
+os.environ.setdefault("SIMDB_WARM", "0")
+
 LOCAL_SERVER = "postgresql://postgres@127.0.0.1:5432/test"
 #: The labelled devset of real text (beside the checkout in ../shared/devset, or SIMDB_DEVSET).
 DEVSET = pathlib.Path(os.environ.get("SIMDB_DEVSET", pathlib.Path(__file__).parents[2] / "shared" / "devset"))

@@ -144,7 +144,7 @@ def test_layers_point_one_way(layer, forbidden):
 #: layer and those below.
 LAYERS = [
     ("base", ("simdb.errors", "simdb.bits", "simdb.version", "simdb.matches", "simdb.jsonlines", "simdb.outputs",
-              "simdb.progress", "simdb.charts", "simdb.diff")),
+              "simdb.progress", "simdb.charts", "simdb.diff", "simdb.clock")),
     ("text", ("simdb.text", "simdb.inputs", "simdb.native")),  # native: the compiled kernels of text and sketches
     ("methods", ("simdb.methods", "simdb.settings", "simdb.decisions")),
     ("pg", ("simdb.pg",)),
