@@ -29,6 +29,9 @@ class MethodSQL(ABC):
     name: ClassVar[str]
     #: The SQL type of a sketch as the analysts' functions take it (``bigint``, ``bytea``).
     sketch_type: ClassVar[str]
+    #: Whether a candidate is verified from its stored sketch alone, a BIGINT stored beside each key row: what the
+    #: keyed distributed layout (:mod:`simdb.pg.keyed`) needs.
+    verified_beside_keys: ClassVar[bool] = False
     _registry: ClassVar[dict[str, type["MethodSQL"]]] = {}
 
     def __init_subclass__(cls, **kwargs) -> None:

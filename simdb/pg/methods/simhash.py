@@ -140,6 +140,7 @@ class SimHashSQL(MethodSQL):
 
     name = "simhash"
     sketch_type = "bigint"
+    verified_beside_keys = True
 
     def candidate_pairs(self, connection: sa.Connection, probe: str, target: str, max_distance: int, *,
                         where: str | None = None, params: dict | None = None, index_probes: bool = False,
