@@ -826,6 +826,8 @@ def stats(database_url, schema, data_dir, as_json, exact):
                + f"; largest key bucket {'the sample met ' if sampled else ''}{largest:,}")
     settings = ", ".join(f"{k}={v}" for k, v in info["settings"].items())
     click.echo(f"settings:   {settings}")
+    if info["distributed"] is not None:
+        click.echo(distribution(info["distributed"]))
     if info["segmenters"]:
         click.echo(f"segmenters: {', '.join(info['segmenters'])} (same tokens; checked by the canaries on open)")
     click.echo(f"batches:    {len(info['batches'])}")

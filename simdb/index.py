@@ -591,6 +591,9 @@ class Index:
             "duplicates": found["duplicates"],
             "batches": [dict(row._mapping) for row in found["batches"]],
             "settings": self.settings.summary(),
+            # on Citus: its shards and layout (id, or keyed: simdb.pg.keyed); None on one server
+            "distributed": None if self.settings.distributed is None else {
+                "shards": self.settings.distributed["shards"], "layout": keyed.layout_of(self.settings.distributed)},
             "layout": method.describe(),
             "segmenters": list(stored_settings.segmenters),
             "expected_candidates_per_lookup": None if expected is None else round(expected, 2),

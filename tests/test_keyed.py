@@ -129,6 +129,9 @@ def test_the_keyed_layout_is_stored_checked_on_open_and_refuses_what_it_does_not
     with Index.open(database_url, schema=schema) as index:
         assert index.settings.distributed == {"shards": CITUS_SHARDS, "layout": "keyed"}
         index.add_many([{"id": "x", "text": "a text of a few words"}], batch="one")
+        assert index.stats()["distributed"] == {"shards": CITUS_SHARDS, "layout": "keyed"}
+    assert f"distributed: {CITUS_SHARDS} shards per table (Citus), layout keyed" in run("stats").output
+    with Index.open(database_url, schema=schema) as index:
         with pytest.raises(SimdbError, match="simdb relayout is not available on an index with the keyed"):
             index.relayout(blocks=7)
     with pytest.raises(IncompatibleIndex, match="distributed_layout: asked 'id', stored 'keyed'"):
