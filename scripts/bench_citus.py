@@ -224,8 +224,8 @@ def keyed_lookup_tasks(index: Index, probe: int) -> int:
 
     method = index.sketcher
     with index.database.engine.connect() as connection:
-        plan = connection.execute(sa.text("EXPLAIN " + keyed.LOOKUP_SQL),
-                                  {"keys": keyed.fold(method.keys([probe])).tolist()}).scalars().all()
+        plan = connection.exec_driver_sql("EXPLAIN " + keyed.LOOKUP_SQL,
+                                          {"keys": keyed.fold(method.keys([probe])).tolist()}).scalars().all()
     return sum(int(line.split(":")[1]) for line in plan if "Task Count:" in line)
 
 

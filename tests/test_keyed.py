@@ -166,7 +166,7 @@ def test_a_keyed_lookup_and_a_chunks_candidate_join_are_routed_by_key(database_u
         sketch = rng.getrandbits(64)
         folded = keyed.fold(method.keys([sketch])).tolist()
         with index.database.engine.begin() as connection:
-            lookup = plan(connection, keyed.LOOKUP_SQL, {"keys": folded})
+            lookup = "\n".join(connection.exec_driver_sql("EXPLAIN " + keyed.LOOKUP_SQL, {"keys": folded}).scalars())
             keyed.stage_probes(connection, [10**9], method.stored([sketch]), method.keys([sketch]))
             join = plan(connection, keyed.candidate_join_sql(method.max_distance, 10**9))
             store = plan(connection, "INSERT INTO keys (key, id, fingerprint) "

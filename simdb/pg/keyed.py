@@ -31,6 +31,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 import sqlalchemy as sa
+from psycopg.rows import namedtuple_row
 
 from ..bits import hamming_array, to_unsigned_array
 from ..errors import IncompatibleIndex, SimdbError
@@ -46,8 +47,9 @@ LAYOUTS = (BY_ID, KEYED)
 KEY_NUMBER_BITS = 6
 
 TABLES = ("keys", "key_probes")
-#: A routed probe of ``keys``: the stored rows of the given (folded) keys, on the shards that hold them.
-LOOKUP_SQL = "SELECT key, id, fingerprint FROM keys WHERE key = ANY(:keys)"
+#: A routed probe of ``keys``: the stored rows of the given (folded) keys, on the shards that hold them (in the
+#: driver's parameter style: it is prepared on the driver's connection, see :func:`lookup`).
+LOOKUP_SQL = "SELECT key, id, fingerprint FROM keys WHERE key = ANY(CAST(%(keys)s AS bigint[]))"
 
 
 def layout_of(distributed: dict | None) -> str | None:
@@ -186,13 +188,21 @@ def probe(connection: sa.Connection, method: Method, sketches: Sequence, max_dis
     if not len(sketches):
         return
     key_rows = method.keys(sketches) if keys is None else np.asarray(keys, dtype=np.int64)
+    wanted = np.unique(fold(key_rows)).tolist()
+    rows = connection.exec_driver_sql(LOOKUP_SQL, {"keys": wanted}).all()
+    yield from _verified(rows, method, sketches, key_rows, max_distance)
+
+
+def _verified(rows: Sequence[tuple], method: Method, sketches: Sequence, key_rows: np.ndarray, max_distance: int
+              ) -> Iterator[tuple[int, int, int]]:
+    """``(sketch index, document id, distance)`` of the ``(key, id, fingerprint)`` rows found for the sketches'
+    keys within ``max_distance`` (a row counts for every sketch that has its key)."""
+    if not len(rows):
+        return
     columns = key_rows.shape[1]
     folded = fold(key_rows)
     order = np.argsort(folded, kind="stable")
     wanted, owners = folded[order], order // columns  # the sorted keys, and the sketch each came from
-    rows = connection.execute(sa.text(LOOKUP_SQL), {"keys": np.unique(wanted).tolist()}).all()
-    if not rows:
-        return
     found = np.array([tuple(row) for row in rows], dtype=np.int64).reshape(-1, 3)
     first = np.searchsorted(wanted, found[:, 0], side="left")
     last = np.searchsorted(wanted, found[:, 0], side="right")
@@ -208,14 +218,21 @@ def probe(connection: sa.Connection, method: Method, sketches: Sequence, max_dis
     yield from zip(sketch_index[keep].tolist(), found[row_of[keep], 1].tolist(), distances[keep].tolist())
 
 
-def lookup(connection: sa.Connection, method: Method, sketch, max_distance: int) -> list[tuple[sa.Row, int]]:
+def lookup(connection: sa.Connection, method: Method, sketch, max_distance: int) -> list[tuple[tuple, int]]:
     """(document, distance) of every stored document within ``max_distance`` of one sketch: the routed probe of
-    ``keys``, then the documents it found, read by id (each from its own shard)."""
-    distances = {document: distance for _, document, distance in probe(connection, method, [sketch], max_distance)}
+    ``keys``, then the documents it found, read by id (each from its own shard). Both statements are prepared
+    on their first run on a connection (as :func:`simdb.pg.reads.lookup` prepares its one), unless the
+    connection is told to prepare nothing (``prepare_threshold=None``, as behind PgBouncer)."""
+    driver = connection.connection.driver_connection
+    prepare = True if driver.prepare_threshold is not None else None
+    key_rows = method.keys([sketch])
+    rows = driver.cursor().execute(LOOKUP_SQL, {"keys": np.unique(fold(key_rows)).tolist()}, prepare=prepare
+                                   ).fetchall()
+    distances = {document: distance for _, document, distance in
+                 _verified(rows, method, [sketch], key_rows, max_distance)}
     if not distances:
         return []
-    rows = connection.execute(sa.text(
+    documents = driver.cursor(row_factory=namedtuple_row).execute(
         f"SELECT id, external_id, {method.sketch_column[0]} AS sketch, metadata FROM documents "
-        "WHERE id = ANY(:ids)"), {"ids": sorted(distances)}).all()
-    return [(row, distances[row.id]) for row in rows]
-
+        "WHERE id = ANY(CAST(%(ids)s AS bigint[]))", {"ids": sorted(distances)}, prepare=prepare).fetchall()
+    return [(row, distances[row.id]) for row in documents]
