@@ -513,8 +513,9 @@ def empty_index(engine: sa.Engine, schema: str, settings_rows) -> None:
                 "WHERE i.inhparent = CAST(:t AS regclass)"), {"t": f"{schema}.documents"}).scalars().all():
             connection.exec_driver_sql(f'DROP TABLE {schema}."{segment}"')
         if _distributed(engine, schema):
-            connection.exec_driver_sql(f"TRUNCATE {', '.join(f'{schema}.{t}' for t in GATHERING_TABLES)} "
-                                       "RESTART IDENTITY")
+            keyed = connection.execute(sa.text("SELECT to_regclass(:t)"), {"t": f"{schema}.keys"}).scalar()
+            tables = [*GATHERING_TABLES, *(("keys",) if keyed is not None else ())]  # the keyed layout's keys too
+            connection.exec_driver_sql(f"TRUNCATE {', '.join(f'{schema}.{t}' for t in tables)} RESTART IDENTITY")
         else:  # what TRUNCATE ... RESTART IDENTITY leaves, in a 20th of its time (0.02 s, not 0.4: no new files)
             delete_rows(connection, schema)
             connection.execute(sa.text(
