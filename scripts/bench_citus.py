@@ -1,6 +1,7 @@
 """simdb on a Citus cluster against simdb on one server: ingest and lookups, bytes between nodes, shards per lookup.
 
-    .venv/bin/python scripts/bench_citus.py [--archive 200000] [--batch 20000] [--workers 1,2,4] [--markdown]
+    .venv/bin/python scripts/bench_citus.py [--archive 200000] [--batch 20000] [--workers 1,2,4]
+        [--layouts id,keyed] [--markdown]
 
 For each worker count, a local cluster is started with ``../shared/citus/cluster.sh`` (Citus installed by
 its ``install.sh``), an index on the coordinator is filled with ``--archive`` random SimHash
@@ -18,6 +19,10 @@ local server, else an embedded one):
   rows and bytes received; and the rows an ingest stores per document (each sent once, to its worker);
 - the shard queries one lookup makes (the plans inside ``simdb_near``: one task per shard a statement reaches);
 - single lookups (``Index.query_fingerprint``, p50) and a batch of ``--queries`` (``query_fingerprints``);
+- each distributed layout of ``--layouts`` in the same run: ``id`` (documents by id, every probe to every
+  shard) and ``keyed`` (``--distributed-layout keyed``: a keys table by key, each probe routed; its
+  candidate join's rows sent are the key rows a chunk stages, each to one shard, and its lookup's shard
+  tasks come from the plan of its routed statement);
 - the alternative layout, in plain SQL on the largest cluster: ``--archive`` random rows distributed by id
   and by their first key, each looked up by its 15 keys (shard tasks and p50).
 
@@ -34,6 +39,7 @@ import statistics
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -100,15 +106,17 @@ def measure(url: str, schema: str, args, options: dict) -> dict:
         log(f"  archive of {args.archive:,} in {result['fill']:.1f} s")
     if local != schema:
         started = time.perf_counter()
-        Index.copy_to_distributed(url, schema=schema, source=local, shards=options["shards"]).close()
+        Index.copy_to_distributed(url, schema=schema, source=local, shards=options["shards"],
+                                  distributed_layout=options.get("layout")).close()
         result["copy"] = time.perf_counter() - started
         log(f"  copied onto the workers in {result['copy']:.1f} s")
         with admin.connect() as connection:
             connection.exec_driver_sql(f"DROP SCHEMA {local} CASCADE")
     with Index.open(url, schema=schema) as index:
         fresh = new_fingerprints(rng, args.batch, stored)
+        keyed = options.get("layout") == "keyed"
         if options.get("distributed"):
-            result["join"] = join_traffic(index, fresh[:CHUNK])
+            result["join"] = (keyed_join_traffic if keyed else join_traffic)(index, fresh[:CHUNK])
         rows_before = stored_rows(index)
         before = loopback_bytes()
         started = time.perf_counter()
@@ -132,7 +140,7 @@ def measure(url: str, schema: str, args, options: dict) -> dict:
         started = time.perf_counter()
         index.query_fingerprints(queries)
         result["batch"] = time.perf_counter() - started
-        result["tasks"] = lookup_tasks(index, probes[0])
+        result["tasks"] = (keyed_lookup_tasks if keyed else lookup_tasks)(index, probes[0])
     with admin.connect() as connection:
         connection.exec_driver_sql(f"DROP SCHEMA {schema} CASCADE")
     admin.dispose()
@@ -183,11 +191,51 @@ def join_traffic(index: Index, fingerprints: np.ndarray) -> dict:
     return found
 
 
+def keyed_join_traffic(index: Index, fingerprints: np.ndarray) -> dict:
+    """What one chunk's candidate join ships on the keyed layout, from Citus's EXPLAIN ANALYZE of it: the probe
+    rows are the key rows the chunk stages (one COPY, each row to the one shard of its key: no intermediate
+    result), and the candidate rows and bytes received from the workers."""
+    from simdb.pg import keyed
+
+    method = index.sketcher
+    sketches = [int(x) for x in fingerprints]
+    found = {"probes": len(sketches), "rows_sent": 0, "bytes_sent": 0, "rows_received": 0, "bytes_received": 0}
+    with index.database.engine.begin() as connection:
+        before = loopback_bytes()
+        keyed.stage_probes(connection, np.arange(10**12, 10**12 + len(sketches)), method.stored(sketches),
+                           method.keys(sketches))
+        found["bytes_sent"] = loopback_bytes() - before  # client to coordinator, and coordinator to workers
+        found["rows_sent"] = connection.exec_driver_sql("SELECT count(*) FROM key_probes").scalar_one()
+        plan = connection.exec_driver_sql("EXPLAIN (ANALYZE, FORMAT TEXT) "
+                                          + keyed.candidate_join_sql(method.max_distance, 10**12)).scalars().all()
+        for position, line in enumerate(plan):
+            size = _SIZE.search(line)
+            if size:
+                found["bytes_received"] += float(size.group(2)) * _UNITS[size.group(3)]
+                rows = re.search(r"actual time=\S+ rows=(\d+)", plan[position - 2] + plan[position - 1])
+                found["rows_received"] += int(rows.group(1)) if rows else 0
+        connection.rollback()
+    return found
+
+
+def keyed_lookup_tasks(index: Index, probe: int) -> int:
+    """Shard tasks of one lookup on the keyed layout: the plan of its routed statement."""
+    from simdb.pg import keyed
+
+    method = index.sketcher
+    with index.database.engine.connect() as connection:
+        plan = connection.exec_driver_sql("EXPLAIN " + keyed.LOOKUP_SQL,
+                                          {"keys": keyed.fold(method.keys([probe])).tolist()}).scalars().all()
+    return sum(int(line.split(":")[1]) for line in plan if "Task Count:" in line)
+
+
 def stored_rows(index: Index) -> int:
     """Rows in the tables an ingest writes (each sent once, to the worker that keeps it)."""
     with index.database.engine.connect() as connection:
-        return sum(connection.exec_driver_sql(f"SELECT count(*) FROM {table}").scalar_one()
-                   for table in ("documents", "records", "near_duplicates", "clusters"))
+        tables = ["documents", "records", "near_duplicates", "clusters"]
+        if connection.exec_driver_sql("SELECT to_regclass('keys')").scalar() is not None:
+            tables.append("keys")
+        return sum(connection.exec_driver_sql(f"SELECT count(*) FROM {table}").scalar_one() for table in tables)
 
 
 def distribution_columns(url: str, rows: int, shards: int, lookups: int = 60) -> list[tuple[str, int, float]]:
@@ -250,6 +298,22 @@ def lookup_tasks(index: Index, probe: int) -> int:
     return sum(int(line.split(":")[1]) for line in text.splitlines() if "Task Count:" in line) or 1
 
 
+def clusters(args) -> Iterator[tuple[int, str, dict]]:
+    """(workers, layout, measures) for each worker count and layout, the layouts measured on the same cluster;
+    on the largest cluster, the first layout's measures also hold the plain-SQL alternatives."""
+    counts = [int(w) for w in args.workers.split(",")]
+    for workers in counts:
+        with Cluster(workers, args.port) as cluster:
+            for position, layout in enumerate(args.layouts.split(",")):
+                log(f"Citus, {workers} worker(s), {args.shards} shards per table, layout {layout}")
+                found = measure(cluster.url, "simdb_bench_citus", args,
+                                {"distributed": True, "shards": args.shards, "layout": layout})
+                if workers == max(counts) and position == 0:
+                    log("  the alternative: distributed by a key column")
+                    found["alternatives"] = distribution_columns(cluster.url, args.archive, args.shards)
+                yield workers, layout, found
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--archive", type=int, default=200_000, help="fingerprints stored first")
@@ -258,6 +322,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--single", type=int, default=200, help="single lookups timed (their median reported)")
     parser.add_argument("--workers", default="1,2,4", help="worker counts, comma-separated")
     parser.add_argument("--shards", type=int, default=32, help="shards per distributed table")
+    parser.add_argument("--layouts", default="id,keyed", help="distributed layouts measured, comma-separated")
     parser.add_argument("--port", type=int, default=9900, help="the clusters' first port")
     parser.add_argument("--database-url", default=None, help=DATABASE_HELP)
     parser.add_argument("--markdown", action="store_true", help="print the table as GitHub markdown")
@@ -276,14 +341,9 @@ def main(argv: list[str] | None = None) -> None:
     rows.append(("one server: client bytes per document", f"{single['bytes'] / per_document:,.0f} B", "", ""))
     rows.append(("one server: lookup p50", f"{single['p50'] * 1000:.2f} ms", "", ""))
     rows.append(("one server: batch of lookups", rate(args.queries, single["batch"], "queries"), "", ""))
-    for workers in [int(w) for w in args.workers.split(",")]:
-        log(f"Citus, {workers} worker(s), {args.shards} shards per table")
-        with Cluster(workers, args.port) as cluster:
-            found = measure(cluster.url, "simdb_bench_citus", args, {"distributed": True, "shards": args.shards})
-            if workers == max(int(w) for w in args.workers.split(",")):
-                log("  the alternative: distributed by a key column")
-                layouts = distribution_columns(cluster.url, args.archive, args.shards)
-        label = f"Citus {workers} worker{'s' if workers > 1 else ''}"
+    layouts = []
+    for workers, layout, found in clusters(args):
+        label = f"Citus {workers} worker{'s' if workers > 1 else ''}, layout {layout}"
         rows.append((f"{label}: move the archive onto the workers (init --copy-from)",
                      rate(args.archive, found["copy"], "docs"), "", ""))
         rows.append((f"{label}: ingest", rate(args.batch, found["ingest"], "docs"),
@@ -305,8 +365,9 @@ def main(argv: list[str] | None = None) -> None:
                      ratio(single["p50"] / found["p50"])))
         rows.append((f"{label}: batch of lookups", rate(args.queries, found["batch"], "queries"),
                      rate(args.queries, single["batch"], "queries"), ratio(single["batch"] / found["batch"])))
+        layouts = found.get("alternatives", layouts)
     largest = max(int(w) for w in args.workers.split(","))
-    for name, tasks, seconds in layouts:
+    for name, tasks, seconds in layouts:  # (measured on the largest cluster, with the first layout)
         rows.append((f"Citus {largest} worker{'s' if largest > 1 else ''}, plain SQL, distributed by {name}: lookup",
                      f"{tasks} shard tasks, {seconds * 1000:.2f} ms p50", "", ""))
     header = [command_line("bench_citus.py"), machine(version),

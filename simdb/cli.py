@@ -126,6 +126,13 @@ DEFAULTS = {name: parameter.default
 NOTES = {name: note for method in Method.names() for name, note in Method.named(method).option_notes.items()}
 
 
+def distribution(distributed: dict) -> str:
+    """The line ``simdb init`` prints of a distributed index: its shards and layout."""
+    layout = distributed.get("layout", "id")
+    routed = "probes routed by key" if layout == "keyed" else "documents by id"
+    return f"distributed: {distributed['shards']} shards per table (Citus), layout {layout} ({routed})"
+
+
 def resume_command(context: click.Context, batch: str) -> str:
     """The exact command that resumes this ingest: its own arguments, ``--batch`` and ``--resume``."""
     from .pg.database import redact
@@ -340,6 +347,10 @@ cli.add_command(fingerprint_command, name="fingerprint")
                    "workers, every candidate join run on all of them (docs/scale-out.md).")
 @click.option("--shards", type=click.IntRange(1, 4096), default=None,
               help=f"Shards per distributed table, with --distributed [default: {DEFAULT_SHARDS}].")
+@click.option("--distributed-layout", "distributed_layout", type=click.Choice(["id", "keyed"]), default=None,
+              help="With --distributed: where the rows go. id: documents sharded by id, every probe sent to every "
+                   "shard; keyed: a keys table sharded by key beside them, each probe routed to the one shard "
+                   "of its key (SimHash only; docs/scale-out.md) [default: id].")
 @click.option("--copy-from", "copy_from", metavar="SCHEMA", default=None,
               help="With --distributed: make the new index a copy of the index in SCHEMA of the same database "
                    "(settings, batches, documents, pairs, clusters, verdicts), to move an archive onto Citus.")
@@ -348,7 +359,7 @@ cli.add_command(fingerprint_command, name="fingerprint")
 @user_errors
 def init(database_url, schema, data_dir, max_distance, blocks, tokenizer, jieba_hmm, shingle_size, stopwords,
          weighting, bigrams, idf_paths, top_features, expected_size, method, threshold, num_perm, verify, store_text,
-         segment_size, merge_factor, bulk_chunk, distributed, shards, copy_from, workers):
+         segment_size, merge_factor, bulk_chunk, distributed, shards, distributed_layout, copy_from, workers):
     """Create an index; its settings are stored with it and checked on every open.
 
     Running it again with the same settings leaves the index as it is; with
@@ -365,6 +376,7 @@ def init(database_url, schema, data_dir, max_distance, blocks, tokenizer, jieba_
         simdb init --store-text
         simdb init --distributed --database-url postgresql://coordinator/db
         simdb init --distributed --schema archive_citus --copy-from archive
+        simdb init --distributed --distributed-layout keyed
     """
     from .index import Index
 
@@ -372,18 +384,19 @@ def init(database_url, schema, data_dir, max_distance, blocks, tokenizer, jieba_
     given = {name for name in context.params
              if context.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE}
     if copy_from is not None:
-        settings = sorted(given - {"database_url", "schema", "data_dir", "distributed", "shards", "copy_from"})
+        settings = sorted(given - {"database_url", "schema", "data_dir", "distributed", "shards",
+                                   "distributed_layout", "copy_from"})
         if not distributed or settings:
             raise click.UsageError("--copy-from makes a distributed copy of an index, with that index's own settings: "
                                    "give it with --distributed (and --shards), and without "
                                    + (", ".join(OPTION_FLAGS.get(name, flag(name)) for name in settings) or
                                       "other settings"))
         with Index.copy_to_distributed(database_url, schema=schema, source=copy_from, shards=shards,
-                                       data_dir=data_dir) as index:
+                                       data_dir=data_dir, distributed_layout=distributed_layout) as index:
             click.echo(f"created index in schema {index.database.schema!r} of {index.database.display_url}, a "
                        f"distributed copy of schema {copy_from!r}: {index.stats()['documents']:,} documents")
             click.echo(f"layout: {index.settings.method.describe()}")
-            click.echo(f"distributed: {index.settings.distributed['shards']} shards per table (Citus)")
+            click.echo(distribution(index.settings.distributed))
         return
     foreign = sorted(given & (set().union(*METHOD_OPTIONS.values()) - set(METHOD_OPTIONS[method])))
     if foreign:
@@ -398,7 +411,8 @@ def init(database_url, schema, data_dir, max_distance, blocks, tokenizer, jieba_
               "num_perm": num_perm, "verify": verify, "store_text": store_text}
     options = {name: value for name, value in {"method": method, **values}.items() if name in given}
     options.update({name: value for name, value in (("segment_size", segment_size), ("merge_factor", merge_factor),
-                                                     ("bulk_chunk", bulk_chunk), ("shards", shards))
+                                                     ("bulk_chunk", bulk_chunk), ("shards", shards),
+                                                     ("distributed_layout", distributed_layout))
                     if value is not None})
     if distributed:
         options["distributed"] = True
@@ -411,7 +425,7 @@ def init(database_url, schema, data_dir, max_distance, blocks, tokenizer, jieba_
         click.echo(f"{verb} index in schema {schema!r} of {index.database.display_url}")
         click.echo(f"layout: {index.settings.method.describe()}")
         if index.settings.distributed is not None:
-            click.echo(f"distributed: {index.settings.distributed['shards']} shards per table (Citus)")
+            click.echo(distribution(index.settings.distributed))
         index.settings.check_canaries()
         for line in index.settings.method.creation_notes(expected_size):
             click.echo(line)
@@ -803,6 +817,8 @@ def stats(database_url, schema, data_dir, as_json, exact):
                + f"; largest key bucket {'the sample met ' if sampled else ''}{largest:,}")
     settings = ", ".join(f"{k}={v}" for k, v in info["settings"].items())
     click.echo(f"settings:   {settings}")
+    if info["distributed"] is not None:
+        click.echo(distribution(info["distributed"]))
     if info["segmenters"]:
         click.echo(f"segmenters: {', '.join(info['segmenters'])} (same tokens; checked by the canaries on open)")
     click.echo(f"batches:    {len(info['batches'])}")

@@ -29,7 +29,7 @@ from .errors import IncompatibleIndex, InputError, SimdbError, parameter
 from .ingest import BatchSummary, FingerprintedBatch, IngestOptions, ingest
 from .inputs import DEFAULT_MAX_CHARS, Document, check_text, checks
 from .methods import Method
-from .pg import DEFAULT_SHARDS, catalog, citus, plpython, reads, segments, server
+from .pg import DEFAULT_SHARDS, catalog, citus, keyed, plpython, reads, segments, server
 from .pg.chunks import store_chunk
 from .pg.context import IndexContext
 from .pg.database import Database, check_schema_name, translating
@@ -168,8 +168,10 @@ class Index:
         storage = {name: settings.pop(name) for name in ("segment_size", "merge_factor", "bulk_chunk")
                    if settings.get(name) is not None}
         distributed, shards = settings.pop("distributed", False), settings.pop("shards", None)
-        if shards is not None and not distributed:
-            raise SimdbError(f"{parameter('shards')} is for a distributed index: add {parameter('distributed')}")
+        layout = settings.pop("distributed_layout", None)
+        for name, value in (("shards", shards), ("distributed_layout", layout)):
+            if value is not None and not distributed:
+                raise SimdbError(f"{parameter(name)} is for a distributed index: add {parameter('distributed')}")
         try:
             wanted = IndexSettings.new(**settings)
             policy = segments.SegmentPolicy(**{{"segment_size": "size"}.get(name, name): value
@@ -177,7 +179,10 @@ class Index:
         except ValueError as exc:
             raise SimdbError(f"invalid index settings: {exc}") from None
         wanted = replace(wanted, segments=policy, distributed={
-            "shards": citus.check_shards(DEFAULT_SHARDS if shards is None else shards)} if distributed else None)
+            "shards": citus.check_shards(DEFAULT_SHARDS if shards is None else shards),
+            # the default layout (by document id) is not written: indexes made before layouts were stored have it
+            **({"layout": keyed.check_layout(layout, wanted.method)} if layout not in (None, keyed.BY_ID) else {})}
+            if distributed else None)
         database = Database.connect(database_url, schema=schema, data_dir=data_dir)
         try:
             with database.engine.begin() as connection:
@@ -199,6 +204,8 @@ class Index:
                 differences.append("store_text: asked True, stored False")
             if distributed and index.settings.distributed is None:
                 differences.append("distributed: asked True, stored False")
+            elif layout is not None and keyed.layout_of(index.settings.distributed) != layout:
+                differences.append(f"distributed_layout: asked {layout!r}, stored {keyed.layout_of(index.settings.distributed)!r}")
             if differences:
                 raise IncompatibleIndex("the index was created with other storage settings ("
                                         + "; ".join(differences) + "). Open it without those options, or create "
@@ -210,7 +217,8 @@ class Index:
 
     @classmethod
     def copy_to_distributed(cls, database_url: str | None = None, *, schema: str, source: str,
-                            shards: int | None = None, data_dir: str | Path | None = None) -> "Index":
+                            shards: int | None = None, data_dir: str | Path | None = None,
+                            distributed_layout: str | None = None) -> "Index":
         """A new distributed index in ``schema`` of a Citus coordinator's database, holding everything the
         index in schema ``source`` of the same database holds: its settings, batches, documents with their
         ids, segments, pairs, clusters and verdicts, so that it gives the same answers. One transaction;
@@ -220,7 +228,8 @@ class Index:
             with database.engine.begin() as connection:
                 catalog.copy_to_distributed(
                     connection, check_schema_name(source), database.schema,
-                    citus.check_shards(DEFAULT_SHARDS if shards is None else shards), database.display_url)
+                    citus.check_shards(DEFAULT_SHARDS if shards is None else shards), database.display_url,
+                    distributed_layout or keyed.BY_ID)
             index = cls._open(database, {})
             index.created = True
             return index
@@ -460,7 +469,7 @@ class Index:
         limit = self._max_distance(max_distance)
         # one statement, one round trip: no BEGIN/ROLLBACK around a read
         with self.database.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
-            found = reads.lookup(connection, self.settings.method, sketch, limit)
+            found = reads.lookup(connection, self.settings.method, sketch, limit, keyed=self.context.keyed)
         return sorted((self._match(row, distance) for row, distance in found),
                       key=lambda m: (m.distance, m.external_id))
 
@@ -583,6 +592,9 @@ class Index:
             "duplicates": found["duplicates"],
             "batches": [dict(row._mapping) for row in found["batches"]],
             "settings": self.settings.summary(),
+            # on Citus: its shards and layout (id, or keyed: simdb.pg.keyed); None on one server
+            "distributed": None if self.settings.distributed is None else {
+                "shards": self.settings.distributed["shards"], "layout": keyed.layout_of(self.settings.distributed)},
             "layout": method.describe(),
             "segmenters": list(stored_settings.segmenters),
             "expected_candidates_per_lookup": None if expected is None else round(expected, 2),

@@ -100,7 +100,10 @@ def test_a_chunks_candidate_join_runs_on_every_shard_and_ships_only_the_probes(d
 
 
 @on_citus
-def test_every_command_works_on_a_distributed_index(database_url, schema, admin_engine, tmp_path, monkeypatch):
+@pytest.mark.parametrize("layout", ["id", "keyed"])
+def test_every_command_works_on_a_distributed_index(database_url, schema, admin_engine, tmp_path, monkeypatch,
+                                                    layout):
+    """Each distributed layout (the keyed one refuses relayout, saying so)."""
     from click.testing import CliRunner
 
     from simdb.cli import cli
@@ -108,16 +111,16 @@ def test_every_command_works_on_a_distributed_index(database_url, schema, admin_
     runner = CliRunner()
     monkeypatch.chdir(tmp_path)
 
-    def run(*args):
+    def run(*args, exit_code=0):
         result = runner.invoke(cli, list(args), env={"SIMDB_DATABASE_URL": database_url, "SIMDB_SCHEMA": schema},
                                catch_exceptions=False)
-        assert result.exit_code == 0, (args, result.output)
+        assert result.exit_code == exit_code, (args, result.output)
         return result.output
 
     first, second = write_jsonl(tmp_path / "a.jsonl", CORPUS[:250]), write_jsonl(tmp_path / "b.jsonl", CORPUS[250:])
-    assert "distributed: 4 shards per table (Citus)" in run(
+    assert f"distributed: 4 shards per table (Citus), layout {layout}" in run(
         "init", "--distributed", "--shards", str(CITUS_SHARDS), "--segment-size", "1000", "--bulk-chunk", "100",
-        "--store-text")
+        "--store-text", "--distributed-layout", layout)
     run("ingest", first, "--batch", "a", "--chunk-size", "60")
     run("ingest", second, "--batch", "b")
     assert_consistent(admin_engine, schema)
@@ -140,7 +143,11 @@ def test_every_command_works_on_a_distributed_index(database_url, schema, admin_
     assert len(statuses) == len(CORPUS) - 250
     run("report", "--output", str(tmp_path / "report.html"))
     assert (tmp_path / "report.html").stat().st_size > 10_000
-    run("relayout", "--blocks", "7")
+    if layout == "keyed":
+        assert "simdb relayout is not available on an index with the keyed distributed layout" in run(
+            "relayout", "--blocks", "7", exit_code=1)
+    else:
+        run("relayout", "--blocks", "7")
     assert_consistent(admin_engine, schema)
     assert CORPUS[0]["id"] in run("query", text)
     run("compact", "--full")
@@ -167,8 +174,10 @@ def test_a_distributed_index_whose_tables_were_undistributed_does_not_open(datab
 
 
 @on_citus
+@pytest.mark.parametrize("layout", ["id", "keyed"])
 def test_an_archive_moves_onto_citus_as_a_distributed_copy_that_answers_the_same(database_url, schema, admin_engine,
-                                                                                   tmp_path, run):
+                                                                                   tmp_path, run, layout):
+    """Into each distributed layout (the keyed one builds its keys table from the copied documents)."""
     from tests.conftest import assert_records_consistent
 
     source = f"{schema}_one"
@@ -179,15 +188,18 @@ def test_an_archive_moves_onto_citus_as_a_distributed_copy_that_answers_the_same
             one.remove(ids=[CORPUS[3]["id"]])
             expected = (assert_consistent(admin_engine, source), sorted((p.a, p.b, p.distance) for p in one.pairs()),
                         [list(one.verdicts(b)) for b in ("a", "b")], one.segments())
-        result = run("init", "--distributed", "--shards", str(CITUS_SHARDS), "--copy-from", source)
+        result = run("init", "--distributed", "--shards", str(CITUS_SHARDS), "--copy-from", source,
+                     "--distributed-layout", layout)
         assert result.exit_code == 0, result.output
         assert "a distributed copy of schema" in result.output and f"{len(CORPUS[:300]) - 1:,} documents" in result.output
         with Index.open(database_url, schema=schema) as copy:
-            assert copy.settings.distributed == {"shards": CITUS_SHARDS}
+            assert copy.settings.distributed == {"shards": CITUS_SHARDS,
+                                                 **({"layout": layout} if layout == "keyed" else {})}
             assert (assert_consistent(admin_engine, schema), sorted((p.a, p.b, p.distance) for p in copy.pairs()),
                     [list(copy.verdicts(b)) for b in ("a", "b")]) == expected[:3]
             assert [(s.first_id, s.end_id) for s in copy.segments()] == [(s.first_id, s.end_id) for s in expected[3]]
             copy.add_many(CORPUS[300:], batch="c")  # ids, batches and clusters go on from where the source left off
+            assert copy.query(CORPUS[5]["text"])[0].external_id == CORPUS[5]["id"]
         assert_consistent(admin_engine, schema)
         assert_records_consistent(admin_engine, schema)
     finally:

@@ -156,7 +156,8 @@ def test_stop_after_stored_chunks_says_how_to_resume(run, tmp_path, admin_engine
 
 def simdb_command(database_url, schema, *args):
     """``simdb ARGS`` in a subprocess; ``init`` creates the index the test's backend wants (distributed on Citus)."""
-    extra = init_options(database_url) if args[:1] == ("init",) else []
+    extra = init_options(database_url, args[args.index("--method") + 1] if "--method" in args else "simhash") \
+        if args[:1] == ("init",) else []
     return [sys.executable, "-m", "simdb", *args, *extra, "--database-url", database_url, "--schema", schema]
 
 

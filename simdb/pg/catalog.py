@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from ..errors import IncompatibleIndex, IndexNotFound
 from ..methods import Method
 from ..settings import IndexSettings
-from . import citus, migrate
+from . import citus, keyed, migrate
 from .database import lock
 from .functions import create_functions, create_views
 from .schema import create_tables
@@ -92,6 +92,8 @@ def create_index(connection: sa.Connection, schema: str, settings: IndexSettings
                 copy.write_row(row)
     if settings.distributed is not None:
         citus.distribute(connection, schema, settings.distributed["shards"])
+        if keyed.layout_of(settings.distributed) == keyed.KEYED:
+            keyed.create(connection, schema, settings.distributed["shards"])
     distributed = settings.distributed is not None
     create_functions(connection, schema, settings.method, distributed=distributed)
     create_views(connection, schema, settings.method, distributed=distributed)
@@ -111,6 +113,7 @@ def open_index(connection: sa.Connection, schema: str, where: str) -> IndexSetti
     stored = load_settings(connection)
     if stored.distributed is not None:
         citus.check(connection, schema, where)
+        keyed.check(connection, schema, keyed.layout_of(stored.distributed))
         citus.set_session(connection)
     if revision != migrate.head_revision():
         lock(connection, schema, "migrate")
@@ -125,7 +128,8 @@ def open_index(connection: sa.Connection, schema: str, where: str) -> IndexSetti
     return stored
 
 
-def copy_to_distributed(connection: sa.Connection, source: str, target: str, shards: int, where: str) -> dict[str, int]:
+def copy_to_distributed(connection: sa.Connection, source: str, target: str, shards: int, where: str,
+                        layout: str = keyed.BY_ID) -> dict[str, int]:
     """A new distributed index in ``target`` holding everything the index in ``source`` holds, segments of the
     same id ranges included (see :func:`simdb.pg.citus.copy_rows`), in one transaction, the source's ingests
     waiting; rows copied per table. The source is left as it was."""
@@ -134,9 +138,14 @@ def copy_to_distributed(connection: sa.Connection, source: str, target: str, sha
     stored = open_index(connection, source, where)
     ranges = [(s.first_id, s.end_id) for s in list_segments(connection, distributed=stored.distributed is not None)]
     connection.exec_driver_sql(f"SET LOCAL search_path TO {target}, public")
-    if not create_index(connection, target, replace(stored, distributed={"shards": shards}), where):
+    keyed.check_layout(layout, stored.method)
+    distributed = {"shards": shards, **({"layout": layout} if layout != keyed.BY_ID else {})}
+    if not create_index(connection, target, replace(stored, distributed=distributed), where):
         raise IncompatibleIndex(f"an index already exists in schema {target!r} of {where}; copy into a new schema")
     lock(connection, target, "ingest")
     for first_id, end_id in ranges:
         add_segment(connection, first_id, end_id)
-    return citus.copy_rows(connection, source, target)
+    counts = citus.copy_rows(connection, source, target)
+    if layout == keyed.KEYED:
+        counts["keys"] = keyed.build(connection, stored.method)
+    return counts

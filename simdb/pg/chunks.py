@@ -28,6 +28,7 @@ from ..inputs import checks
 from ..decisions import decide_chunk
 from ..methods import Method
 from .catalog import check_layout, record_segmenter
+from . import keyed as keyed_layout
 from .clusters import merge_cluster_rows, merge_clusters
 from .copy import copy_in, id_table
 from .database import lock
@@ -99,6 +100,7 @@ def store_chunk(connection: sa.Connection, schema: str, method: Method, chunk, *
     is a row an interrupted run stored and this run read again: it is handled as one of another batch.
     ``distributed``: the index is (its settings say so)."""
     lock(connection, schema, "ingest")
+    keyed = distributed and keyed_layout.is_keyed(connection)
     check_layout(connection, method)
     record_segmenter(connection, method)
     batch_id = open_batch(connection, name, source, first, started_at, stored_up_to)
@@ -131,11 +133,17 @@ def store_chunk(connection: sa.Connection, schema: str, method: Method, chunk, *
     wide = method.candidate_distance(method.max_distance)  # the distance itself unless the method decides by the texts
     staged = ~np.isin(ids, unstored)
     staged_ids, staged_sketches, staged_keys = ids[staged], _kept(stored_sketches, staged), keys[staged]
+    if keyed:  # the probes go to the shards of their keys, joined there (simdb.pg.keyed)
+        keyed_layout.stage_probes(connection, staged_ids, staged_sketches, staged_keys)
+        archive_pairs = keyed_layout.chunk_pairs(connection, wide, below=int(ids[0]) if count else 1)
+    else:
+        archive_pairs = segment_pairs(connection, method, "staging", count - len(unstored), wide,
+                                      below=int(ids[0]) if count else 1, distributed=distributed,
+                                      probe_rows=lambda: _probe_rows(ids, stored_sketches, keys, set(unstored)),
+                                      memory_probes=lambda: MemoryProbes.of(method, staged_ids, staged_sketches,
+                                                                            staged_keys))
     decision = decide_chunk(  # the decision ``check`` reaches the same way
-        method, segment_pairs(connection, method, "staging", count - len(unstored), wide,
-                              below=int(ids[0]) if count else 1, distributed=distributed,
-                              probe_rows=lambda: _probe_rows(ids, stored_sketches, keys, set(unstored)),
-                              memory_probes=lambda: MemoryProbes.of(method, staged_ids, staged_sketches, staged_keys)),
+        method, archive_pairs,
         staged_ids, staged_sketches, staged_keys,
         lambda wanted: chunk_or_stored(connection, ids, wanted, "text",  # UTF-8 in the chunk
                                        None if texts is None else lambda at: texts[at].decode("utf-8")),
@@ -160,6 +168,8 @@ def store_chunk(connection: sa.Connection, schema: str, method: Method, chunk, *
     if bulk_segment:  # indexed by sorting, then attached: the chunk's documents join the archive here
         index_bare(connection, bulk_segment, int(ids[0]), int(ids[-1]) + 1)
         attach_indexed(connection, bulk_segment, int(ids[0]), int(ids[-1]) + 1)
+    if keyed:  # the chunk's key rows join the archive's, on the shards they were staged on
+        keyed_layout.store_staged(connection)
     if len(pairs):  # the clusters the chunk's documents made, joined or merged
         merge_cluster_rows(connection, batch_id, method, schema, distributed=distributed)
     seal(connection, sealed)

@@ -16,6 +16,7 @@ import sqlalchemy as sa
 
 from ..methods import Method
 from ..settings import IndexSettings
+from .keyed import KEYED, layout_of
 from .methods import MethodSQL, sql_of
 
 
@@ -35,6 +36,11 @@ class IndexContext:
     def distributed(self) -> bool:
         """Whether the index is distributed (``simdb init --distributed``): its settings say so."""
         return self.settings.distributed is not None
+
+    @property
+    def keyed(self) -> bool:
+        """Whether the index has the keyed distributed layout (``--distributed-layout keyed``, :mod:`simdb.pg.keyed`)."""
+        return layout_of(self.settings.distributed) == KEYED
 
     @functools.cached_property
     def sql(self) -> MethodSQL:

@@ -16,6 +16,7 @@ from psycopg.rows import namedtuple_row
 from ..errors import NotFound
 from ..matches import distinct
 from ..methods import Method
+from . import keyed as keyed_layout
 from .context import IndexContext
 from .copy import copy_in
 from .methods import sql_of
@@ -152,9 +153,13 @@ def _compiled(sql: str, dialect: sa.Dialect) -> sa.sql.compiler.Compiled:
     return sa.text(sql).compile(dialect=dialect)
 
 
-def lookup(connection: sa.Connection, method: Method, sketch, max_distance: int) -> list[tuple[tuple, int]]:
+def lookup(connection: sa.Connection, method: Method, sketch, max_distance: int, *, keyed: bool = False
+           ) -> list[tuple[tuple, int]]:
     """(document, distance) of every stored document within ``max_distance`` of one sketch, in one statement
-    through the method's lookup (the analysts' function where it has one), verified by the method."""
+    through the method's lookup (the analysts' function where it has one), verified by the method; on the keyed
+    distributed layout, routed through its ``keys`` table (:func:`simdb.pg.keyed.lookup`)."""
+    if keyed:
+        return keyed_layout.lookup(connection, method, sketch, max_distance)
     candidates, params = sql_of(method).lookup_sql(sketch, max_distance)
     statement = _compiled(f"SELECT d.id, d.external_id, d.{sql_of(method).sketch_column[0]} AS sketch, d.metadata "
                           f"FROM ({candidates}) c JOIN documents d ON d.id = c.document_id", connection.dialect)
@@ -177,7 +182,9 @@ def match_many(connection: sa.Connection, index: IndexContext, sketches: Sequenc
     (the reader role), which may not create even a temporary table."""
     method = index.method
     found: list[dict[int, int]] = [{} for _ in sketches]
-    if connection.exec_driver_sql("SHOW transaction_read_only").scalar_one() == "on":
+    if index.keyed:  # routed by key, read-only
+        pairs = keyed_layout.probe(connection, method, sketches, max_distance)
+    elif connection.exec_driver_sql("SHOW transaction_read_only").scalar_one() == "on":
         pairs = probe_arrays(connection, method, sketches, max_distance, distributed=index.distributed)
     else:
         keys, values = method.keys(sketches), method.stored(sketches)
@@ -197,7 +204,11 @@ def probe_arrays(connection: sa.Connection, method: Method, sketches: Sequence, 
     """``(sketch index, document id, distance)`` of the stored documents within ``max_distance`` of each sketch
     (``keys``: their key values, when the caller has them), through the method's candidate joins, with the
     sketches sent as arrays: it writes nothing, not even a temporary table, so it runs in a read-only
-    transaction. A pair may come more than once."""
+    transaction. A pair may come more than once. On the keyed distributed layout, routed by key through its
+    ``keys`` table (:func:`simdb.pg.keyed.probe`)."""
+    if distributed and keyed_layout.is_keyed(connection):
+        yield from keyed_layout.probe(connection, method, sketches, max_distance, keys)
+        return
     keys = method.keys(sketches).tolist() if keys is None else keys
     probe, params = _array_probe(method, list(range(len(sketches))), method.stored(sketches), keys)
     for chunk in sql_of(method).candidate_pairs(connection, probe, "documents", max_distance, params=params,

@@ -21,6 +21,7 @@ from dataclasses import replace
 import sqlalchemy as sa
 
 from ..settings import IndexSettings
+from . import keyed as keyed_layout
 from .catalog import check_layout, document_columns, save_method
 from .database import lock, session_lock
 from .functions import create_functions
@@ -76,6 +77,10 @@ def _attach_part(engine: sa.Engine, schema: str, name: str, part: str, attempts:
 def relayout(engine: sa.Engine, schema: str, settings: IndexSettings, blocks: int | None, *,
              rows_per_transaction: int = 200_000, progress: Callable[[str], None] | None = None) -> IndexSettings:
     """Switch the index to ``blocks`` blocks (default: the best for its size); returns the new settings."""
+    if keyed_layout.layout_of(settings.distributed) == keyed_layout.KEYED:  # its keys table would go stale
+        raise keyed_layout.refuse("simdb relayout", "copy the index into a new one with the blocks you want "
+                                  "(simdb init --distributed --distributed-layout keyed --blocks N, then ingest "
+                                  "or export and ingest), or keep its layout")
     old = settings.method
     with engine.connect() as connection:
         documents = connection.execute(sa.text("SELECT count(*) FROM documents")).scalar_one()

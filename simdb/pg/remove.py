@@ -17,6 +17,7 @@ import sqlalchemy as sa
 
 from ..errors import NotFound, SimdbError
 from ..methods import Method
+from . import keyed as keyed_layout
 from .catalog import check_layout
 from .clusters import recluster, refresh_clusters
 from .copy import copy_in
@@ -104,6 +105,8 @@ def remove(connection: sa.Connection, schema: str, method: Method, *, external_i
     removed_per_batch = connection.exec_driver_sql(
         "SELECT d.batch_id, count(*) FROM documents d JOIN removing r ON r.id = d.id GROUP BY d.batch_id").all()
     removed = connection.execute(sa.text("DELETE FROM documents WHERE id IN (SELECT id FROM removing)")).rowcount
+    if keyed_layout.is_keyed(connection):  # and their key rows, which the keyed layout's probes read
+        keyed_layout.remove(connection, "removing")
     for removed_batch, count in removed_per_batch:  # what each batch holds: documents - removed
         if removed_batch != batch_id:  # (nothing to keep for a batch removed whole: its row goes)
             connection.execute(sa.text("UPDATE batches SET removed = removed + :count WHERE id = :id"),

@@ -35,6 +35,9 @@ class MethodSQL(ABC):
     #: faster than they are read: a segment read into memory (:mod:`simdb.pg.in_memory`) is then read as ids
     #: and sketches, not as its key columns.
     keys_from_stored: ClassVar[bool] = False
+    #: Whether a candidate is verified from its stored sketch alone, a BIGINT stored beside each key row: what the
+    #: keyed distributed layout (:mod:`simdb.pg.keyed`) needs.
+    verified_beside_keys: ClassVar[bool] = False
     _registry: ClassVar[dict[str, type["MethodSQL"]]] = {}
 
     def __init_subclass__(cls, **kwargs) -> None:

@@ -142,6 +142,7 @@ class SimHashSQL(MethodSQL):
     sketch_type = "bigint"
     sketch_column = ("simhash", "int8")
     keys_from_stored = True
+    verified_beside_keys = True
 
     def candidate_pairs(self, connection: sa.Connection, probe: str, target: str, max_distance: int, *,
                         where: str | None = None, params: dict | None = None, index_probes: bool = False,

@@ -1,0 +1,238 @@
+"""The keyed distributed layout (``simdb init --distributed --distributed-layout keyed``): each probe goes to one shard.
+
+The default distributed layout (:mod:`simdb.pg.citus`) shards ``documents`` by ``id``, so that a document's
+15 keys can sit on any shard and every probe is sent to every shard. This layout adds Manku's permuted tables
+as one Citus table distributed by the key value:
+
+- ``keys (key, id, fingerprint)``: one row per (document, key number), hash-distributed by ``key``, with a
+  covering B-tree ``(key) INCLUDE (id, fingerprint)``. ``key`` folds the key number into the key value
+  (:func:`fold`: ``value << 6 | key_no``), so that one ``key = ANY(...)`` finds a probe's matches on every key
+  column at once and Citus prunes it to the shards that hold those values: a lookup is at most as many
+  shard tasks as there are key columns, whatever the shard count.
+- ``key_probes (key, probe, fingerprint)``: a chunk's probes, co-located with ``keys``, so that the chunk's
+  candidate join is a co-located join, one task per shard, nothing broadcast. A chunk writes its probes
+  there by one COPY (each new document's key rows go to one shard each), joins them, moves them into ``keys``
+  by a co-located ``INSERT ... SELECT`` and deletes them, all in its own transaction (under the ingest lock),
+  so no other transaction ever sees them.
+
+Everything else is as in the default layout (``documents`` and its segments by ``id`` with their key
+columns and indexes, pairs, clusters and records): every other operation reads and writes those as before,
+and only the probes (ingest, check, lookups, queries) are routed through ``keys``. Candidates are verified
+by the fingerprint stored with each key row, on the shard, and again in numpy. A fold that loses a wide key's
+top bits only adds candidates, which the distance check drops: the answers are exact.
+
+SimHash only for now (MinHash's band rows would need their signatures verified from ``documents``: a
+second, id-routed step). ``simdb relayout`` is refused (it would have to rebuild ``keys``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import sqlalchemy as sa
+from psycopg.rows import namedtuple_row
+
+from ..bits import hamming_array, to_unsigned_array
+from ..errors import IncompatibleIndex, SimdbError
+from ..methods import Method
+from .copy import copy_in
+from .methods import sql_of
+from .methods.simhash import verified_pairs
+
+#: The distributed layouts: by document id (the default, :mod:`simdb.pg.citus`), or routed by key (this module).
+BY_ID, KEYED = "id", "keyed"
+LAYOUTS = (BY_ID, KEYED)
+#: Low bits of a stored key that hold its key number (a layout has at most 64 keys).
+KEY_NUMBER_BITS = 6
+
+TABLES = ("keys", "key_probes")
+#: A routed probe of ``keys``: the stored rows of the given (folded) keys, on the shards that hold them (in the
+#: driver's parameter style: it is prepared on the driver's connection, see :func:`lookup`).
+LOOKUP_SQL = "SELECT key, id, fingerprint FROM keys WHERE key = ANY(CAST(%(keys)s AS bigint[]))"
+
+
+def layout_of(distributed: dict | None) -> str | None:
+    """The distributed layout a ``distributed`` settings row names (None: the index is on one server)."""
+    if distributed is None:
+        return None
+    layout = distributed.get("layout", BY_ID)
+    if layout not in LAYOUTS:
+        raise IncompatibleIndex(f"the index's distributed layout is {layout!r}, which this simdb does not know "
+                                f"(it knows {', '.join(LAYOUTS)}); upgrade simdb to open it")
+    return layout
+
+
+def check_layout(layout: str, method: Method) -> str:
+    """``layout`` if a new distributed index of ``method`` can have it, else a clear error."""
+    if layout not in LAYOUTS:
+        raise SimdbError(f"the distributed layout must be one of {', '.join(LAYOUTS)}, not {layout!r}")
+    if layout == KEYED and not sql_of(method).verified_beside_keys:
+        raise SimdbError(f"the keyed distributed layout holds SimHash indexes only, not {method.title}; "
+                         "leave out «distributed_layout» (the layout by document id) for this method")
+    return layout
+
+
+def is_keyed(connection: sa.Connection) -> bool:
+    """Whether the index on ``connection``'s search path has the keyed layout (its ``distributed`` row says)."""
+    return connection.execute(sa.text(
+        "SELECT value ->> 'layout' FROM settings WHERE name = 'distributed'")).scalar() == KEYED
+
+
+def refuse(operation: str, instead: str) -> SimdbError:
+    """The error for an operation the keyed layout does not do yet."""
+    return SimdbError(f"{operation} is not available on an index with the keyed distributed layout "
+                      f"(simdb init --distributed --distributed-layout keyed) yet; {instead}")
+
+
+def fold(keys: np.ndarray) -> np.ndarray:
+    """Stored key values of an (n, key columns) array of key values: ``value << 6 | key number``, wrapping in
+    64 bits as BIGINT does; row-major, so row ``i``'s keys are ``[i * columns, (i + 1) * columns)``."""
+    keys = np.asarray(keys, dtype=np.int64)
+    numbers = np.arange(keys.shape[1], dtype=np.int64)
+    return ((keys << np.int64(KEY_NUMBER_BITS)) | numbers).reshape(-1)
+
+
+# -- creating and checking -------------------------------------------------------------------------------
+
+def create(connection: sa.Connection, schema: str, shards: int) -> None:
+    """The keyed layout's tables of a new distributed index, distributed by key (see the module's docstring)."""
+    connection.exec_driver_sql("CREATE TABLE keys (key bigint NOT NULL, id bigint NOT NULL, "
+                               "fingerprint bigint NOT NULL)")
+    connection.exec_driver_sql("CREATE INDEX keys_key ON keys (key) INCLUDE (id, fingerprint)")
+    connection.exec_driver_sql("CREATE TABLE key_probes (key bigint NOT NULL, probe bigint NOT NULL, "
+                               "fingerprint bigint NOT NULL)")
+    connection.execute(sa.text("SELECT create_distributed_table(CAST(:t AS regclass), 'key', shard_count => :n, "
+                               "colocate_with => 'none')"), {"t": f"{schema}.keys", "n": shards})
+    connection.execute(sa.text("SELECT create_distributed_table(CAST(:t AS regclass), 'key', colocate_with => :w)"),
+                       {"t": f"{schema}.key_probes", "w": f"{schema}.keys"})
+    connection.exec_driver_sql("COMMENT ON TABLE keys IS 'One row per document and key number, distributed by "
+                               "key (key value << 6 | key number): a probe goes to the one shard of its key.'")
+    connection.exec_driver_sql("COMMENT ON TABLE key_probes IS 'An ingest chunk''s probes, co-located with keys; "
+                               "written and emptied inside the chunk''s transaction.'")
+
+
+def check(connection: sa.Connection, schema: str, layout: str | None) -> None:
+    """On opening a keyed index: its key tables are distributed by key and co-located."""
+    if layout != KEYED:
+        return
+    rows = dict(connection.execute(sa.text(
+        "SELECT c.relname, column_to_column_name(p.logicalrelid, p.partkey) || ' ' || p.colocationid "
+        "FROM pg_dist_partition p JOIN pg_class c ON c.oid = p.logicalrelid "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = :schema AND c.relname = ANY(:tables)"),
+        {"schema": schema, "tables": list(TABLES)}).all())
+    placements = {rows.get(table, "").split(" ")[0] for table in TABLES}
+    if placements != {"key"} or len({rows[table].split(" ")[1] for table in TABLES}) != 1:
+        raise IncompatibleIndex(f"the index in schema {schema!r} has the keyed distributed layout, yet its tables "
+                                f"{', '.join(TABLES)} are not co-located Citus tables distributed by key; open it on "
+                                "the coordinator that holds it")
+
+
+def build(connection: sa.Connection, method: Method) -> int:
+    """Fill ``keys`` from the stored documents' key columns (an index copied into the keyed layout); rows
+    written. One ``INSERT ... SELECT`` per key column, which Citus repartitions by key."""
+    written = 0
+    for number, column in enumerate(method.key_columns):
+        written += connection.exec_driver_sql(
+            f"INSERT INTO keys (key, id, fingerprint) SELECT ({column} << {KEY_NUMBER_BITS}) | {number}, id, "
+            f"{method.sketch_column[0]} FROM documents").rowcount
+    return written
+
+
+# -- a chunk of an ingest ----------------------------------------------------------------------------
+
+def stage_probes(connection: sa.Connection, ids: np.ndarray, fingerprints: Sequence[int], keys: np.ndarray) -> None:
+    """Write a chunk's staged documents (their ids, stored fingerprints and key rows) into ``key_probes``: one
+    row per document and key, each to the shard of its key."""
+    if not len(ids):
+        return
+    columns = np.asarray(keys).shape[1]
+    folded = fold(keys).tolist()
+    probe = np.repeat(np.asarray(ids, dtype=np.int64), columns).tolist()
+    stored = np.repeat(np.asarray(fingerprints, dtype=np.int64), columns).tolist()
+    copy_in(connection, "key_probes (key, probe, fingerprint)", ["int8", "int8", "int8"], zip(folded, probe, stored))
+
+
+def chunk_pairs(connection: sa.Connection, max_distance: int, below: int) -> Iterator[np.ndarray]:
+    """Verified ``(probe id, document id, distance)`` rows of the staged probes against every stored document
+    (ids below ``below``): a co-located join of ``key_probes`` with ``keys``, verified on the shards. A pair
+    that shares several keys comes back once per key."""
+    yield from verified_pairs(connection, candidate_join_sql(max_distance, below), max_distance)
+
+
+def candidate_join_sql(max_distance: int, below: int) -> str:
+    """The chunk's candidate join (a co-located join: ``tests/test_keyed.py`` holds its plan to that)."""
+    return ("SELECT p.probe, k.id, p.fingerprint, k.fingerprint FROM key_probes p JOIN keys k ON k.key = p.key "
+            f"WHERE k.id < {int(below)} AND bit_count((p.fingerprint # k.fingerprint)::bit(64)) <= {int(max_distance)}")
+
+
+def store_staged(connection: sa.Connection) -> None:
+    """Move the chunk's probes into ``keys`` (the chunk's documents are stored): a co-located INSERT ... SELECT,
+    nothing crosses the network; ``key_probes`` is left empty."""
+    connection.exec_driver_sql("INSERT INTO keys (key, id, fingerprint) SELECT key, probe, fingerprint FROM key_probes")
+    connection.exec_driver_sql("DELETE FROM key_probes")
+
+
+def remove(connection: sa.Connection, removing: str) -> None:
+    """Drop the key rows of the documents whose ids the temporary table ``removing`` holds."""
+    connection.exec_driver_sql(f"DELETE FROM keys WHERE id IN (SELECT id FROM {removing})")
+
+
+# -- reads: lookups, queries, check --------------------------------------------------------------------
+
+def probe(connection: sa.Connection, method: Method, sketches: Sequence, max_distance: int,
+          keys: Sequence[Sequence[int]] | None = None) -> Iterator[tuple[int, int, int]]:
+    """``(sketch index, document id, distance)`` of the stored documents within ``max_distance`` of each sketch:
+    one ``key = ANY(...)`` statement that Citus prunes to the shards holding the sketches' keys (one sketch:
+    at most one task per key column). Writes nothing: it runs in a read-only transaction."""
+    if not len(sketches):
+        return
+    key_rows = method.keys(sketches) if keys is None else np.asarray(keys, dtype=np.int64)
+    wanted = np.unique(fold(key_rows)).tolist()
+    rows = connection.exec_driver_sql(LOOKUP_SQL, {"keys": wanted}).all()
+    yield from _verified(rows, method, sketches, key_rows, max_distance)
+
+
+def _verified(rows: Sequence[tuple], method: Method, sketches: Sequence, key_rows: np.ndarray, max_distance: int
+              ) -> Iterator[tuple[int, int, int]]:
+    """``(sketch index, document id, distance)`` of the ``(key, id, fingerprint)`` rows found for the sketches'
+    keys within ``max_distance`` (a row counts for every sketch that has its key)."""
+    if not len(rows):
+        return
+    columns = key_rows.shape[1]
+    folded = fold(key_rows)
+    order = np.argsort(folded, kind="stable")
+    wanted, owners = folded[order], order // columns  # the sorted keys, and the sketch each came from
+    found = np.array([tuple(row) for row in rows], dtype=np.int64).reshape(-1, 3)
+    first = np.searchsorted(wanted, found[:, 0], side="left")
+    last = np.searchsorted(wanted, found[:, 0], side="right")
+    repeats = last - first
+    row_of = np.repeat(np.arange(len(found)), repeats)
+    # each row's places among the sorted wanted keys: first[r], first[r] + 1, ..., last[r] - 1
+    position = np.arange(repeats.sum()) - np.repeat(np.cumsum(repeats) - repeats, repeats) + np.repeat(first, repeats)
+    sketch_index = owners[position]
+    stored = np.asarray(method.stored(list(sketches)), dtype=np.int64)
+    distances = hamming_array(to_unsigned_array(stored[sketch_index]),
+                              to_unsigned_array(found[row_of, 2])).astype(np.int64)
+    keep = distances <= max_distance
+    yield from zip(sketch_index[keep].tolist(), found[row_of[keep], 1].tolist(), distances[keep].tolist())
+
+
+def lookup(connection: sa.Connection, method: Method, sketch, max_distance: int) -> list[tuple[tuple, int]]:
+    """(document, distance) of every stored document within ``max_distance`` of one sketch: the routed probe of
+    ``keys``, then the documents it found, read by id (each from its own shard). Both statements are prepared
+    on their first run on a connection (as :func:`simdb.pg.reads.lookup` prepares its one), unless the
+    connection is told to prepare nothing (``prepare_threshold=None``, as behind PgBouncer)."""
+    driver = connection.connection.driver_connection
+    prepare = True if driver.prepare_threshold is not None else None
+    key_rows = method.keys([sketch])
+    rows = driver.cursor().execute(LOOKUP_SQL, {"keys": np.unique(fold(key_rows)).tolist()}, prepare=prepare
+                                   ).fetchall()
+    distances = {document: distance for _, document, distance in
+                 _verified(rows, method, [sketch], key_rows, max_distance)}
+    if not distances:
+        return []
+    documents = driver.cursor(row_factory=namedtuple_row).execute(
+        f"SELECT id, external_id, {method.sketch_column[0]} AS sketch, metadata FROM documents "
+        "WHERE id = ANY(CAST(%(ids)s AS bigint[]))", {"ids": sorted(distances)}, prepare=prepare).fetchall()
+    return [(row, distances[row.id]) for row in documents]

@@ -1,0 +1,211 @@
+"""The keyed distributed layout (``--distributed-layout keyed``, :mod:`simdb.pg.keyed`): each probe routed by key.
+
+Its answers are brute force's from the inputs (ingest in several chunks and batches with planted
+near-duplicates, queries, check, removal), its plans are routed (a lookup is at most one shard task per key
+column, a chunk's candidate join is co-located: nothing broadcast or repartitioned), and what it does not do
+yet is refused with one clear error.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import sqlalchemy as sa
+
+from simdb import IncompatibleIndex, Index, SimdbError
+from tests.conftest import CITUS_SHARDS, assert_consistent
+from tests.test_index import flip, make_batch
+
+#: The test runs on a Citus coordinator (skipped, saying why, where Citus is not installed).
+on_citus = pytest.mark.parametrize("backend", ["citus"], indirect=True)
+
+KEYED = {"distributed": True, "distributed_layout": "keyed"}
+
+
+def planted_texts(rng: random.Random, prefix: str, count: int, earlier: list[dict]) -> list[dict]:
+    """``count`` records: new texts, near copies of earlier ones (a word or two changed) and exact copies."""
+    words = [f"w{i}" for i in range(400)]
+    records = []
+    for i in range(count):
+        pool = earlier + records
+        roll = rng.random()
+        if pool and roll < 0.35:
+            text = pool[rng.randrange(len(pool))]["text"].split()
+            for _ in range(rng.randrange(1, 3)):
+                text[rng.randrange(len(text))] = rng.choice(words)
+            text = " ".join(text)
+        elif pool and roll < 0.45:
+            text = pool[rng.randrange(len(pool))]["text"]
+        else:
+            text = " ".join(rng.choices(words, k=60))
+        records.append({"id": f"{prefix}-{i}", "text": text})
+    return records
+
+
+def brute_force_pairs(fingerprint, records: list[dict], max_distance: int) -> set:
+    """{(earlier id, later id, distance)} of every pair of the records within ``max_distance``, from their texts."""
+    fingerprints = [(record["id"], fingerprint(record["text"])) for record in records]
+    return {(a, b, (fa ^ fb).bit_count()) for i, (b, fb) in enumerate(fingerprints) for a, fa in fingerprints[:i]
+            if (fa ^ fb).bit_count() <= max_distance}
+
+
+def stored_pairs(index: Index) -> set:
+    return {(p.a, p.b, p.distance) for p in index.pairs()}
+
+
+def key_rows(admin_engine, schema: str) -> tuple[int, int]:
+    with admin_engine.connect() as connection:
+        return (connection.exec_driver_sql(f"SELECT count(*) FROM {schema}.keys").scalar_one(),
+                connection.exec_driver_sql(f"SELECT count(*) FROM {schema}.key_probes").scalar_one())
+
+
+@on_citus
+def test_a_keyed_index_stores_brute_forces_pairs_over_chunks_and_batches(database_url, schema, admin_engine):
+    rng = random.Random(37)
+    records: list[dict] = []
+    with Index.create(database_url, schema=schema, shards=CITUS_SHARDS, segment_size=1000, bulk_chunk=60,
+                      **KEYED) as index:
+        k, columns = index.settings.method.max_distance, len(index.settings.method.key_columns)
+        for name, count, chunk in (("a", 150, 40), ("b", 120, 70), ("c", 90, 25)):  # small and bulk chunks
+            batch = planted_texts(rng, name, count, records)
+            index.add_many(batch, batch=name, chunk_size=chunk)
+            records += batch
+            assert stored_pairs(index) == brute_force_pairs(index.fingerprint, records, k)
+        assert len(stored_pairs(index)) > 50  # the planted near-duplicates were found
+        assert key_rows(admin_engine, schema) == (len(records) * columns, 0)  # every key stored, no probe left
+        assert_consistent(admin_engine, schema)
+
+        # lookups and queries, routed: the stored documents within k of each text, by brute force
+        stored = {record["id"]: index.fingerprint(record["text"]) for record in records}
+        probes = [records[i]["text"] for i in rng.sample(range(len(records)), 12)] + ["w1 w2 w3 an unseen text"]
+        for text, found in zip(probes, index.query_many(probes)):
+            fingerprint = index.fingerprint(text)
+            expected = {(name, (fp ^ fingerprint).bit_count()) for name, fp in stored.items()
+                        if (fp ^ fingerprint).bit_count() <= k}
+            assert {(m.external_id, m.distance) for m in found} == expected
+            assert {(m.external_id, m.distance) for m in index.query(text)} == expected
+
+        # check says what an ingest then does
+        batch = planted_texts(rng, "d", 60, records)
+        checked = [(v.status, v.duplicate_of) for v in index.check_many(batch, batch="d")]
+        index.add_many(batch, batch="d", chunk_size=30)
+        assert [(v.status, v.duplicate_of) for v in index.verdicts("d")] == checked
+        records += batch
+
+        # a removal takes the key rows with the documents: later matches never name them
+        index.remove(batch="b")
+        kept = [record for record in records if not record["id"].startswith("b-")]
+        batch = planted_texts(rng, "e", 60, records)  # near copies of removed ones too
+        index.add_many(batch, batch="e", chunk_size=30)
+        kept += batch
+        assert stored_pairs(index) == brute_force_pairs(index.fingerprint, kept, k)
+        assert key_rows(admin_engine, schema) == (len(kept) * columns, 0)
+        assert_consistent(admin_engine, schema)
+
+
+@on_citus
+def test_a_keyed_index_of_fingerprints_with_planted_near_duplicates_stores_brute_forces_pairs(database_url, schema):
+    rng = random.Random(7)
+    with Index.create(database_url, schema=schema, shards=CITUS_SHARDS, **KEYED) as index:
+        k = index.settings.method.max_distance
+        rows: list[tuple[str, int]] = []
+        for name in ("a", "b", "c"):
+            fingerprints = [flip(rng.choice(rows)[1], rng.sample(range(64), rng.randrange(k + 2))) if rows and
+                            rng.random() < 0.6 else rng.getrandbits(64) for _ in range(200)]
+            index.add_fingerprinted(make_batch(fingerprints, name), batch=name)
+            rows += [(f"{name}-{i}", fp) for i, fp in enumerate(fingerprints)]
+        expected = {(a, b, (fa ^ fb).bit_count()) for i, (b, fb) in enumerate(rows) for a, fa in rows[:i]
+                    if (fa ^ fb).bit_count() <= k}
+        assert stored_pairs(index) == expected and len(expected) > 100
+
+
+@on_citus
+def test_the_keyed_layout_is_stored_checked_on_open_and_refuses_what_it_does_not_do(database_url, schema,
+                                                                                     admin_engine, run):
+    result = run("init", "--distributed", "--shards", str(CITUS_SHARDS), "--distributed-layout", "keyed")
+    assert result.exit_code == 0, result.output
+    assert f"distributed: {CITUS_SHARDS} shards per table (Citus), layout keyed" in result.output
+    with Index.open(database_url, schema=schema) as index:
+        assert index.settings.distributed == {"shards": CITUS_SHARDS, "layout": "keyed"}
+        index.add_many([{"id": "x", "text": "a text of a few words"}], batch="one")
+        assert index.stats()["distributed"] == {"shards": CITUS_SHARDS, "layout": "keyed"}
+    assert f"distributed: {CITUS_SHARDS} shards per table (Citus), layout keyed" in run("stats").output
+    with Index.open(database_url, schema=schema) as index:
+        with pytest.raises(SimdbError, match="simdb relayout is not available on an index with the keyed"):
+            index.relayout(blocks=7)
+    with pytest.raises(IncompatibleIndex, match="distributed_layout: asked 'id', stored 'keyed'"):
+        Index.create(database_url, schema=schema, exist_ok=True, distributed=True, distributed_layout="id")
+    with pytest.raises(SimdbError, match="keyed distributed layout holds SimHash indexes only"):
+        Index.create(database_url, schema=f"{schema}_m", method="minhash", **KEYED)
+    with pytest.raises(SimdbError, match="is for a distributed index"):
+        Index.create(database_url, schema=f"{schema}_m", distributed=False, distributed_layout="keyed")
+    with admin_engine.begin() as connection:
+        connection.exec_driver_sql(f"SELECT undistribute_table('{schema}.key_probes')")
+    with pytest.raises(IncompatibleIndex, match="are not co-located Citus tables distributed by key"):
+        Index.open(database_url, schema=schema)
+    with admin_engine.begin() as connection:
+        connection.exec_driver_sql(f"UPDATE {schema}.settings SET value = value || '{{\"layout\": \"ring\"}}' "
+                                   "WHERE name = 'distributed'")
+    with pytest.raises(IncompatibleIndex, match="layout is 'ring', which this simdb does not know"):
+        Index.open(database_url, schema=schema)
+
+
+@on_citus
+def test_a_keyed_lookup_and_a_chunks_candidate_join_are_routed_by_key(database_url, schema):
+    """More shards than key columns, so that a plan that fell back to every shard would show it."""
+    from simdb.pg import keyed
+
+    shards = 32
+    rng = random.Random(5)
+    with Index.create(database_url, schema=schema, shards=shards, **KEYED) as index:
+        method = index.settings.method
+        columns = len(method.key_columns)
+        assert columns < shards
+        index.add_fingerprinted(make_batch([rng.getrandbits(64) for _ in range(300)], "a"), batch="a")
+        sketch = rng.getrandbits(64)
+        folded = keyed.fold(method.keys([sketch])).tolist()
+        with index.database.engine.begin() as connection:
+            lookup = "\n".join(connection.exec_driver_sql("EXPLAIN " + keyed.LOOKUP_SQL, {"keys": folded}).scalars())
+            keyed.stage_probes(connection, [10**9], method.stored([sketch]), method.keys([sketch]))
+            join = plan(connection, keyed.candidate_join_sql(method.max_distance, 10**9))
+            store = plan(connection, "INSERT INTO keys (key, id, fingerprint) "
+                                     "SELECT key, probe, fingerprint FROM key_probes")
+            connection.rollback()
+    tasks = task_count(lookup)
+    assert 1 <= tasks <= columns, lookup  # pruned to the shards of the sketch's keys, not all 32
+    # the candidate join: one task per shard, each joining a key_probes shard with the keys shard beside it;
+    # no subplan shipping the probes, no repartition, no broadcast
+    assert task_count(join) == shards, join
+    for fallback in ("Distributed Subplan", "MapMergeJob", "repartition", "Broadcast", "intermediate"):
+        assert fallback not in join, join
+    assert "keys_" in join and "key_probes_" in join
+    # moving the probes into keys is pushed down to each shard pair (no coordinator pull, no repartition)
+    assert "INSERT/SELECT method" not in store and task_count(store) == shards, store
+
+
+@on_citus
+def test_a_keyed_index_matches_through_its_keys_table_alone(database_url, schema, admin_engine):
+    """The probes read ``keys``, not the documents' key columns: without a document's key rows, neither a
+    query, a check nor an ingest finds it (so that a change that fell back to the documents shows here)."""
+    rng = random.Random(3)
+    with Index.create(database_url, schema=schema, shards=CITUS_SHARDS, **KEYED) as index:
+        fingerprints = [rng.getrandbits(64) for _ in range(20)]
+        index.add_fingerprinted(make_batch(fingerprints, "a"), batch="a")
+        assert [m.external_id for m in index.query_fingerprint(fingerprints[4])] == ["a-4"]
+        with admin_engine.begin() as connection:
+            connection.exec_driver_sql(f"DELETE FROM {schema}.keys")
+        assert index.query_fingerprint(fingerprints[4]) == []
+        assert index.query_fingerprints([fingerprints[4]]) == [[]]
+        index.add_fingerprinted(make_batch([flip(fingerprints[4], [0])], "b"), batch="b")
+        assert stored_pairs(index) == set()
+
+
+def plan(connection, statement: str, params: dict | None = None) -> str:
+    return "\n".join(connection.execute(sa.text("EXPLAIN " + statement), params or {}).scalars())
+
+
+def task_count(plan_text: str) -> int:
+    counts = [int(line.split("Task Count:")[1]) for line in plan_text.splitlines() if "Task Count:" in line]
+    assert len(counts) == 1, plan_text
+    return counts[0]
