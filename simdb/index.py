@@ -322,7 +322,8 @@ class Index:
         """Ingest documents (and, with ``on_error="skip"``, read errors to reject) as one batch, merging
         segments after each chunk if the index's policy asks for it (unless ``options.compact`` is false)."""
         return ingest(self.database.engine, self.database.schema, self.sketcher, items, options, progress,
-                      store_text=self.settings.texts, distributed=self.context.distributed)
+                      store_text=self.settings.texts, distributed=self.context.distributed,
+                      keyed=self.context.keyed)
 
     def verdicts(self, batch: str, *, status: str | None = None) -> Iterator[Verdict]:
         """What became of every input record of a stored batch (of one ``status``), in input order, streamed."""
@@ -352,7 +353,8 @@ class Index:
         with self.database.engine.begin() as connection:
             result = store_chunk(connection, self.database.schema, self.settings.method, fingerprinted, name=batch,
                                  source=source, first=True, final=True, position=len(fingerprinted),
-                                 skip_errors=False, distributed=self.context.distributed)
+                                 skip_errors=False, distributed=self.context.distributed,
+                                 keyed=self.context.keyed)
             row = reads.batch_row(connection, batch)
         return BatchSummary(name=batch, documents=result.stored, new=row.new, exact_duplicates=row.exact_duplicates,
                             near_duplicates=row.near_duplicates, within_batch=row.within_batch,
@@ -383,7 +385,7 @@ class Index:
         return sync.run_source(self.database.engine, self.database.schema, self.sketcher, self._own_url, name,
                                options or IngestOptions(), source_url=source_url, wait=wait, itersize=itersize,
                                store_text=self.settings.texts, distributed=self.context.distributed,
-                               progress=progress)
+                               keyed=self.context.keyed, progress=progress)
 
     # -- removal and layout ------------------------------------------------------------------------
 
@@ -394,7 +396,7 @@ class Index:
         try:
             with connection.begin() as transaction:
                 summary = remove(connection, self.database.schema, self.settings.method, external_ids=ids,
-                                 batch=batch, before=before)
+                                 batch=batch, before=before, keyed=self.context.keyed)
                 if dry_run:
                     transaction.rollback()
             return dataclasses.replace(summary, dry_run=dry_run)

@@ -184,7 +184,7 @@ def size_checked(items: Iterable[Document | InputError], max_chars: int) -> Iter
 def ingest(engine: sa.Engine, schema: str, method: Method,
            items: Iterable[Document | InputError], options: IngestOptions,
            progress: Callable[[int], None] | None = None, *, store_text: bool = False,
-           distributed: bool) -> BatchSummary:
+           distributed: bool, keyed: bool) -> BatchSummary:
     """Ingest a batch in atomic chunks (keeping each text when ``store_text``) into an index, ``distributed`` or
     not as its settings say; see the module docstring."""
     started = time.perf_counter()
@@ -222,7 +222,8 @@ def ingest(engine: sa.Engine, schema: str, method: Method,
                                       first=first, final=final, position=consumed, rejects=chunk_errors,
                                       skip_errors=skip_errors, started_at=started_at,
                                       stored_up_to=kept.position if kept else None,
-                                      rereads=options.items_follow_position, distributed=distributed)
+                                      rereads=options.items_follow_position, distributed=distributed,
+                                     keyed=keyed)
                 if options.after_chunk is not None:
                     options.after_chunk(connection, consumed)
             kept = KeptBatch(name, consumed, (kept.documents if kept else 0) + result.stored, complete=final)

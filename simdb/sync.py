@@ -201,7 +201,7 @@ def _naming(error: InputError, row_id: str) -> InputError:
 
 def run_source(engine: sa.Engine, schema: str, method: Method, own_url: str, name: str, options: IngestOptions,
                *, source_url: str | None = None, wait: bool = False, itersize: int = DEFAULT_ITERSIZE,
-               store_text: bool = False, distributed: bool,
+               store_text: bool = False, distributed: bool, keyed: bool,
                progress: Callable[[int], None] | None = None) -> BatchSummary:
     """Ingest source ``name``'s rows past its position as one batch (see the module docstring); ``source_url``
     overrides the stored URL for this run (one with its password)."""
@@ -211,12 +211,12 @@ def run_source(engine: sa.Engine, schema: str, method: Method, own_url: str, nam
                              "reading anything (run it again when that one is done, or pass «wait»)")
         try:
             return _run(engine, schema, method, own_url, name, options, source_url, itersize, store_text, distributed,
-                        progress)
+                        keyed, progress)
         finally:
             pg.unlock_run(holder, schema, name)
 
 
-def _run(engine, schema, method, own_url, name, options, source_url, itersize, store_text, distributed,
+def _run(engine, schema, method, own_url, name, options, source_url, itersize, store_text, distributed, keyed,
          progress) -> BatchSummary:
     with engine.connect() as connection:
         source = pg.get_source(connection, name)
@@ -226,7 +226,7 @@ def _run(engine, schema, method, own_url, name, options, source_url, itersize, s
     positions, origin = _Positions(consumed or 0, source), f"sync {name}"  # origin: its batches' source
 
     def replace_changed(connection: sa.Connection, chunk) -> None:
-        pg.remove_changed(connection, schema, method, chunk.external_ids, chunk.content_hashes, origin)
+        pg.remove_changed(connection, schema, method, chunk.external_ids, chunk.content_hashes, origin, keyed=keyed)
 
     def advance(connection: sa.Connection, position: int) -> None:
         pg.advance(connection, name, *positions.at(position), batch)
@@ -238,7 +238,7 @@ def _run(engine, schema, method, own_url, name, options, source_url, itersize, s
                           after_chunk=advance)
     try:
         summary = ingest(engine, schema, method, _records(source, rows, positions), run_options, progress,
-                         store_text=store_text, distributed=distributed)
+                         store_text=store_text, distributed=distributed, keyed=keyed)
     except SimdbError as error:
         error.args = (redact(str(error.args[0]) if error.args else str(error), secrets_in(url)),)
         raise

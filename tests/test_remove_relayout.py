@@ -173,7 +173,8 @@ def test_removing_a_batch_reads_only_the_pairs_of_documents_that_pointed_at_it(i
     index.add_fingerprinted(make_batch(gone, "gone"), batch="gone")
     index.add_fingerprinted(make_batch([flip(fp, [3]) for fp in gone], "later"), batch="later")
     with index.database.engine.begin() as connection:
-        summary = remove(connection, index.database.schema, index.settings.method, batch="gone")
+        summary = remove(connection, index.database.schema, index.settings.method, batch="gone",
+                         keyed=index.context.keyed)
         scans = connection.execute(sa.text(
             "SELECT idx_scan FROM pg_stat_xact_user_tables WHERE relid = CAST('near_duplicates' AS regclass)")
         ).scalar_one()

@@ -502,7 +502,7 @@ def test_a_replace_run_waits_for_a_removal_under_way_before_it_looks_for_changed
         with index.database.engine.connect() as remover, psycopg.connect(database_url, autocommit=True) as watcher, \
                 Concurrently() as threads:
             remover.begin()
-            remove(remover, schema, method, external_ids=[str(changed)])  # holds the ingest lock
+            remove(remover, schema, method, external_ids=[str(changed)], keyed=index.context.keyed)  # the ingest lock
             holder = remover.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
             run = threads.start(index.sync_run, "src", run_options(tmp_path))
             while not watcher.execute("SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",

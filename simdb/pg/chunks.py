@@ -92,7 +92,7 @@ def store_chunk(connection: sa.Connection, schema: str, method: Method, chunk, *
                  name: str, source: str, first: bool, final: bool, position: int,
                  rejects: list[tuple[int, InputError]] = (), skip_errors: bool,
                  started_at: datetime | None = None, stored_up_to: int | None = None,
-                 rereads: bool = False, distributed: bool) -> ChunkResult:
+                 rereads: bool = False, distributed: bool, keyed: bool) -> ChunkResult:
     """Match and insert one chunk inside the caller's transaction; record every input record's outcome
     (``rejects`` are the reader's, by position) and update the batch's counts. A chunk that is not the
     batch's first follows its records ``stored_up_to`` (checked: see :func:`open_batch`). ``rereads``: the
@@ -100,7 +100,6 @@ def store_chunk(connection: sa.Connection, schema: str, method: Method, chunk, *
     is a row an interrupted run stored and this run read again: it is handled as one of another batch.
     ``distributed``: the index is (its settings say so)."""
     lock(connection, schema, "ingest")
-    keyed = distributed and keyed_layout.is_keyed(connection)
     check_layout(connection, method)
     record_segmenter(connection, method)
     batch_id = open_batch(connection, name, source, first, started_at, stored_up_to)

@@ -73,12 +73,6 @@ def check_layout(layout: str, method: Method) -> str:
     return layout
 
 
-def is_keyed(connection: sa.Connection) -> bool:
-    """Whether the index on ``connection``'s search path has the keyed layout (its ``distributed`` row says)."""
-    return connection.execute(sa.text(
-        "SELECT value ->> 'layout' FROM settings WHERE name = 'distributed'")).scalar() == KEYED
-
-
 def refuse(operation: str, instead: str) -> SimdbError:
     """The error for an operation the keyed layout does not do yet."""
     return SimdbError(f"{operation} is not available on an index with the keyed distributed layout "
@@ -135,7 +129,7 @@ def build(connection: sa.Connection, method: Method) -> int:
     for number, column in enumerate(method.key_columns):
         written += connection.exec_driver_sql(
             f"INSERT INTO keys (key, id, fingerprint) SELECT ({column} << {KEY_NUMBER_BITS}) | {number}, id, "
-            f"{method.sketch_column[0]} FROM documents").rowcount
+            f"{sql_of(method).sketch_column[0]} FROM documents").rowcount
     return written
 
 
@@ -233,6 +227,6 @@ def lookup(connection: sa.Connection, method: Method, sketch, max_distance: int)
     if not distances:
         return []
     documents = driver.cursor(row_factory=namedtuple_row).execute(
-        f"SELECT id, external_id, {method.sketch_column[0]} AS sketch, metadata FROM documents "
+        f"SELECT id, external_id, {sql_of(method).sketch_column[0]} AS sketch, metadata FROM documents "
         "WHERE id = ANY(CAST(%(ids)s AS bigint[]))", {"ids": sorted(distances)}, prepare=prepare).fetchall()
     return [(row, distances[row.id]) for row in documents]

@@ -185,7 +185,8 @@ def match_many(connection: sa.Connection, index: IndexContext, sketches: Sequenc
     if index.keyed:  # routed by key, read-only
         pairs = keyed_layout.probe(connection, method, sketches, max_distance)
     elif connection.exec_driver_sql("SHOW transaction_read_only").scalar_one() == "on":
-        pairs = probe_arrays(connection, method, sketches, max_distance, distributed=index.distributed)
+        pairs = probe_arrays(connection, method, sketches, max_distance, distributed=index.distributed,
+                             keyed=index.keyed)
     else:
         keys, values = method.keys(sketches), method.stored(sketches)
         columns = [("id", "int8"), sql_of(method).sketch_column, *((c, "int8") for c in method.key_columns)]
@@ -200,13 +201,14 @@ def match_many(connection: sa.Connection, index: IndexContext, sketches: Sequenc
 
 
 def probe_arrays(connection: sa.Connection, method: Method, sketches: Sequence, max_distance: int,
-                 keys: list[list[int]] | None = None, *, distributed: bool) -> Iterator[tuple[int, int, int]]:
+                 keys: list[list[int]] | None = None, *, distributed: bool, keyed: bool
+                 ) -> Iterator[tuple[int, int, int]]:
     """``(sketch index, document id, distance)`` of the stored documents within ``max_distance`` of each sketch
     (``keys``: their key values, when the caller has them), through the method's candidate joins, with the
     sketches sent as arrays: it writes nothing, not even a temporary table, so it runs in a read-only
     transaction. A pair may come more than once. On the keyed distributed layout, routed by key through its
     ``keys`` table (:func:`simdb.pg.keyed.probe`)."""
-    if distributed and keyed_layout.is_keyed(connection):
+    if keyed:
         yield from keyed_layout.probe(connection, method, sketches, max_distance, keys)
         return
     keys = method.keys(sketches).tolist() if keys is None else keys

@@ -43,7 +43,7 @@ class RemovalSummary:
 
 
 def remove(connection: sa.Connection, schema: str, method: Method, *, external_ids: list[str] | None = None,
-           batch: str | None = None, before: datetime | None = None) -> RemovalSummary:
+           batch: str | None = None, before: datetime | None = None, keyed: bool) -> RemovalSummary:
     """Remove the documents selected by exactly one of ``external_ids``, ``batch`` or ``before``."""
     if sum(x is not None for x in (external_ids, batch, before)) != 1:
         raise SimdbError("say what to remove with exactly one of «ids», «batch» or «before»")
@@ -105,7 +105,7 @@ def remove(connection: sa.Connection, schema: str, method: Method, *, external_i
     removed_per_batch = connection.exec_driver_sql(
         "SELECT d.batch_id, count(*) FROM documents d JOIN removing r ON r.id = d.id GROUP BY d.batch_id").all()
     removed = connection.execute(sa.text("DELETE FROM documents WHERE id IN (SELECT id FROM removing)")).rowcount
-    if keyed_layout.is_keyed(connection):  # and their key rows, which the keyed layout's probes read
+    if keyed:  # and their key rows, which the keyed layout's probes read
         keyed_layout.remove(connection, "removing")
     for removed_batch, count in removed_per_batch:  # what each batch holds: documents - removed
         if removed_batch != batch_id:  # (nothing to keep for a batch removed whole: its row goes)

@@ -149,7 +149,7 @@ def unlock_run(connection: sa.Connection, schema: str, name: str) -> None:
 
 
 def remove_changed(connection: sa.Connection, schema: str, method: Method, external_ids: list[str],
-                   content_hashes: list[bytes], origin: str) -> list[str]:
+                   content_hashes: list[bytes], origin: str, *, keyed: bool) -> list[str]:
     """Inside a chunk's transaction, before it is stored: remove the documents that the source's batches
     (``batches.source`` = ``origin``, "sync NAME") stored and that the chunk holds with another text (their
     pairs go with them, see :mod:`simdb.pg.remove`); returns their ids. An earlier chunk of the running batch
@@ -166,7 +166,7 @@ def remove_changed(connection: sa.Connection, schema: str, method: Method, exter
         "ORDER BY 1"), {"origin": origin}).scalars().all()
     connection.exec_driver_sql("DROP TABLE sync_chunk")
     if changed:
-        remove(connection, schema, method, external_ids=list(changed))
+        remove(connection, schema, method, external_ids=list(changed), keyed=keyed)
     return list(changed)
 
 
