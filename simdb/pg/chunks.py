@@ -91,12 +91,14 @@ def store_chunk(connection: sa.Connection, schema: str, method: Method, chunk, *
                  name: str, source: str, first: bool, final: bool, position: int,
                  rejects: list[tuple[int, InputError]] = (), skip_errors: bool,
                  started_at: datetime | None = None, stored_up_to: int | None = None,
-                 rereads: bool = False) -> ChunkResult:
+                 rereads: bool = False, connections: int | None = None) -> ChunkResult:
     """Match and insert one chunk inside the caller's transaction; record every input record's outcome
     (``rejects`` are the reader's, by position) and update the batch's counts. A chunk that is not the
     batch's first follows its records ``stored_up_to`` (checked: see :func:`open_batch`). ``rereads``: the
     reader rejects an id it reads twice itself (a sync run), so an id that an earlier chunk of the batch stored
-    is a row an interrupted run stored and this run read again: it is handled as one of another batch."""
+    is a row an interrupted run stored and this run read again: it is handled as one of another batch.
+    ``connections``: how many connections the lookups into large segments are spread over (see
+    :func:`simdb.pg.segments.segment_pairs`)."""
     lock(connection, schema, "ingest")
     distributed = is_distributed(connection)
     check_layout(connection, method)
@@ -135,7 +137,8 @@ def store_chunk(connection: sa.Connection, schema: str, method: Method, chunk, *
         method, segment_pairs(connection, method, "staging", count - len(unstored), wide,
                               below=int(ids[0]) if count else 1,
                               probe_rows=lambda: _probe_rows(ids, stored_sketches, keys, set(unstored)),
-                              memory_probes=lambda: MemoryProbes.of(method, staged_ids, staged_sketches, staged_keys)),
+                              memory_probes=lambda: MemoryProbes.of(method, staged_ids, staged_sketches, staged_keys),
+                              connections=connections),
         staged_ids, staged_sketches, staged_keys,
         lambda wanted: chunk_or_stored(connection, ids, wanted, "text",  # UTF-8 in the chunk
                                        None if texts is None else lambda at: texts[at].decode("utf-8")),
