@@ -735,6 +735,25 @@ def test_an_error_in_a_helper_connection_is_raised_and_nothing_is_stored(databas
     assert count_rows(admin_engine, schema) == (150, 1)
 
 
+def test_a_chunk_stored_inside_a_savepoint_keeps_to_its_own_connection(database_url, schema, admin_engine,
+                                                                       spread_everything):
+    """PostgreSQL exports no snapshot from a subtransaction: a chunk stored inside a caller's savepoint runs
+    every lookup itself instead of failing the caller's transaction."""
+    from simdb.pg.chunks import store_chunk
+
+    rng = random.Random(9)
+    archive = [rng.getrandbits(64) for _ in range(150)]
+    with Index.create(database_url, schema=schema, max_distance=3, segment_size=100) as index:
+        index.add_fingerprinted(make_batch(archive, "a"), batch="a")
+        spread_everything.clear()
+        new = near_and_far(rng, archive, 60, 3)
+        with index.database.engine.begin() as connection, connection.begin_nested():
+            store_chunk(connection, schema, index.settings.method, make_batch(new, "b"), name="b", source="test",
+                        first=True, final=True, position=len(new), skip_errors=False, connections=3)
+    assert spread_everything and not any(t.startswith("simdb-spread-") for t, _ in spread_everything)
+    assert len(assert_consistent(admin_engine, schema)) == 210
+
+
 def test_a_shared_lookup_that_would_wait_on_a_queued_lock_gives_way(database_url, schema, admin_engine,
                                                                     monkeypatch):
     """A statement queued for an exclusive lock on a segment (as `ALTER TABLE documents` in a relayout)

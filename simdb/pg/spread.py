@@ -87,6 +87,8 @@ def spread_lookups(connection: sa.Connection, method: MethodSQL, probe: str, loo
     columns as ``method`` stores them, for the helpers' copies), the index lookups spread over
     ``connections`` connections of the caller's engine, all reading the caller's snapshot. The caller holds
     the ingest lock. A pair may come more than once (from two key columns), as from one connection."""
+    if connection.in_nested_transaction():  # PostgreSQL exports no snapshot from inside a savepoint
+        connections = 1
     shares = split(lookups, method.key_columns, connections)
     if len(shares) == 1:
         return _pairs_of(method, connection, probe, shares[0], max_distance)
