@@ -63,6 +63,7 @@ from simdb.pg.copy import copy_in  # noqa: E402
 from simdb.pg.database import postgres_url  # noqa: E402
 from simdb.pg.in_memory import MemoryProbes, segment_pairs_in_memory  # noqa: E402
 from simdb.pg.segments import segment_name  # noqa: E402
+from simdb.pg.spread import spread_lookups  # noqa: E402
 
 MAX_DISTANCE = 4
 SCHEMA = "simdb_bench_probes"
@@ -189,7 +190,7 @@ def today(connection: sa.Connection, chunk: Chunk, target: str, columns: list[in
 
 
 class Method:
-    """What :func:`simdb.pg.probes.shared_lookups` asks of a method, for the bench's own segment table."""
+    """What :func:`simdb.pg.spread.spread_lookups` asks of a method, for the bench's own segment table."""
 
     def __init__(self, layout: BlockLayout) -> None:
         self.layout, self.key_columns, self.sketch_column = layout, layout.key_columns, ("simhash", "int8")
@@ -284,8 +285,8 @@ def measure(server: Server, size: int, chunk_size: int, repeat: int, oracle: int
                        lambda: today(connection, chunk, target, all_columns))
             lookups = [probes_module.Lookup(segment_name(1), True)]
             add("(a) today as ingest runs it: 2 connections", all_columns,
-                lambda: (probes_module.shared_lookups(connection, Method(layout), "staging", lookups, MAX_DISTANCE,
-                                                      chunk.rows), 0))
+                lambda: (spread_lookups(connection, Method(layout), "staging", lookups, MAX_DISTANCE,
+                                        chunk.rows, 2), 0))
             add("(b) = ANY(sorted keys), one statement per column", all_columns,
                 lambda: any_per_column(cursor, chunk, target, all_columns))
             add("(c) = ANY, all columns in one UNION ALL statement", all_columns,

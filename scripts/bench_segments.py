@@ -22,6 +22,12 @@ fingerprints, 1 % of them near copies of stored ones, through ``Index.add_finger
   (p50 of ``--curve-probes`` (300) random probes through ``Index.query_fingerprint`` and ``simdb_near``);
 * a full merge (``simdb compact --full``) of the whole archive, beside the bulk load's rate.
 
+With ``--connections 1,2`` it measures only how a chunk's lookups into the archive spread over that many
+database connections (:mod:`simdb.pg.spread`): the empty archive and raw COPY as above, then the same
+``--added`` as a bulk chunk into the archive at each count in turn, after one cold warm-up, in the order
+1, 2, 2, 1 (so that drift in the machine's load falls on both alike), each ingest's rate and the seconds
+of its lookups into the archive (``spread_lookups``) reported, the load average beside them.
+
 Server settings are reported in the header, with the ones simdb recommends for this machine;
 run it once on a server with defaults and once on one with the recommended settings (give its
 ``--database-url``).
@@ -34,6 +40,7 @@ Run (about 15 minutes at 10M on 2 cores)::
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -44,8 +51,8 @@ import numpy as np
 import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import (DATABASE_HELP, Server, bulk_load, command_line, log, machine,  # noqa: E402
-                          print_table, random_u64)
+from bench_common import (DATABASE_HELP, Server, bulk_load, command_line, load_average, log,  # noqa: E402
+                          machine, print_table, random_u64)
 
 import simdb  # noqa: E402
 from simdb.bits import to_signed_array  # noqa: E402
@@ -140,6 +147,70 @@ def minhash_run(server: Server, args, rng: np.random.Generator) -> None:
     print_table(header, rows, args.markdown)
 
 
+def connections_run(server: Server, args, rng: np.random.Generator, counts: list[int]) -> None:
+    """The bulk chunk into the archive with its lookups spread over each of ``counts`` connections in turn
+    (ABBA order after a cold warm-up), beside the empty archive and raw COPY of the same run."""
+    layout = BlockLayout.for_size(args.max_distance, args.archive)
+    lookups_seconds: list[float] = []
+    real = segments.spread_lookups
+
+    def timed_lookups(*arguments):
+        start = time.perf_counter()
+        try:
+            return real(*arguments)
+        finally:
+            lookups_seconds.append(time.perf_counter() - start)
+
+    segments.spread_lookups = timed_lookups
+    loads = [load_average()]
+    measured: dict[int, list[dict]] = {count: [] for count in counts}
+    try:
+        log(f"empty archive, {layout.describe()}: {args.added:,} documents (load {loads[-1]})")
+        simdb.Index.create(server.url, schema=EMPTY, blocks=layout.blocks, max_distance=args.max_distance).close()
+        empty = timed_ingest(server, EMPTY, new_fingerprints(rng, args.added, np.empty(0, np.uint64)), "empty", rng)
+        server.drop_schemas(EMPTY)
+        copy_seconds = raw_copy(server, layout, random_u64(rng, args.added), rng)
+        log(f"  raw COPY of {args.added:,}: {args.added / copy_seconds:,.0f} rows/s")
+        log(f"bulk-loading an archive of {args.archive:,}")
+        stored, _ = bulk_load(server.url, server.admin, SCHEMA, layout, args.archive, rng, args.max_distance)
+        set_policy(server, segments.SegmentPolicy(bulk_chunk=min(args.added, DEFAULT_BULK_CHUNK)))
+        order = ["warm-up", *counts, *reversed(counts)]
+        for turn, count in enumerate(order):
+            connections = max(counts) if count == "warm-up" else count
+            loads.append(load_average())
+            log(f"  {count} connection(s), load {loads[-1]}")
+            lookups_seconds.clear()
+            result = timed_ingest(server, SCHEMA, new_fingerprints(rng, args.added, stored), f"spread{turn}", rng,
+                                  connections=connections)
+            result["lookups"] = sum(lookups_seconds)
+            log(f"    lookups into the archive: {result['lookups']:.2f} s")
+            if count != "warm-up":
+                measured[count].append(result)
+        loads.append(load_average())
+    finally:
+        segments.spread_lookups = real
+        server.drop_schemas(SCHEMA, EMPTY)
+    base = measured[counts[0]]
+    rows = [(f"{args.added:,} into an empty archive", f"{empty['rate']:,.0f} docs/s", "", ""),
+            ("raw binary COPY of the same rows into a bare table", f"{args.added / copy_seconds:,.0f} rows/s", "",
+             f"empty archive / COPY {empty['rate'] * copy_seconds / args.added:.2f}x")]
+    for count in counts:
+        runs = measured[count]
+        rates = [r["rate"] for r in runs]
+        rows.append((f"{args.added:,} into {args.archive:,} (bulk chunk), lookups over {count} connection(s)",
+                     " / ".join(f"{r:,.0f}" for r in rates) + " docs/s",
+                     " / ".join(f"{r['lookups']:.2f}" for r in runs) + " s of lookups",
+                     f"{statistics.mean(rates) / empty['rate']:.2f}x the empty archive; lookups "
+                     f"{statistics.mean(r['lookups'] for r in base) / max(statistics.mean(r['lookups'] for r in runs), 1e-9):.2f}x"
+                     f" faster than {counts[0]}"))
+    header = [machine(server.version(), server.embedded), command_line("bench_segments.py"),
+              f"layout: {layout.describe()}; {os.cpu_count()} cores; load average (1, 5, 15 min) before each "
+              f"step: {' | '.join(loads)}",
+              "columns: what | rate of each run (in run order) | seconds of the chunk's lookups into the archive "
+              "(spread_lookups) | against the peers"]
+    print_table(header, rows, args.markdown)
+
+
 def wal(admin: sa.Engine) -> tuple[str, int]:
     with admin.connect() as c:
         return (c.exec_driver_sql("SELECT pg_current_wal_lsn()::text").scalar_one(),
@@ -176,12 +247,12 @@ def set_policy(server: Server, policy: segments.SegmentPolicy) -> None:
 
 
 def timed_ingest(server: Server, schema: str, fps: np.ndarray | None, prefix: str, rng,
-                 batch: FingerprintedBatch | None = None) -> dict:
+                 batch: FingerprintedBatch | None = None, connections: int | None = None) -> dict:
     batch = batch if batch is not None else batch_of(rng, fps, prefix)
     server.checkpoint()
     before = wal(server.admin)
     with simdb.Index.open(server.url, schema=schema) as index:
-        summary = index.add_fingerprinted(batch, batch=prefix)
+        summary = index.add_fingerprinted(batch, batch=prefix, connections=connections)
     written, images = wal_since(server.admin, before)
     log(f"  {prefix}: {summary} ({len(batch) / summary.seconds:,.0f} docs/s); WAL {written / 2**20:,.0f} MB, "
         f"{images:,} full-page images")
@@ -298,8 +369,17 @@ def main(argv: list[str] | None = None) -> None:
                         help=f"SimHash k, in the layout --expected-size would pick for the archive (default {DEFAULT_MAX_DISTANCE})")
     parser.add_argument("--method", choices=["simhash", "minhash"], default="simhash",
                         help="minhash: only the ingests (empty archive, active segment, bulk chunk) at MinHash 0.8/128")
+    parser.add_argument("--connections", metavar="LIST",
+                        help="only the bulk chunk into the archive, its lookups over each number of connections "
+                             "in this comma-separated list (e.g. 1,2), with the empty archive and raw COPY as peers")
     args = parser.parse_args(argv)
     rng = np.random.default_rng(args.seed)
+    if args.connections:
+        counts = [int(count) for count in args.connections.split(",")]
+        with Server(args.database_url) as server:
+            server.drop_schemas(SCHEMA, EMPTY)
+            connections_run(server, args, rng, counts)
+        return
     if args.method == "minhash":
         with Server(args.database_url) as server:
             server.drop_schemas(SCHEMA, EMPTY)

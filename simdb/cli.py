@@ -452,10 +452,13 @@ def init(database_url, schema, data_dir, max_distance, blocks, tokenizer, jieba_
               help="Write every input record's verdict to this file, one JSON object per line, in input order.")
 @click.option("--compact/--no-compact", default=True, show_default=True,
               help="After each chunk, merge segments when the index's policy asks for it (see simdb compact).")
+@click.option("--connections", type=click.IntRange(1), default=None,
+              help="Database connections sharing a chunk's lookups into the archive's large segments "
+                   "[default: this machine's cores, within the server's max_parallel_workers, at most 8].")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
 @user_errors
 def ingest(database_url, schema, data_dir, paths, input_format, id_field, text_field, batch_name, workers,
-           on_error, rejects, max_chars, chunk_size, resume, verdicts_path, compact, as_json):
+           on_error, rejects, max_chars, chunk_size, resume, verdicts_path, compact, connections, as_json):
     """Add the documents in PATHS as one batch, matched against the archive and each other.
 
     Fields other than the id and the text are kept as metadata. Ids already
@@ -477,7 +480,7 @@ def ingest(database_url, schema, data_dir, paths, input_format, id_field, text_f
     started = command_started()
     options = IngestOptions(batch=batch_name, source=" ".join(paths), on_error=on_error, rejects=rejects,
                             max_chars=max_chars, chunk_size=chunk_size, workers=workers, resume=resume,
-                            verdicts=verdicts_path, compact=compact, spell=flag)
+                            verdicts=verdicts_path, compact=compact, connections=connections, spell=flag)
     files = input_files(paths, input_format)
     check_paths(files)
     skipped_to = options.rejects_file(batch_name) if on_error == "skip" and (rejects or batch_name) else None

@@ -347,14 +347,16 @@ class Index:
         docs = (_as_document(item, i) for i, item in enumerate(documents))
         return list(self.check(docs, batch=batch, workers=workers, max_chars=max_chars))
 
-    def add_fingerprinted(self, fingerprinted: FingerprintedBatch, *, batch: str, source: str = "api") -> BatchSummary:
-        """Store already-fingerprinted documents as one batch in one transaction (benchmarks, tests)."""
+    def add_fingerprinted(self, fingerprinted: FingerprintedBatch, *, batch: str, source: str = "api",
+                          connections: int | None = None) -> BatchSummary:
+        """Store already-fingerprinted documents as one batch in one transaction (benchmarks, tests);
+        ``connections`` as in :class:`IngestOptions`."""
         started = time.perf_counter()
         with self.database.engine.begin() as connection:
             result = store_chunk(connection, self.database.schema, self.settings.method, fingerprinted, name=batch,
                                  source=source, first=True, final=True, position=len(fingerprinted),
                                  skip_errors=False, distributed=self.context.distributed,
-                                 keyed=self.context.keyed)
+                                 keyed=self.context.keyed, connections=connections)
             row = reads.batch_row(connection, batch)
         return BatchSummary(name=batch, documents=result.stored, new=row.new, exact_duplicates=row.exact_duplicates,
                             near_duplicates=row.near_duplicates, within_batch=row.within_batch,

@@ -223,7 +223,7 @@ def ingest(engine: sa.Engine, schema: str, method: Method,
                                       skip_errors=skip_errors, started_at=started_at,
                                       stored_up_to=kept.position if kept else None,
                                       rereads=options.items_follow_position, distributed=distributed,
-                                     keyed=keyed)
+                                     keyed=keyed, connections=options.connections)
                 if options.after_chunk is not None:
                     options.after_chunk(connection, consumed)
             kept = KeptBatch(name, consumed, (kept.documents if kept else 0) + result.stored, complete=final)

@@ -33,6 +33,10 @@ class IngestOptions:
     max_chars: int = DEFAULT_MAX_CHARS
     chunk_size: int = DEFAULT_CHUNK_SIZE
     workers: int | None = 1
+    #: How many database connections a chunk's lookups into the archive's large segments are spread over
+    #: (:mod:`simdb.pg.spread`); None: as many as the machine has cores, within the server's
+    #: ``max_parallel_workers`` (:func:`simdb.pg.spread.default_connections`).
+    connections: int | None = None
     resume: bool = False
     #: Merge segments after each chunk when the index's policy asks for it (see :mod:`simdb.pg.segments`).
     compact: bool = True
@@ -53,6 +57,8 @@ class IngestOptions:
             raise ValueError(f"on_error must be one of {', '.join(ON_ERROR)}, not {self.on_error!r}")
         if self.chunk_size < 1 or self.max_chars < 1:
             raise ValueError("chunk_size and max_chars must be positive")
+        if self.connections is not None and self.connections < 1:
+            raise ValueError(f"connections must be at least 1, not {self.connections}")
 
     @property
     def batch_name(self) -> str:

@@ -67,6 +67,33 @@ def test_remove_a_batch_and_by_age(index, admin_engine):
     assert count_rows(admin_engine, schema) == (0, 1)
 
 
+def record_rows(engine, schema) -> list[tuple]:
+    with engine.connect() as connection:
+        return [tuple(row) for row in connection.execute(sa.text(
+            f"SELECT b.name, r.position, r.external_id FROM {schema}.records r "
+            f"LEFT JOIN {schema}.batches b ON b.id = r.batch_id ORDER BY b.name, r.position"))]
+
+
+@pytest.mark.citus
+def test_removing_a_batch_removes_its_records_and_leaves_none_dangling(index, admin_engine):
+    """No foreign key cascades from ``batches`` to ``records`` (migration 0016): the removal deletes a batch's
+    verdicts itself, and every other batch's stay, whatever documents a removal by id takes."""
+    schema = index.database.schema
+    records = list(corpus())[:90]
+    one, two, three = records[:30], records[30:60], records[60:]
+    index.add_many(one, batch="one")
+    index.add_many(two + one[:5], batch="two")  # five already stored: verdicts without documents of their own
+    index.add_many(three, batch="three")
+    index.remove(batch="one")
+    index.remove(ids=[three[0]["id"]])  # a removal by id keeps the batch's verdicts (they name what was)
+    expected = sorted([("three", at, r["id"]) for at, r in enumerate(three, 1)]
+                      + [("two", at, r["id"]) for at, r in enumerate(two + one[:5], 1)])
+    assert record_rows(admin_engine, schema) == expected  # none of batch one's, none without a batch
+    verdicts = list(index.verdicts("two"))
+    assert [v.id for v in verdicts] == [r["id"] for r in two + one[:5]]
+    assert [v.status for v in verdicts[-5:]] == ["already_stored"] * 5
+
+
 @pytest.mark.citus
 def test_remove_refuses_unknown_ids_and_removes_nothing(index, admin_engine):
     index.add_many([{"id": "a", "text": "some text"}], batch="b")

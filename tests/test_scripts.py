@@ -73,6 +73,8 @@ RUNS = [
     ("bench_sources.py", ["--documents", "500", "--workers", "1", "--markdown"], False),
     ("bench_segments.py", ["--archive", "20000", "--added", "1000", "--lookups", "20", "--curve-segment", "100",
                            "--curve-probes", "20", "--markdown"], False),
+    ("bench_segments.py", ["--archive", "20000", "--added", "1000", "--lookups", "20", "--curve-segment", "100",
+                           "--curve-probes", "20", "--connections", "1,2", "--markdown"], False),
     ("bench_probes.py", ["--archive", "30000", "--chunk", "2000", "--repeat", "1", "--oracle", "20",
                           "--staging", "2000"], False),
     ("bench_minhash.py", ["--limit", "100", "--devset", str(DEVSET)], True),

@@ -24,7 +24,7 @@ from simdb.pg import segments
 from simdb.pg.methods import sql_of
 from simdb.pg.segments import SegmentPolicy
 from simdb.text import content_hash
-from tests.conftest import Concurrently, _distributed, assert_consistent, examples, killed
+from tests.conftest import Concurrently, _distributed, assert_consistent, count_rows, examples, killed
 from tests.test_clusters import histories, replay
 from tests.test_index import flip, make_batch
 
@@ -497,7 +497,7 @@ def test_a_chunk_looks_its_keys_up_in_a_large_segment_whatever_the_planner_think
     segment = segments.segment_name(1)
     probes = [plan for plan in plans if f'"{segment}"' in plan.split("\n", 1)[0] and "COPY" in plan]
     assert probes, "no candidate query against the segment"
-    assert any("shared_probes" in plan for plan in probes) == shared
+    assert any("spread_probes" in plan for plan in probes) == shared
     for plan in probes:
         assert f"Seq Scan on {segment}" not in plan and not re.search(r"(Hash|Merge) Cond: \(\w+\.key_", plan), plan
         assert "Index Cond: (key_" in plan or "Index Cond: (band_" in plan, plan
@@ -617,8 +617,8 @@ def test_lookups_shared_with_a_second_connection_give_the_same_pairs(database_ur
                 for i, text in enumerate(rng.sample(texts, 60))] for n in range(4)]
     options = {"method": "minhash", "threshold": 0.5} if method == "minhash" else {}
     calls = []
-    real = segments.shared_lookups
-    monkeypatch.setattr(segments, "shared_lookups", lambda *args: calls.append(args[3]) or real(*args))
+    real = segments.spread_lookups
+    monkeypatch.setattr(segments, "spread_lookups", lambda *args: calls.append(args[3]) or real(*args))
     answers = []
     for shared in (False, True):
         monkeypatch.setattr(probes, "SHARED_PROBES", 1 if shared else 10**9)
@@ -638,16 +638,132 @@ def test_lookups_shared_with_a_second_connection_give_the_same_pairs(database_ur
     assert calls and all(any(lookup.index_probes for lookup in lookups) for lookups in calls)
 
 
+def near_and_far(rng: random.Random, earlier: list[int], count: int, k: int) -> list[int]:
+    """``count`` fingerprints: half near copies (0 to k + 1 bits away) of ``earlier`` ones, where there are any."""
+    return [rng.choice(earlier) ^ sum(1 << b for b in rng.sample(range(64), rng.randint(0, k + 1)))
+            if earlier and rng.random() < 0.5 else rng.getrandbits(64) for _ in range(count)]
+
+
+@pytest.fixture
+def spread_everything(monkeypatch):
+    """Every chunk spreads its lookups, every segment is looked up by index; the shares' (thread, probe table)
+    are recorded."""
+    from simdb.pg import in_memory, probes, spread
+
+    monkeypatch.setattr(in_memory, "ROWS_PER_PROBE", 0)
+    monkeypatch.setattr(probes, "SHARED_PROBES", 1)
+    shares, real = [], spread._pairs_of
+    monkeypatch.setattr(spread, "_pairs_of", lambda method, connection, probe, share, k: shares.append(
+        (threading.current_thread().name, probe)) or real(method, connection, probe, share, k))
+    return shares
+
+
+def test_a_chunk_spread_over_one_or_three_connections_stores_brute_forces_pairs(database_url, admin_engine,
+                                                                                spread_everything):
+    """The lookups of each chunk into the archive's segments on 1 connection, then over 3 (the chunk's and two
+    helpers reading its exported snapshot): the same duplicates, pairs and clusters, each brute force's."""
+    rng = random.Random(36)
+    fingerprints: list[int] = []
+    batches = []
+    for number in range(5):
+        batch = near_and_far(rng, fingerprints, 90, 3)
+        batches.append(batch)
+        fingerprints += batch
+    answers = []
+    for connections in (1, 3):
+        spread_everything.clear()
+        schema = f"simdb_test_{uuid.uuid4().hex[:12]}"
+        try:
+            with Index.create(database_url, schema=schema, max_distance=3, segment_size=100) as index:
+                for number, batch in enumerate(batches):
+                    index.add_fingerprinted(make_batch(batch, f"b{number}"), batch=f"b{number}",
+                                            connections=connections)
+            assert_consistent(admin_engine, schema)  # against brute force over the inputs stored
+            answers.append(stored_answers(admin_engine, schema))
+        finally:
+            with admin_engine.begin() as connection:
+                connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+        helpers = {probe for thread, probe in spread_everything if thread.startswith("simdb-spread-")}
+        assert helpers == ({"spread_probes_1", "spread_probes_2"} if connections == 3 else set())
+    assert answers[0] == answers[1] and answers[0][1], "spreading the lookups changed the pairs"
+
+
+def test_chunks_spread_over_connections_beside_concurrent_ingests_keep_every_pair(database_url, schema,
+                                                                                  admin_engine, spread_everything):
+    """Four ingests at once, each chunk's lookups over 3 connections, near copies of each other's documents:
+    each chunk's helpers see every chunk committed before it took the ingest lock (its exported snapshot),
+    so every pair within k is stored, as brute force over what was stored finds them."""
+    rng = random.Random(7)
+    seed = [rng.getrandbits(64) for _ in range(150)]
+    streams = [[near_and_far(rng, seed, 60, 3) for _ in range(3)] for _ in range(4)]
+    with Index.create(database_url, schema=schema, max_distance=3, segment_size=100) as index:
+        index.add_fingerprinted(make_batch(seed, "seed"), batch="seed", connections=3)
+
+        def ingest(writer: int) -> None:
+            for number, batch in enumerate(streams[writer]):
+                index.add_fingerprinted(make_batch(batch, f"w{writer}-{number}"), batch=f"w{writer}-{number}",
+                                        connections=3)
+
+        with Concurrently() as threads:
+            for writer in range(4):
+                threads.start(ingest, writer)
+            threads.results()
+    assert any(thread.startswith("simdb-spread-") for thread, _ in spread_everything)
+    assert len(assert_consistent(admin_engine, schema)) == 150 + 4 * 3 * 60
+
+
+def test_an_error_in_a_helper_connection_is_raised_and_nothing_is_stored(database_url, schema, admin_engine,
+                                                                         spread_everything, monkeypatch):
+    """A helper's error that the database did not report (a bug, not a lock it would not wait for) is raised
+    in the ingest, whose chunk then stores nothing."""
+    from simdb.pg import spread
+
+    real = spread.copy_in
+
+    def failing(connection, table, *args, **kwargs):
+        if table.startswith("spread_probes_"):
+            raise RuntimeError("a helper failed")
+        return real(connection, table, *args, **kwargs)
+
+    rng = random.Random(5)
+    with Index.create(database_url, schema=schema, max_distance=3, segment_size=100) as index:
+        index.add_fingerprinted(make_batch([rng.getrandbits(64) for _ in range(150)], "a"), batch="a")
+        monkeypatch.setattr(spread, "copy_in", failing)
+        with pytest.raises(RuntimeError, match="a helper failed"):
+            index.add_fingerprinted(make_batch([rng.getrandbits(64) for _ in range(50)], "b"), batch="b",
+                                    connections=2)
+    assert count_rows(admin_engine, schema) == (150, 1)
+
+
+def test_a_chunk_stored_inside_a_savepoint_keeps_to_its_own_connection(database_url, schema, admin_engine,
+                                                                       spread_everything):
+    """PostgreSQL exports no snapshot from a subtransaction: a chunk stored inside a caller's savepoint runs
+    every lookup itself instead of failing the caller's transaction."""
+    from simdb.pg.chunks import store_chunk
+
+    rng = random.Random(9)
+    archive = [rng.getrandbits(64) for _ in range(150)]
+    with Index.create(database_url, schema=schema, max_distance=3, segment_size=100) as index:
+        index.add_fingerprinted(make_batch(archive, "a"), batch="a")
+        spread_everything.clear()
+        new = near_and_far(rng, archive, 60, 3)
+        with index.database.engine.begin() as connection, connection.begin_nested():
+            store_chunk(connection, schema, index.settings.method, make_batch(new, "b"), name="b", source="test",
+                        first=True, final=True, position=len(new), skip_errors=False, connections=3)
+    assert spread_everything and not any(t.startswith("simdb-spread-") for t, _ in spread_everything)
+    assert len(assert_consistent(admin_engine, schema)) == 210
+
+
 def test_a_shared_lookup_that_would_wait_on_a_queued_lock_gives_way(database_url, schema, admin_engine,
                                                                     monkeypatch):
     """A statement queued for an exclusive lock on a segment (as `ALTER TABLE documents` in a relayout)
     waits for the chunk's transaction, which holds a share lock on every segment; the second connection's
     lookups would queue behind it and the chunk would wait for them: a deadlock PostgreSQL cannot see.
     The second connection gives up after its lock timeout and the chunk does the lookups itself."""
-    from simdb.pg import probes
+    from simdb.pg import probes, spread
 
     monkeypatch.setattr(probes, "SHARED_PROBES", 1)
-    monkeypatch.setattr(probes, "LOCK_WAIT", "300ms")
+    monkeypatch.setattr(spread, "LOCK_WAIT", "300ms")
     rng = random.Random(4)
     archive = [rng.getrandbits(64) for _ in range(500)]
     with Index.create(database_url, schema=schema, segment_size=1000) as index:
@@ -663,7 +779,7 @@ def test_a_shared_lookup_that_would_wait_on_a_queued_lock_gives_way(database_url
                 locker["got"] = time.monotonic()
                 connection.commit()
 
-        real = segments.shared_lookups
+        real = segments.spread_lookups
         threads = Concurrently()
 
         def shared_after_a_queued_lock(*args):
@@ -678,7 +794,7 @@ def test_a_shared_lookup_that_would_wait_on_a_queued_lock_gives_way(database_url
                 time.sleep(0.05)
             return real(*args)
 
-        monkeypatch.setattr(segments, "shared_lookups", shared_after_a_queued_lock)
+        monkeypatch.setattr(segments, "spread_lookups", shared_after_a_queued_lock)
         near = [fp ^ (1 << rng.randrange(64)) for fp in archive[:20]]
         with threads:  # the locking thread's error, if it met one, is raised here
             summary = index.add_fingerprinted(make_batch(near + [rng.getrandbits(64) for _ in range(20)], "new"),

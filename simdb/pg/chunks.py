@@ -92,13 +92,16 @@ def store_chunk(connection: sa.Connection, schema: str, method: Method, chunk, *
                  name: str, source: str, first: bool, final: bool, position: int,
                  rejects: list[tuple[int, InputError]] = (), skip_errors: bool,
                  started_at: datetime | None = None, stored_up_to: int | None = None,
-                 rereads: bool = False, distributed: bool, keyed: bool) -> ChunkResult:
+                 rereads: bool = False, distributed: bool, keyed: bool, connections: int | None = None
+                 ) -> ChunkResult:
     """Match and insert one chunk inside the caller's transaction; record every input record's outcome
     (``rejects`` are the reader's, by position) and update the batch's counts. A chunk that is not the
     batch's first follows its records ``stored_up_to`` (checked: see :func:`open_batch`). ``rereads``: the
     reader rejects an id it reads twice itself (a sync run), so an id that an earlier chunk of the batch stored
     is a row an interrupted run stored and this run read again: it is handled as one of another batch.
-    ``distributed``: the index is (its settings say so)."""
+    ``distributed``, ``keyed``: the index is, and has the keyed layout (its settings say so). ``connections``:
+    how many connections the lookups into large segments are spread over (see
+    :func:`simdb.pg.segments.segment_pairs`)."""
     lock(connection, schema, "ingest")
     check_layout(connection, method)
     record_segmenter(connection, method)
@@ -140,7 +143,8 @@ def store_chunk(connection: sa.Connection, schema: str, method: Method, chunk, *
                                       below=int(ids[0]) if count else 1, distributed=distributed,
                                       probe_rows=lambda: _probe_rows(ids, stored_sketches, keys, set(unstored)),
                                       memory_probes=lambda: MemoryProbes.of(method, staged_ids, staged_sketches,
-                                                                            staged_keys))
+                                                                            staged_keys),
+                                      connections=connections)
     decision = decide_chunk(  # the decision ``check`` reaches the same way
         method, archive_pairs,
         staged_ids, staged_sketches, staged_keys,

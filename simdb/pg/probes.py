@@ -13,28 +13,14 @@ subquery that ``OFFSET 0`` keeps from being flattened into a join the planner ma
 own, under the ingest lock (which every writer of segments holds): index lookups into segments wider
 than the probe set, the planner's join (a hash join, usually) for smaller ones, unless they are read into
 memory (:mod:`simdb.pg.in_memory`). PostgreSQL runs a
-statement on one core, so for a large chunk :func:`shared_lookups` gives half of the key columns'
-lookups to a second connection, which runs them at the same time.
+statement on one core, so for a large chunk :func:`simdb.pg.spread.spread_lookups` spreads the key
+columns' lookups over several connections, which run them at the same time.
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-import numpy as np
-import psycopg
-import sqlalchemy as sa
-
-from .copy import copy_in
-
-if TYPE_CHECKING:
-    from .methods.base import MethodSQL
-
-#: How long the second connection of :func:`shared_lookups` waits for a lock.
-LOCK_WAIT = "2s"
 
 
 def lateral_probe(probe: str, target: str, column: str, probe_columns: Sequence[str],
@@ -47,10 +33,10 @@ def lateral_probe(probe: str, target: str, column: str, probe_columns: Sequence[
             f"(SELECT {selected} FROM {target} t WHERE {' AND '.join(conditions)} OFFSET 0) t")
 
 
-# -- sharing a chunk's lookups with a second connection ------------------------------------------------
+# -- what a chunk's candidate join is made of ---------------------------------------------------------------
 
-#: Probes from which a chunk shares its lookups into large segments with a second connection: below it the
-#: second connection's copy of the probes costs more than the lookups it takes over.
+#: Probes from which a chunk spreads its lookups into large segments over other connections
+#: (:mod:`simdb.pg.spread`): below it a helper's copy of the probes costs more than the lookups it takes over.
 SHARED_PROBES = 20_000
 
 
@@ -60,65 +46,3 @@ class Lookup:
     target: str
     index_probes: bool
     columns: tuple[str, ...] | None = None
-
-
-def split(lookups: Sequence[Lookup], key_columns: Sequence[str]) -> tuple[list[Lookup], list[Lookup]]:
-    """The lookups by index probes, each cut in two halves of the key columns, the second halves apart:
-    (this connection's, the second connection's). A join the planner chooses stays whole and here."""
-    mine, theirs = [], []
-    half = (len(key_columns) + 1) // 2
-    for lookup in lookups:
-        if lookup.index_probes and len(key_columns) > 1:
-            mine.append(Lookup(lookup.target, True, tuple(key_columns[:half])))
-            theirs.append(Lookup(lookup.target, True, tuple(key_columns[half:])))
-        else:
-            mine.append(lookup)
-    return mine, theirs
-
-
-def shared_lookups(connection: sa.Connection, method: MethodSQL, probe: str, lookups: Sequence[Lookup],
-                   max_distance: int, probe_rows: Callable[[], Iterable[tuple]]) -> list[np.ndarray]:
-    """Verified pairs of ``lookups`` of ``probe``'s rows, half of the index lookups run on a second
-    connection of the same engine at the same time (PostgreSQL runs one statement on one core).
-
-    The second connection gets its own copy of the probes (``probe_rows()``: id, sketch, key columns, as
-    ``method`` stores them), since a temporary table is private to its session, and reads only
-    committed segments: the caller holds the ingest lock, which every writer of a stored segment holds,
-    so the two connections see the same documents. It waits for no lock longer than ``LOCK_WAIT``: a
-    statement queued on a segment between the two (``ALTER TABLE documents`` by a relayout) could
-    otherwise wait for this transaction while this transaction waits for it, a cycle PostgreSQL
-    cannot see; its lookups then run here, as they do when it fails in any way the database reports
-    (no connection to be had, for one).
-    """
-    mine, theirs = split(lookups, method.key_columns)
-    found: list[np.ndarray] = []
-    failed: list[BaseException] = []
-
-    def run_theirs() -> None:
-        try:
-            with connection.engine.connect() as other, other.begin():
-                other.exec_driver_sql(f"SET LOCAL lock_timeout = '{LOCK_WAIT}'")
-                columns = [("id", "int8"), method.sketch_column, *((name, "int8") for name in method.key_columns)]
-                copy_in(other, f"shared_probes ({', '.join(name for name, _ in columns)})",
-                        [kind for _, kind in columns], probe_rows(), create=True)
-                other.exec_driver_sql("ANALYZE shared_probes")
-                for lookup in theirs:
-                    found.extend(method.candidate_pairs(other, "shared_probes", f'"{lookup.target}"', max_distance,
-                                                        index_probes=True, columns=lookup.columns))
-        except BaseException as error:  # noqa: BLE001 - raised again in the caller's thread
-            failed.append(error)
-
-    helper = threading.Thread(target=run_theirs, name="simdb-shared-lookups", daemon=True)
-    helper.start()
-    try:
-        here = [pairs for lookup in mine for pairs in method.candidate_pairs(
-            connection, probe, f'"{lookup.target}"', max_distance, index_probes=lookup.index_probes,
-            columns=lookup.columns)]
-    finally:
-        helper.join()
-    if failed:  # a lock it would not wait for, or no connection to be had: this one does it all, as without
-        if not isinstance(failed[0], (sa.exc.DBAPIError, psycopg.Error)):  # COPY raises psycopg's own
-            raise failed[0]
-        found = [pairs for lookup in theirs for pairs in method.candidate_pairs(
-            connection, probe, f'"{lookup.target}"', max_distance, index_probes=True, columns=lookup.columns)]
-    return here + found

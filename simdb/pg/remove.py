@@ -4,7 +4,8 @@ Documents whose ``duplicate_of`` pointed at a removed document are pointed at
 their earliest remaining near-duplicate that was stored before them, read
 from the stored pairs; where none is left, they become originals. Pairs of
 removed documents go with them, and the clusters they belonged to are
-recomputed (a removal can split a cluster). The ingest lock is held, so no concurrent ingest matches against
+recomputed (a removal can split a cluster); a removed batch's ``records`` (its verdicts) go with its row,
+deleted here, since no foreign key cascades into them (migration 0016). The ingest lock is held, so no concurrent ingest matches against
 documents that are going away.
 """
 
@@ -116,7 +117,8 @@ def remove(connection: sa.Connection, schema: str, method: Method, *, external_i
     connection.exec_driver_sql("DELETE FROM near_duplicates WHERE b_id IN (SELECT id FROM removing)")
     recluster(connection, "reclustering")  # a removal can split clusters; only those that lost documents are redone
     refresh_clusters(connection, "reclustering", method, schema)
-    if batch_id is not None:
+    if batch_id is not None:  # its verdicts with it: no foreign key cascades from batches (migration 0016)
+        connection.execute(sa.text("DELETE FROM records WHERE batch_id = :b"), {"b": batch_id})
         connection.execute(sa.text("DELETE FROM batches WHERE id = :b"), {"b": batch_id})
     return RemovalSummary(removed=removed, repointed=repointed, now_original=len(affected) - repointed,
                           batch_removed=batch)

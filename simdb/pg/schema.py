@@ -75,7 +75,7 @@ def build_metadata(key_columns: tuple[str, ...]) -> sa.MetaData:
         # unique by the ingest's set-based check under its lock: a partitioned table's unique index must
         # contain the partition key
         sa.Column("external_id", sa.Text, nullable=False, index=True),
-        sa.Column("batch_id", sa.Integer, sa.ForeignKey("batches.id"), nullable=False, index=True),
+        sa.Column("batch_id", sa.Integer, nullable=False, index=True),  # no foreign key: checked row by row (0016)
         sa.Column("simhash", sa.BigInteger),
         *key_column_objects,
         sa.Column("content_hash", sa.LargeBinary, nullable=False, index=True),
@@ -120,7 +120,7 @@ def build_metadata(key_columns: tuple[str, ...]) -> sa.MetaData:
     sa.Index("ix_clusters_min_similarity", clusters.c.min_similarity, clusters.c.cluster_id)
     sa.Table(
         "records", metadata,
-        sa.Column("batch_id", sa.Integer, sa.ForeignKey("batches.id", ondelete="CASCADE"), primary_key=True),
+        sa.Column("batch_id", sa.Integer, primary_key=True),  # no foreign key (0016): removal deletes the rows
         sa.Column("position", sa.BigInteger, primary_key=True),
         sa.Column("status", sa.Text, nullable=False),
         sa.Column("external_id", sa.Text),

@@ -45,7 +45,8 @@ from .citus import distribute_like_documents
 from .database import LOCK_POLL, lock, try_lock
 from .in_memory import MemoryProbes, segment_pairs_in_memory, worth_reading
 from .methods import sql_of
-from .probes import Lookup, shared_lookups
+from .probes import Lookup
+from .spread import default_connections, spread_lookups
 
 _BOUNDS = re.compile(r"FROM \('?(-?\d+|MINVALUE)'?\) TO \('?(-?\d+|MAXVALUE)'?\)")
 
@@ -210,15 +211,17 @@ def _create_segment(connection: sa.Connection, first_id: int, end_id: int, name:
 
 def segment_pairs(connection: sa.Connection, method: Method, probe: str, probes: int, max_distance: int,
                   below: int, *, distributed: bool, probe_rows: Callable[[], Iterable[tuple]] | None = None,
-                  memory_probes: Callable[[], MemoryProbes] | None = None) -> Iterator[np.ndarray]:
+                  memory_probes: Callable[[], MemoryProbes] | None = None,
+                  connections: int | None = None) -> Iterator[np.ndarray]:
     """Verified ``(probe id, document id, distance)`` rows of the ``probes`` rows of ``probe`` against every
     stored document, one segment at a time: index lookups into a segment that may hold more documents than
     there are probes, the planner's join otherwise (always on Citus, where a join runs on every worker).
     Only under the ingest lock, with ``below`` the first id the chunk was given: the segments do not change between the statements, and every stored id is below
     ``below`` (so a segment at or above it, created for the chunk, is skipped, and one that it cuts holds
     at most ``below - first_id`` documents). With ``probe_rows`` (the probes as rows: id, sketch, key
-    columns) and at least :data:`~simdb.pg.probes.SHARED_PROBES` probes, a second connection takes half
-    of the index lookups (:func:`~simdb.pg.probes.shared_lookups`). With ``memory_probes`` (the probes in
+    columns) and at least :data:`~simdb.pg.probes.SHARED_PROBES` probes, the index lookups are spread over
+    ``connections`` connections (default: :func:`~simdb.pg.spread.default_connections`; see
+    :func:`~simdb.pg.spread.spread_lookups`). With ``memory_probes`` (the probes in
     memory), a segment of few documents per probe is read and joined in memory instead, on one server
     (:mod:`simdb.pg.in_memory`)."""
     by_index = not distributed  # Citus plans no LATERAL probe; its join runs on every worker
@@ -238,7 +241,8 @@ def segment_pairs(connection: sa.Connection, method: Method, probe: str, probes:
             yield from segment_pairs_in_memory(connection, method, name, first, end, in_memory, max_distance)
     wide = any(lookup.index_probes for lookup in lookups)
     if probe_rows is not None and wide and probes >= probes_module.SHARED_PROBES:
-        yield from shared_lookups(connection, sql_of(method), probe, lookups, max_distance, probe_rows)
+        yield from spread_lookups(connection, sql_of(method), probe, lookups, max_distance, probe_rows,
+                                  connections or default_connections(connection))
         return
     for lookup in lookups:
         yield from sql_of(method).candidate_pairs(connection, probe, f'"{lookup.target}"', max_distance,
