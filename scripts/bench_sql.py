@@ -60,7 +60,11 @@ PEERS = [
      "SELECT distance, count(*) FROM simdb.near_duplicates GROUP BY distance ORDER BY distance"),
     ("every pair of batch `new` from both sides, through document_neighbours",
      "SELECT count(*) FROM simdb.document_neighbours WHERE batch = 'new'"),
-    # the recipes as they were before the counts they read were kept (migration 0015)
+    # the recipes as they were before what they read was kept (migrations 0015 and 0017)
+    ("the documents of batch `new` with their earlier duplicates as it was: from the documents",
+     "SELECT d.external_id, o.external_id AS duplicate_of, d.duplicate_distance, ob.name AS first_seen_in "
+     "FROM simdb.documents d JOIN simdb.batches b ON b.id = d.batch_id JOIN simdb.documents o ON o.id = d.duplicate_of "
+     "JOIN simdb.batches ob ON ob.id = o.batch_id WHERE b.name = 'new' AND o.batch_id <> d.batch_id ORDER BY d.id"),
     ("the deduplicated count as it was: count(*) of documents",
      "SELECT d.documents, d.documents - coalesce(c.duplicates, 0) AS clusters "
      "FROM (SELECT count(*) AS documents FROM simdb.documents) d, "

@@ -1,6 +1,7 @@
 """Brute-force oracles for the counts simdb keeps so that the SQL recipes need not scan the archive:
 ``batches.removed`` (a batch holds ``documents - removed``) and ``clusters.min_similarity`` (the least
-similarity of a member to its cluster's earliest document)."""
+similarity of a member to its cluster's earliest document), and ``records.duplicate_of_batch_id`` (the batch of the
+document a verdict named)."""
 
 from __future__ import annotations
 
@@ -23,13 +24,17 @@ def similarity(method: str, num_perm: int | None, a, b) -> float:
 
 
 def assert_maintained(engine: sa.Engine, schema: str, fingerprints: dict[str, int] | None = None,
-                      max_distance: int | None = None) -> None:
-    """Every batch's ``documents - removed`` is the documents of it stored, and every cluster row's
-    ``min_similarity`` the least similarity of a member to the cluster's earliest document.
+                      max_distance: int | None = None, batches: dict[str, str] | None = None) -> None:
+    """Every batch's ``documents - removed`` is the documents of it stored, every cluster row's
+    ``min_similarity`` the least similarity of a member to the cluster's earliest document, and every verdict's
+    ``duplicate_of_batch_id`` the batch of the document it named.
 
     With ``fingerprints`` (SimHash: external id -> the input's fingerprint) the clusters are the connected
     components of the pairs within ``max_distance`` of the inputs, found here by comparing every two; without,
-    the members are those ``documents.cluster_id`` names (which ``assert_consistent`` checks)."""
+    the members are those ``documents.cluster_id`` names (which ``assert_consistent`` checks). With ``batches``
+    (external id -> the name of the batch its input was in, removed documents included) a named document's batch
+    is the input's; without, the batch of the stored document, else of the verdict that stored it."""
+    assert_verdict_batches(engine, schema, batches)
     with engine.connect() as connection:
         settings = dict(connection.execute(sa.text(f"SELECT name, value FROM {schema}.settings")).all())
         documents = connection.execute(sa.text(
@@ -64,3 +69,27 @@ def assert_maintained(engine: sa.Engine, schema: str, fingerprints: dict[str, in
                                for member in group)
                 for canonical, group in members.items() if len(group) > 1}
     assert kept == expected
+
+
+def assert_verdict_batches(engine: sa.Engine, schema: str, batches: dict[str, str] | None = None) -> None:
+    """``records.duplicate_of_batch_id`` of every verdict that named an earlier document: that document's batch
+    (see ``assert_maintained``); NULL only where no batch holds a trace of it (its batch removed whole)."""
+    with engine.connect() as connection:
+        named = connection.execute(sa.text(
+            f"SELECT r.duplicate_of, r.duplicate_of_external_id, r.duplicate_of_batch_id, b.name AS kept "
+            f"FROM {schema}.records r LEFT JOIN {schema}.batches b ON b.id = r.duplicate_of_batch_id "
+            "WHERE r.duplicate_of IS NOT NULL")).all()
+        stored = dict(connection.execute(sa.text(f"SELECT id, batch_id FROM {schema}.documents")).all())
+        recorded = dict(connection.execute(sa.text(
+            f"SELECT document_id, batch_id FROM {schema}.records WHERE status IN ('new', 'exact', 'near')")).all())
+        names = set(connection.execute(sa.text(f"SELECT name FROM {schema}.batches")).scalars())
+    if batches is not None:  # a batch removed whole is no longer there to name
+        assert [row.kept for row in named] == [batches[row.duplicate_of_external_id] if
+                                               batches[row.duplicate_of_external_id] in names else None
+                                               for row in named]
+    for row in named:
+        expected = stored.get(row.duplicate_of, recorded.get(row.duplicate_of))
+        if expected is None:  # no trace left of the named document's batch: kept as ingest knew it, or NULL
+            assert row.kept is None
+        else:
+            assert row.duplicate_of_batch_id == expected

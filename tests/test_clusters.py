@@ -55,14 +55,16 @@ def replay(database_url, admin_engine, schema, index, history, after_chunk=None)
     """Ingest a drawn history into ``index`` (a chunk drawn ``concurrent`` runs in its own connection beside
     the next one, in a thread whose error the test raises), call ``after_chunk(number)`` after each chunk,
     then remove the drawn documents; after every step that waits for all ingests, the stored documents are
-    the inputs' and pairs, earliest matches and clusters are brute force's over them."""
+    the inputs' and pairs, earliest matches, clusters and the batch each verdict named are brute force's over
+    them."""
     chunks, concurrent, removals = history
-    names, expected = [], {}
+    names, expected, batch_of = [], {}, {}  # batch_of: every input's batch, removed ones included
     with Concurrently() as threads:
         for number, (chunk, together) in enumerate(zip(chunks, concurrent)):
             batch = make_batch(chunk, f"c{number}")
             names += [f"c{number}-{i}" for i in range(len(chunk))]
             expected.update(zip(names[-len(chunk):], chunk))
+            batch_of.update((name, f"c{number}") for name in names[-len(chunk):])
             if together:  # runs beside the next chunk, in its own connection
                 threads.start(add_beside, database_url, schema, batch, f"c{number}")
             else:
@@ -73,16 +75,16 @@ def replay(database_url, admin_engine, schema, index, history, after_chunk=None)
                 threads.results()
                 assert_stored(admin_engine, schema, expected)
                 assert_consistent(admin_engine, schema)
-                assert_maintained(admin_engine, schema, expected, stored_max_distance(admin_engine, schema))
+                assert_maintained(admin_engine, schema, expected, stored_max_distance(admin_engine, schema), batch_of)
     assert_stored(admin_engine, schema, expected)
     assert_consistent(admin_engine, schema)
-    assert_maintained(admin_engine, schema, expected, stored_max_distance(admin_engine, schema))
+    assert_maintained(admin_engine, schema, expected, stored_max_distance(admin_engine, schema), batch_of)
     for position in removals:
         index.remove(ids=[names[position]])
         del expected[names[position]]
         assert_stored(admin_engine, schema, expected)
         assert_consistent(admin_engine, schema)
-        assert_maintained(admin_engine, schema, expected, stored_max_distance(admin_engine, schema))
+        assert_maintained(admin_engine, schema, expected, stored_max_distance(admin_engine, schema), batch_of)
 
 
 @settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,

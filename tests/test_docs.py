@@ -107,6 +107,12 @@ def test_the_minhash_recipes_run_and_answer(run, tmp_path, schema, admin_engine)
     assert all(0.8 <= r.similarity < 1 and r.a_start and r.b_start for r in closest)
     assert {(r.external_id, r.neighbour_is_earlier) for r in both_ways} == \
         {("ref-0012", False), ("ref-0012-drop_sentence", True)}
+    # the recipes that read no SimHash column answer on MinHash too, by its own pairs
+    (earlier,) = [r for r in blocks("sql") if r.startswith("SELECT r.external_id, r.duplicate_of_external_id")]
+    with admin_engine.connect() as connection:
+        rows = connection.execute(sa.text(earlier.replace("simdb.", f"{schema}."))).all()
+    archived = {r["id"] for r in records[:250]}
+    assert rows and all(row.first_seen_in == "archive" and row.duplicate_of in archived for row in rows)
 
 
 def test_the_docs_quote_what_simdb_sketch_says_until_it_is_enabled():
@@ -144,8 +150,8 @@ def test_the_recipes_say_what_they_claim(corpus_archive, admin_engine, run):
     pasted = answer("SELECT d.external_id, n.distance\nFROM simdb.simdb_near(simdb.simdb_fingerprint_from_hex")
     assert ("ref-0004", 0) in [tuple(r) for r in pasted] and f"{fingerprint(corpus_text('ref-0004')):016x}" \
         == "2909ca0ac05a11df"
-    earlier = answer("SELECT d.external_id, o.external_id AS duplicate_of")
-    assert all(row.first_seen_in == "archive" for row in earlier)
+    earlier = answer("SELECT r.external_id, r.duplicate_of_external_id AS duplicate_of")
+    assert earlier and all(row.first_seen_in == "archive" for row in earlier)
     (row,) = answer("SELECT simdb.simdb_hamming(a.simhash, b.simhash)")
     assert row.distance <= 4 and not row.identical
     unique = {row.name: row.unique_documents for row in answer("SELECT name, new AS unique_documents")}
@@ -179,10 +185,12 @@ def test_the_counting_recipes_agree_with_brute_force(corpus_archive, admin_engin
         return i
 
     earlier = [False] * len(records)
+    first: dict[int, int] = {}  # each document's earliest earlier one within k
     for j in range(len(records)):
         for i in range(j):
             if hamming(fingerprints[i], fingerprints[j]) <= k:
                 earlier[j] = True
+                first.setdefault(j, i)
                 parent[max(root(i), root(j))] = min(root(i), root(j))
     clusters = len({root(i) for i in range(len(records))})
     (row,) = answer("SELECT d.documents, d.documents - coalesce(c.duplicates, 0) AS clusters")
@@ -197,11 +205,20 @@ def test_the_counting_recipes_agree_with_brute_force(corpus_archive, admin_engin
                     for c, group in members.items() if len(group) > 1)[:10]
     assert [tuple(row) for row in answer("SELECT canonical_id, size, min_similarity AS least_similar_member")] == \
         [(records[c]["id"], size, least) for least, c, size in spread] and spread[0][0] < 1
+    assert [tuple(row) for row in answer("SELECT r.external_id, r.duplicate_of_external_id AS duplicate_of")] == \
+        [(records[j]["id"], records[i]["id"], hamming(fingerprints[i], fingerprints[j]), batch_of[i])
+         for j, i in sorted(first.items()) if batch_of[j] == "new" and batch_of[i] != "new"]
     rates = {row.source: (row.documents, float(row.duplicate_percent))
              for row in answer("SELECT split_part(metadata ->> 'source', ':', 1) AS source")}
     sources = [r["source"].split(":")[0] for r in records]
     assert rates == {s: (sources.count(s), round(100.0 * sum(1 for i, t in enumerate(sources) if t == s and earlier[i])
                                                  / sources.count(s), 1)) for s in set(sources)}
+    (sampled,) = [r for r in blocks("sql") if r.startswith("SELECT split_part(s.metadata ->> 'source'")]
+    assert "SYSTEM (5)" in sampled
+    with admin_engine.connect() as connection:  # every page sampled: the exact rates
+        whole = connection.execute(sa.text(sampled.replace("simdb.", f"{archive}.")
+                                           .replace("SYSTEM (5)", "SYSTEM (100)"))).all()
+    assert {row.source: (row.sampled, float(row.duplicate_percent)) for row in whole} == rates
 
 
 def test_unique_per_batch_counts_what_was_new_at_ingest_and_export_what_is_still_stored(corpus_archive,
@@ -228,6 +245,30 @@ def test_unique_per_batch_counts_what_was_new_at_ingest_and_export_what_is_still
     assert unique() == before and held() == len(list(corpus())) - 1
     assert_maintained(admin_engine, archive)
     assert len(run("export", "--batch", "new", "--unique").stdout.splitlines()) == before["new"] - 1
+
+
+def test_the_earlier_duplicates_recipe_answers_as_the_verdicts_were_given(corpus_archive, admin_engine, run):
+    """As the recipe's note says: a document of batch `new` removed since, and one whose earlier document was
+    removed, are still listed, with the name and batch of that earlier document; after a relayout and a compaction
+    too."""
+    archive = corpus_archive
+    (recipe,) = [r for r in blocks("sql") if r.startswith("SELECT r.external_id, r.duplicate_of_external_id")]
+
+    def answer():
+        with admin_engine.connect() as connection:
+            return [tuple(row) for row in connection.execute(sa.text(recipe.replace("simdb.", f"{archive}.")))]
+
+    before = answer()
+    assert len(before) >= 2 and {row[3] for row in before} == {"archive"}
+    assert run("remove", "--id", before[0][0], "--id", before[1][1]).exit_code == 0
+    assert answer() == before
+    assert_maintained(admin_engine, archive, batches={r["id"]: "archive" if i < 250 else "new"
+                                                      for i, r in enumerate(corpus())})
+    relaid = run("relayout", "--blocks", "7")
+    assert relaid.exit_code == 0, relaid.output
+    assert run("compact", "--full").exit_code == 0
+    assert answer() == before
+    assert_maintained(admin_engine, archive)
 
 
 def corpus_text(external_id):

@@ -301,3 +301,49 @@ def test_0015_fills_the_kept_counts_of_an_index_with_removals(options, database_
         index.add_many([{"id": "again", "text": records[2]["text"]}], batch="three")
         index.remove(ids=[records[3]["id"]])
     assert_maintained(admin_engine, schema)
+
+
+@pytest.mark.citus
+@pytest.mark.parametrize("options", [{}, {"method": "minhash"}], ids=["simhash", "minhash"])
+def test_0017_fills_the_batch_each_verdict_named_even_when_it_was_removed(options, database_url, schema,
+                                                                       admin_engine):
+    """An index at revision 0015 upgrades with each verdict's ``duplicate_of_batch_id``: the named document's
+    batch from the document, else (removed by id) from the verdict that stored it; NULL where its batch was
+    removed whole. The inputs say which batch each document was in; the next ingest and removal keep it."""
+    from simdb.samples import corpus
+    from tests.maintained import assert_maintained
+
+    records = list(corpus())
+    only = {"id": "only-three", "text": "Zebras quietly juggle seventeen purple umbrellas beneath the northern "
+                                        "lighthouse every other Tuesday, and nobody minds."}
+    three = [{"id": f"copy-{r['id']}", "text": r["text"]} for r in records[:5]] + [only]
+    four = [{"id": f"copy-{r['id']}", "text": r["text"]} for r in records[5:10] + records[200:205]] + \
+        [{"id": "copy-only-three", "text": only["text"]}]
+    with Index.create(database_url, schema=schema, **options) as index:
+        index.add_many(records[:200], batch="one")
+        index.add_many(records[200:], batch="two")
+        index.add_many(three, batch="three")  # copies of batch one's, and one of its own
+        index.add_many(four, batch="four")  # copies of batch one's, two's and three's
+        index.remove(ids=[records[5]["id"], records[200]["id"]])  # named by four's verdicts
+        index.remove(batch="three")  # named by four's last verdict: no trace of it left
+        layout = index.settings.layout
+    batches = {**{r["id"]: "one" for r in records[:200]}, **{r["id"]: "two" for r in records[200:]},
+               **{r["id"]: "three" for r in three}, **{r["id"]: "four" for r in four}}
+    with admin_engine.begin() as connection:
+        connection.exec_driver_sql(f"SET LOCAL search_path TO {schema}")
+        migrate.downgrade(connection, schema, "0015")
+        assert "duplicate_of_batch_id" not in connection.exec_driver_sql("SELECT * FROM records LIMIT 0").keys()
+        connection.exec_driver_sql(f"SET LOCAL search_path TO {schema}")
+        migrate.upgrade(connection, schema, layout=layout)
+    assert_maintained(admin_engine, schema, batches=batches)
+    with admin_engine.connect() as connection:
+        named = dict(connection.exec_driver_sql(
+            f"SELECT r.duplicate_of_external_id, ob.name FROM {schema}.records r JOIN {schema}.batches b "
+            f"ON b.id = r.batch_id LEFT JOIN {schema}.batches ob ON ob.id = r.duplicate_of_batch_id "
+            "WHERE b.name = 'four' AND r.duplicate_of IS NOT NULL").all())
+    assert {name: named.get(name, "not named") for name in (records[5]["id"], records[200]["id"], "only-three")} \
+        == {records[5]["id"]: "one", records[200]["id"]: "two", "only-three": None}
+    with Index.open(database_url, schema=schema) as index:
+        index.add_many([{"id": "again", "text": records[2]["text"]}], batch="five")
+        index.remove(ids=[records[2]["id"]])
+    assert_maintained(admin_engine, schema, batches={**batches, "again": "five"})

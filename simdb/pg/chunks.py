@@ -155,10 +155,12 @@ def store_chunk(connection: sa.Connection, schema: str, method: Method, chunk, *
     pairs, duplicates, exact = decision.pairs, decision.duplicates, decision.exact
     clusters = merge_clusters(connection, pairs, ids)
     copy_in(connection, "staging_exact (id)", ["int8"], ((i,) for i in exact), create=True)
-    # the name of each one's earliest near-duplicate, which its verdict keeps whatever is removed later
-    names = chunk_or_stored(connection, ids, duplicates[:, 1], "external_id", chunk.external_ids.__getitem__)
-    copy_in(connection, "staging_duplicates (id, duplicate_of, distance, duplicate_of_external_id)",
-            ["int8", "int8", "int2", "text"], ((*row, names[row[1]]) for row in duplicates.tolist()), create=True)
+    # the name and batch of each one's earliest near-duplicate, which its verdict keeps whatever is removed later
+    earlier = chunk_or_stored(connection, ids, duplicates[:, 1], ("external_id", "batch_id"),
+                              lambda at: (chunk.external_ids[at], batch_id))
+    copy_in(connection, "staging_duplicates (id, duplicate_of, distance, duplicate_of_external_id, "
+            "duplicate_of_batch_id)", ["int8", "int8", "int2", "text", "int4"],
+            ((*row, *earlier[row[1]]) for row in duplicates.tolist()), create=True)
     # every new document a pair touches gets its merged cluster, including one that is only the earlier
     # side of its pairs (it has no duplicate_of, yet a later document may link it to another cluster)
     copy_in(connection, "staging_clusters (id, cluster_id)", ["int8", "int8"], clusters.items(), create=True)
@@ -179,15 +181,16 @@ def store_chunk(connection: sa.Connection, schema: str, method: Method, chunk, *
     copy_in(connection, "near_duplicates (b_id, a_id, distance, batch_id)", ["int8", "int8", "int2", "int4"],
             ((probe, match, distance, batch_id) for probe, match, distance in pairs.tolist()))
     within = connection.execute(sa.text(
-        "SELECT count(*) FROM staging_duplicates m JOIN documents o ON o.id = m.duplicate_of "
-        "WHERE o.batch_id = :batch"), {"batch": batch_id}).scalar_one()
+        "SELECT count(*) FROM staging_duplicates WHERE duplicate_of_batch_id = :batch"),
+        {"batch": batch_id}).scalar_one()
 
     # what became of every input record of the chunk, in the same transaction as the documents
     connection.exec_driver_sql(
         "INSERT INTO records (batch_id, position, status, external_id, document_id, duplicate_of, distance, "
-        f"duplicate_of_external_id) SELECT {int(batch_id)}, s.position, CASE WHEN e.id IS NOT NULL THEN 'exact' "
-        "WHEN m.id IS NOT NULL THEN 'near' ELSE 'new' END, s.external_id, s.id, m.duplicate_of, m.distance, "
-        "m.duplicate_of_external_id FROM staging s LEFT JOIN staging_duplicates m USING (id) LEFT JOIN staging_exact e USING (id)")
+        f"duplicate_of_external_id, duplicate_of_batch_id) SELECT {int(batch_id)}, s.position, CASE WHEN e.id IS "
+        "NOT NULL THEN 'exact' WHEN m.id IS NOT NULL THEN 'near' ELSE 'new' END, s.external_id, s.id, m.duplicate_of, "
+        "m.distance, m.duplicate_of_external_id, m.duplicate_of_batch_id FROM staging s "
+        "LEFT JOIN staging_duplicates m USING (id) LEFT JOIN staging_exact e USING (id)")
     rejected = sorted([*rejects, *errors], key=lambda pair: pair[0])
     copy_in(connection, "records (batch_id, position, status, external_id, document_id, path, line, reason, hint)",
             ["int4", "int8", "text", "text", "int8", "text", "int8", "text", "text"],
@@ -268,10 +271,11 @@ def _from_staging(column: str) -> str:
     return "coalesce(s.metadata, '{}'::jsonb)" if column == "metadata" else f"s.{column}"
 
 
-def chunk_or_stored(connection: sa.Connection, ids: np.ndarray, wanted: np.ndarray, column: str,
+def chunk_or_stored(connection: sa.Connection, ids: np.ndarray, wanted: np.ndarray, column: str | tuple[str, ...],
                     in_chunk: Callable[[int], object] | None) -> dict[int, object]:
     """{id: value} of the ``wanted`` ids: ``in_chunk(i)`` for the chunk's ``i``-th document (``ids[i]``), and
-    ``column`` of ``documents`` for the stored ones (``in_chunk`` None: every one is read from there)."""
+    ``column`` of ``documents`` for the stored ones (``in_chunk`` None: every one is read from there); for a
+    tuple of columns, each value is the tuple of them."""
     found, stored = {}, []
     for i in np.unique(wanted).tolist():
         at = int(np.searchsorted(ids, i))
@@ -283,12 +287,16 @@ def chunk_or_stored(connection: sa.Connection, ids: np.ndarray, wanted: np.ndarr
     return found
 
 
-def stored_column(connection: sa.Connection, column: str, ids: list[int]) -> dict[int, object]:
-    """{id: ``column``} of the stored documents ``ids``, joined with them by id (co-located on Citus)."""
+def stored_column(connection: sa.Connection, column: str | tuple[str, ...], ids: list[int]) -> dict[int, object]:
+    """{id: ``column``} of the stored documents ``ids``, joined with them by id (co-located on Citus); for a
+    tuple of columns, {id: the tuple of them}."""
     if not ids:
         return {}
-    found = dict(connection.exec_driver_sql(
-        f"SELECT d.id, d.{column} FROM documents d JOIN {id_table(connection, 'wanted_ids', ids)} USING (id)").all())
+    columns = (column,) if isinstance(column, str) else column
+    rows = connection.exec_driver_sql(
+        f"SELECT d.id, {', '.join(f'd.{name}' for name in columns)} FROM documents d "
+        f"JOIN {id_table(connection, 'wanted_ids', ids)} USING (id)").all()
+    found = {row[0]: row[1] if isinstance(column, str) else tuple(row[1:]) for row in rows}
     connection.exec_driver_sql("DROP TABLE wanted_ids")
     return found
 

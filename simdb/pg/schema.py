@@ -118,7 +118,7 @@ def build_metadata(key_columns: tuple[str, ...]) -> sa.MetaData:
     )
     sa.Index("ix_clusters_size", clusters.c.size.desc(), clusters.c.cluster_id)
     sa.Index("ix_clusters_min_similarity", clusters.c.min_similarity, clusters.c.cluster_id)
-    sa.Table(
+    records = sa.Table(
         "records", metadata,
         sa.Column("batch_id", sa.Integer, primary_key=True),  # no foreign key (0016): removal deletes the rows
         sa.Column("position", sa.BigInteger, primary_key=True),
@@ -132,11 +132,16 @@ def build_metadata(key_columns: tuple[str, ...]) -> sa.MetaData:
         sa.Column("reason", sa.Text),
         sa.Column("hint", sa.Text),
         sa.Column("duplicate_of_external_id", sa.Text),  # duplicate_of's name, kept when it is removed (0011)
+        sa.Column("duplicate_of_batch_id", sa.Integer),  # duplicate_of's batch, kept when it is removed (0017)
         sa.CheckConstraint(sa.text("status IN ('new', 'exact', 'near', 'already_stored', 'rejected')"),
                            name="status"),
         comment="One row per input record of a batch, in input order: what became of it (new, exact, near, "
                 "already_stored, rejected), written with its chunk.",
     )
+    # the verdicts of a batch that named a document of an earlier batch: "documents of a batch with their earlier
+    # duplicates" reads these rows alone, in input order (0017)
+    sa.Index("ix_records_earlier_batch", records.c.batch_id, records.c.position,
+             postgresql_where=records.c.duplicate_of_batch_id != records.c.batch_id)
     sa.Table(
         "sync_sources", metadata,
         sa.Column("name", sa.Text, primary_key=True),
