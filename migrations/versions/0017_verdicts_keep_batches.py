@@ -17,14 +17,14 @@ stays NULL. The rows are updated by runs of the named ids that share a batch, ea
 This migration carries its own SQL and imports nothing from simdb.
 
 Revision ID: 0017
-Revises: 0015
+Revises: 0016
 Create Date: 2026-11-26
 """
 import sqlalchemy as sa
 from alembic import op
 
 revision = "0017"
-down_revision = "0015"
+down_revision = "0016"
 branch_labels = None
 depends_on = None
 
