@@ -749,7 +749,8 @@ def test_a_chunk_stored_inside_a_savepoint_keeps_to_its_own_connection(database_
         new = near_and_far(rng, archive, 60, 3)
         with index.database.engine.begin() as connection, connection.begin_nested():
             store_chunk(connection, schema, index.settings.method, make_batch(new, "b"), name="b", source="test",
-                        first=True, final=True, position=len(new), skip_errors=False, connections=3)
+                        first=True, final=True, position=len(new), skip_errors=False, connections=3,
+                        distributed=index.context.distributed, keyed=index.context.keyed)
     assert spread_everything and not any(t.startswith("simdb-spread-") for t, _ in spread_everything)
     assert len(assert_consistent(admin_engine, schema)) == 210
 
