@@ -35,8 +35,9 @@ them side by side and prints one table. The inputs they share are in ``bench_cor
 sampling of the CLI's process tree in ``bench_process.py``.
 
 The script only prints (progress on stderr, the table on stdout) and asserts nothing
-about timings. It works in its own schemas (``simdb_bench_ingest_*``), dropped at the
-start and at the end, and in a temporary directory removed at the end.
+about timings. It works in its own schemas (``simdb_bench_ingest_<pid>_*``: a run of one of its parts
+at the same time does not collide), dropped at the start and at the end, and in a temporary directory
+removed at the end.
 
 Run (about 25 minutes at 10M on 2 cores; ``--archive 1000000 --quick`` takes a few)::
 
@@ -71,7 +72,7 @@ from simdb.ingest import DEFAULT_CHUNK_SIZE
 from simdb.methods.simhash.blocks import DEFAULT_MAX_DISTANCE
 from simdb.parallel import default_workers
 
-PREFIX = "simdb_bench_ingest"
+PREFIX = f"simdb_bench_ingest_{os.getpid()}"  # two runs at once (bench_ingest and a part of it) do not collide
 SCHEMAS = {name: f"{PREFIX}_{name}" for name in ("empty", "archive", "archive_default", "text", "small", "large")}
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_ZH = Path(os.environ.get("SIMDB_DEVSET", REPO.parent / "shared" / "devset")) / "docs" / "long-zh.jsonl"

@@ -65,7 +65,8 @@ from simdb.pg.server import current, recommended, wal_compressions  # noqa: E402
 from simdb.settings import DEFAULT_BULK_CHUNK  # noqa: E402
 
 NEAR_FRACTION = 0.01
-SCHEMA, EMPTY = "simdb_bench_segments", "simdb_bench_segments_empty"
+# its own schemas, by process: two runs at once (the tests run it twice) do not collide
+SCHEMA, EMPTY = f"simdb_bench_segments_{os.getpid()}", f"simdb_bench_segments_empty_{os.getpid()}"
 
 
 def new_fingerprints(rng: np.random.Generator, count: int, stored: np.ndarray) -> np.ndarray:

@@ -34,7 +34,6 @@ import psycopg
 import sqlalchemy as sa
 
 from .copy import copy_in
-from .methods import sql_of
 from .probes import Lookup
 
 if TYPE_CHECKING:
@@ -94,7 +93,7 @@ def spread_lookups(connection: sa.Connection, method: MethodSQL, probe: str, loo
     if len(shares) == 1:
         return _pairs_of(method, connection, probe, shares[0], max_distance)
     snapshot = connection.exec_driver_sql("SELECT pg_export_snapshot()").scalar_one()
-    columns = [("id", "int8"), sql_of(method).sketch_column, *((name, "int8") for name in method.key_columns)]
+    columns = [("id", "int8"), method.sketch_column, *((name, "int8") for name in method.key_columns)]
     found: list[list[np.ndarray] | None] = [None] * len(shares)
     failed: list[BaseException | None] = [None] * len(shares)
 
