@@ -216,14 +216,16 @@ def ingest(engine: sa.Engine, schema: str, method: Method,
         def commit(final: bool) -> None:
             nonlocal chunk, chunk_errors, seen, first, kept, merge_failed
             with engine.begin() as connection:
-                if options.before_chunk is not None:
-                    options.before_chunk(connection, chunk)
+                # a chunk whose transaction changed the stored documents first (a sync run replacing changed
+                # rows) keeps its lookups to this connection: another one reads its exported snapshot, which
+                # does not show this transaction's own changes (simdb.pg.spread)
+                changed = options.before_chunk is not None and options.before_chunk(connection, chunk)
                 result = store_chunk(connection, schema, method, chunk, name=name, source=options.source,
                                       first=first, final=final, position=consumed, rejects=chunk_errors,
                                       skip_errors=skip_errors, started_at=started_at,
                                       stored_up_to=kept.position if kept else None,
                                       rereads=options.items_follow_position, distributed=distributed,
-                                     keyed=keyed, connections=options.connections)
+                                      keyed=keyed, connections=1 if changed else options.connections)
                 if options.after_chunk is not None:
                     options.after_chunk(connection, consumed)
             kept = KeptBatch(name, consumed, (kept.documents if kept else 0) + result.stored, complete=final)

@@ -44,7 +44,7 @@ class IngestOptions:
     #: flags (``--text-field``); None keeps the API's `text_field`.
     spell: Callable[[str], str] | None = None
     #: Called in each chunk's transaction: ``before_chunk(connection, chunk)`` before the chunk is stored (a sync
-    #: run replacing changed documents), ``after_chunk(connection, position)`` once it is, ``position`` being the
+    #: run replacing changed documents; true when it changed stored documents), ``after_chunk(connection, position)`` once it is, ``position`` being the
     #: input records the batch has consumed (a sync run's watermark, committed with the chunk).
     before_chunk: Callable | None = None
     after_chunk: Callable | None = None

@@ -225,8 +225,9 @@ def _run(engine, schema, method, own_url, name, options, source_url, itersize, s
     batch = source.batch if resumed else f"sync-{name}-{datetime.now(timezone.utc):%Y%m%dT%H%M%S.%fZ}"
     positions, origin = _Positions(consumed or 0, source), f"sync {name}"  # origin: its batches' source
 
-    def replace_changed(connection: sa.Connection, chunk) -> None:
-        pg.remove_changed(connection, schema, method, chunk.external_ids, chunk.content_hashes, origin, keyed=keyed)
+    def replace_changed(connection: sa.Connection, chunk) -> bool:
+        return bool(pg.remove_changed(connection, schema, method, chunk.external_ids, chunk.content_hashes, origin,
+                                      keyed=keyed))
 
     def advance(connection: sa.Connection, position: int) -> None:
         pg.advance(connection, name, *positions.at(position), batch)

@@ -245,6 +245,39 @@ def test_a_changed_row_is_kept_or_replaced_as_the_source_says(policy, database_u
     assert len(assert_consistent(admin_engine, schema)) == 30
 
 
+def test_a_replace_run_whose_lookups_are_spread_does_not_meet_the_rows_it_replaced(database_url, schema, table,
+                                                                                   admin_engine, tmp_path, monkeypatch):
+    """A replace run removes a changed row's old document in the chunk's transaction, then looks the chunk up.
+    Lookups spread over other connections read the chunk's exported snapshot, which does not show its own
+    transaction's removal: they met the old document, a near copy of its new text, and the chunk failed
+    (KeyError: the pair's stored side was gone), at the same chunk on every rerun. Such a chunk keeps to its
+    own connection; the verdict is the oracle's against the documents that remain."""
+    from simdb.pg import in_memory, probes
+
+    monkeypatch.setattr(in_memory, "ROWS_PER_PROBE", 0)  # every stored segment looked up by index,
+    monkeypatch.setattr(probes, "SHARED_PROBES", 1)  # and over several connections, however small the chunk
+    rows = source_rows(8, 30, bad=False)
+    create_table(database_url, table, rows)
+    changed_id, old_text = rows[3][0], rows[3][1]
+    new_text = old_text + " 附"  # a near copy of the text it replaces
+    with Index.create(database_url, schema=schema, segment_size=10) as index:
+        method = index.settings.method
+        assert method.distances(method.sketch(new_text), method.stored([method.sketch(old_text)]))[0] <= method.max_distance
+        index.sync_add("src", table=table, id_column="id", text_column="body", watermark_column="updated_at",
+                       on_change="replace")
+        index.sync_run("src", run_options(tmp_path, connections=2))
+        with psycopg.connect(database_url, autocommit=True) as connection:
+            connection.execute(f"UPDATE {table} SET body = %s, updated_at = %s WHERE id = %s",
+                               (new_text, START + timedelta(days=1), changed_id))
+        again = index.sync_run("src", run_options(tmp_path, connections=2))
+        got = [(v.id, v.status, v.duplicate_of, v.distance) for v in index.verdicts(again.name)]
+    survivors = [(str(row[0]), method.sketch(row[1]), content_hash(row[1])) for row in in_order(rows)
+                 if row[0] != changed_id]
+    assert got == oracle(method, survivors, [Document(str(changed_id), new_text)])
+    assert_maintained(admin_engine, schema)
+    assert len(assert_consistent(admin_engine, schema)) == 30
+
+
 def test_a_second_run_of_a_source_refuses_or_waits_and_no_row_is_ingested_twice(database_url, schema, table,
                                                                                 admin_engine, tmp_path):
     rows = source_rows(7, 50, bad=False)

@@ -13,7 +13,9 @@ committed before this chunk took the lock) and each helper imports it (``SET TRA
 a ``REPEATABLE READ`` transaction). Every writer of a stored segment holds the ingest lock, so nothing
 the helpers could read changes before the chunk commits; the snapshot makes that exact rather than
 argued. The chunk's own uncommitted rows (its staging table, a bulk segment made for it) are not in it,
-and the lookups never read them: they read only segments below the chunk's first id.
+and the lookups never read them: they read only segments below the chunk's first id. Nor are changes its
+transaction made to stored segments before the lookups (a sync run removing the rows it replaces): such a
+chunk keeps to its own connection (``connections=1``, :func:`simdb.ingest.ingest`).
 
 A helper waits for no lock longer than :data:`LOCK_WAIT`: a statement queued for an exclusive lock on a
 segment (``ALTER TABLE documents`` by a relayout) waits for the chunk's transaction, and the helper's
