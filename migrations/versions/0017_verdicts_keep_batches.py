@@ -51,6 +51,8 @@ def upgrade() -> None:
     connection = op.get_bind()
     run = connection.exec_driver_sql
     run("ALTER TABLE records ADD COLUMN duplicate_of_batch_id integer")
+    # for the updates below, one per run of ids (about one per batch): without it each one read all of records
+    run("CREATE INDEX ix_records_0017_duplicate_of ON records (duplicate_of) WHERE duplicate_of IS NOT NULL")
     runs: list[list] = []  # [batch id, first id, last id] of consecutive named ids of one batch
     for document_id, batch_id in _named_batches(connection):
         if runs and runs[-1][0] == batch_id:
@@ -62,6 +64,7 @@ def upgrade() -> None:
             connection.execute(sa.text(
                 "UPDATE records SET duplicate_of_batch_id = :batch WHERE duplicate_of BETWEEN :first AND :last"),
                 {"batch": batch_id, "first": first, "last": last})
+    run("DROP INDEX ix_records_0017_duplicate_of")
     run("CREATE INDEX ix_records_earlier_batch ON records (batch_id, position) "
         "WHERE duplicate_of_batch_id <> batch_id")
 
