@@ -77,6 +77,8 @@ def main() -> None:
 
 def runs_warm(arguments: list[str]) -> bool:
     """Whether a command with these arguments may run in the warm process (see :data:`IN_PROCESS`)."""
+    if not hasattr(socket, "SO_PEERCRED"):  # not Linux: no way to know who is at the socket's other end
+        return False
     words = [word for word in arguments if not word.startswith("-")]
     if any(tuple(words[:len(first)]) == first for first in IN_PROCESS):
         return False
@@ -322,7 +324,10 @@ def _converse(connection: socket.socket, argv: list[str], key: str, started: flo
                          "status is unknown\n")
         return 1
     if status[0] == "signal":
-        signal.signal(status[1], signal.SIG_DFL)
+        try:
+            signal.signal(status[1], signal.SIG_DFL)
+        except (OSError, ValueError):  # SIGKILL (the OOM killer's) has no handler to reset
+            pass
         os.kill(os.getpid(), status[1])
         return 128 + status[1]
     return status[1]

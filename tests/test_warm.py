@@ -202,6 +202,26 @@ def test_a_killed_simdb_takes_its_command_along(warm):
     assert alive(server)
 
 
+def test_a_command_killed_outright_ends_simdb_as_it_would_end_here(warm):
+    """A warm command SIGKILLed (the OOM killer, ``kill -9``) ends ``simdb`` by SIGKILL too, as the command run
+    here would have ended; resetting SIGKILL's handler first raised OSError, a traceback and exit 1."""
+    simdb(warm, "fingerprint", "a")
+    [server] = servers(warm["SIMDB_WARM_DIR"]).values()
+    client = subprocess.Popen([sys.executable, "-m", "simdb", "fingerprint", "--file", "-"],
+                              env={**warm, "SIMDB_WARM": "require"}, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        child = wait_for(lambda: [pid for pid in children_of(server) if alive(pid)], "the command")[0]
+        wait_for(lambda: reading_stdin(child), "the command to read its standard input")
+        os.kill(child, signal.SIGKILL)
+        _, err = client.communicate(timeout=120)
+    finally:
+        client.kill()
+        client.wait()
+    assert (client.returncode, err) == (-signal.SIGKILL, "")
+    assert alive(server)
+
+
 def raw_request(path: str, key: str, user: int | None) -> bytes:
     """What the warm process at ``path`` answers a request made by hand by a process of ``user``."""
     request = marshal.dumps({"key": key, "argv": ["simdb", "--help"], "environ": {}, "umask": 0o22, "started": 0.0})
