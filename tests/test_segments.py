@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from simdb import Index
-from simdb.errors import IncompatibleIndex
+from simdb.errors import IncompatibleIndex, SimdbError
 from simdb.pg import segments
 from simdb.pg.methods import sql_of
 from simdb.pg.segments import SegmentPolicy
@@ -906,3 +906,25 @@ def test_a_failed_bulk_chunk_leaves_a_gap_that_later_merges_and_ingests_take_in_
         assert sorted(document["id"] for document in index.export()) == sorted(record["id"] for record in kept)
         assert {(p.a, p.b, p.distance) for p in index.pairs()} == brute_force_pairs(
             index.fingerprint, kept, index.settings.method.max_distance)
+
+
+def test_a_segment_dropped_while_it_is_listed_is_said_so(database_url, schema):
+    """A reader without the ingest lock (compact's listing before it merges, stats) could list the segments
+    while a merge dropped one: the catalog rows of its snapshot still held it, but its bound read as NULL, and
+    the listing said "a partition bound simdb did not create; detach it" (a concurrent relayout test met it in
+    CI). A new statement sees the merge's result, so the listing is tried again; where the reader's snapshot
+    cannot move (REPEATABLE READ, as here), it says what happened and to run the command again."""
+    rng = random.Random(12)
+    with Index.create(database_url, schema=schema, max_distance=3, segment_size=50) as index:
+        for number in range(3):
+            index.add_fingerprinted(make_batch([rng.getrandbits(64) for _ in range(60)], f"b{number}"),
+                                    batch=f"b{number}")
+        with index.database.engine.connect() as reader:
+            reader = reader.execution_options(isolation_level="REPEATABLE READ")
+            with reader.begin():
+                before = segments.list_segments(reader, distributed=False)
+                assert len(before) > 2
+                index.compact(full=True)  # drops the segments it merges, after the reader's snapshot
+                with pytest.raises(SimdbError, match="was dropped while it was being listed .* run the command"):
+                    segments.list_segments(reader, distributed=False)
+            assert len(segments.list_segments(reader, distributed=False)) < len(before)  # a new snapshot

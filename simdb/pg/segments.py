@@ -89,14 +89,28 @@ def save_policy(connection: sa.Connection, policy: SegmentPolicy) -> None:
         "ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value"), {"value": json.dumps(policy.to_row())})
 
 
+#: Listings of the segments tried while a concurrent merge drops one (see :func:`list_segments`).
+LISTING_ATTEMPTS = 5
+
+
 def list_segments(connection: sa.Connection, *, distributed: bool, counts: bool = False) -> list[Segment]:
     """The segments in id order (of a ``distributed`` index or not); with ``counts``, their exact document
     counts and sizes on disk."""
-    rows = connection.execute(sa.text(
-        "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid), c.reltuples FROM pg_inherits i "
-        "JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = CAST('documents' AS regclass) "
-        # a table another transaction is attaching or detaching right now shows no bound yet: not ours to list
-        "AND c.relpartbound IS NOT NULL")).all()
+    for _ in range(LISTING_ATTEMPTS):
+        rows = connection.execute(sa.text(
+            "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid), c.reltuples FROM pg_inherits i "
+            "JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = CAST('documents' AS regclass) "
+            # a table another transaction is attaching or detaching right now shows no bound yet: not ours to list
+            "AND c.relpartbound IS NOT NULL")).all()
+        # A bound that reads as NULL belongs to a segment a merge dropped after this statement's snapshot was
+        # taken (pg_get_expr reads the catalog as it is now): a reader without the ingest lock (compact's
+        # listing before it merges, stats) lists again, and a new statement sees the merge's result.
+        gone = [name for name, bound, _ in rows if bound is None]
+        if not gone:
+            break
+    else:
+        raise SimdbError(f"segment {gone[0]} of documents was dropped while it was being listed (a merge committed "
+                         "at the same time); run the command again")
     bounds = []
     for name, bound, estimate in rows:
         match = _BOUNDS.search(bound or "")
