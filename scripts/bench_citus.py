@@ -151,6 +151,14 @@ _SIZE = re.compile(r"(Intermediate Data Size|Tuple data received from nodes): ([
 _UNITS = {"bytes": 1, "kB": 1024, "MB": 1024 ** 2, "GB": 1024 ** 3}
 
 
+def received(plan: list[str], position: int, size: re.Match, found: dict) -> None:
+    """Add to ``found`` what the coordinator received of one task: the size on ``plan``'s line ``position``, and
+    the rows of the node above it."""
+    found["bytes_received"] += float(size.group(2)) * _UNITS[size.group(3)]
+    rows = re.search(r"actual time=\S+ rows=(\d+)", plan[position - 2] + plan[position - 1])
+    found["rows_received"] += int(rows.group(1)) if rows else 0
+
+
 def join_traffic(index: Index, fingerprints: np.ndarray) -> dict:
     """What one chunk's candidate join ships between the nodes, from Citus's own EXPLAIN ANALYZE of it against
     every segment: probe rows and bytes sent to the workers (each intermediate result times the nodes it is
@@ -165,8 +173,9 @@ def join_traffic(index: Index, fingerprints: np.ndarray) -> dict:
     sketches = [int(x) for x in fingerprints]
     keys = method.keys(sketches).tolist()
     found = {"probes": len(sketches), "rows_sent": 0, "bytes_sent": 0, "rows_received": 0, "bytes_received": 0}
-    with index.database.engine.connect() as connection:  # apart: a transaction that read a reference table on
-        stored = list_segments(connection, distributed=index.context.distributed)  # the coordinator may not then send a distributed plan's tasks
+    # apart: a transaction that read a reference table on the coordinator may not then send a distributed plan's tasks
+    with index.database.engine.connect() as connection:
+        stored = list_segments(connection, distributed=index.context.distributed)
     with index.database.engine.begin() as connection:
         columns = create_staging(connection, method)
         copy_in(connection, f"staging ({', '.join(name for name, _ in columns)})", [kind for _, kind in columns],
@@ -184,9 +193,7 @@ def join_traffic(index: Index, fingerprints: np.ndarray) -> dict:
                     found["bytes_sent"] += float(size.group(2)) * _UNITS[size.group(3)] * nodes
                     found["rows_sent"] += len(sketches) * nodes if nodes else 0
                 elif size:
-                    found["bytes_received"] += float(size.group(2)) * _UNITS[size.group(3)]
-                    rows = re.search(r"actual time=\S+ rows=(\d+)", plan[position - 2] + plan[position - 1])
-                    found["rows_received"] += int(rows.group(1)) if rows else 0
+                    received(plan, position, size, found)
         connection.rollback()
     return found
 
@@ -211,9 +218,7 @@ def keyed_join_traffic(index: Index, fingerprints: np.ndarray) -> dict:
         for position, line in enumerate(plan):
             size = _SIZE.search(line)
             if size:
-                found["bytes_received"] += float(size.group(2)) * _UNITS[size.group(3)]
-                rows = re.search(r"actual time=\S+ rows=(\d+)", plan[position - 2] + plan[position - 1])
-                found["rows_received"] += int(rows.group(1)) if rows else 0
+                received(plan, position, size, found)
         connection.rollback()
     return found
 
