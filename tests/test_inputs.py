@@ -138,6 +138,24 @@ def test_json_values_postgresql_cannot_store_are_rejected_at_their_line(tmp_path
     assert summary(read(path, skip_errors=True)) == [("ok", "fine"), (2, reason)]
 
 
+@pytest.mark.parametrize("line, name", [
+    ('{"id": "a", "text": "first", "text": "second"}', "text"),
+    ('{"id": "a", "id": "b", "text": "x"}', "id"),
+    ('{"id": "a", "text": "x", "meta": {"source": "web", "source": "mail"}}', "source"),
+])
+def test_a_json_object_that_names_a_field_twice_is_rejected_at_its_line(tmp_path, line, name):
+    """JSON keeps one value of a repeated name, which one depending on the reader: Python's json kept the last
+    silently, so which text was sketched (or which id stored, or which metadata kept) was a guess."""
+    path = tmp_path / "twice.jsonl"
+    path.write_text('{"id": "ok", "text": "fine"}\n' + line + "\n")
+    reason = f"the JSON object names the field {name!r} twice"
+    with pytest.raises(InputError) as caught:
+        read(path)
+    assert (caught.value.path, caught.value.line, caught.value.reason) == (str(path), 2, reason)
+    assert "give every field its own name" in str(caught.value)
+    assert summary(read(path, skip_errors=True)) == [("ok", "fine"), (2, reason)]
+
+
 def test_a_big_integer_within_limits_is_kept(tmp_path):
     path = tmp_path / "big.jsonl"
     path.write_text(json.dumps({"id": 10**30, "text": "x", "n": 10**300}) + "\n")

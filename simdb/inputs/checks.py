@@ -78,6 +78,24 @@ def distinct_columns(names: list[str], what: str, path: str, line: int | None) -
         first_at[name] = column
 
 
+class RepeatedName(ValueError):
+    """A JSON object that names a field twice (raised while parsing, caught at the record's line)."""
+
+
+def distinct_names(pairs: list[tuple[str, object]]) -> dict:
+    """``json.loads``'s object hook: the object, refused when it names a field twice. JSON readers keep one of
+    the values, which one depending on the reader (Python's keeps the last; PostgreSQL's ``jsonb`` too, its
+    ``json`` both), so the text sketched, the id stored or the metadata kept would be a guess."""
+    record = dict(pairs)
+    if len(record) != len(pairs):
+        seen: set[str] = set()
+        for name, _ in pairs:
+            if name in seen:
+                raise RepeatedName(f"the JSON object names the field {name!r} twice")
+            seen.add(name)
+    return record
+
+
 @contextmanager
 def about(external_id: str):
     """An input error raised inside is about the record with this id, which a reject keeps."""

@@ -1,6 +1,7 @@
 """JSON-lines files -> records: one JSON object per line; blank lines are skipped.
 
-A line is a record or a reject, never more: malformed JSON, a value that is not an object, NaN
+A line is a record or a reject, never more: malformed JSON, a value that is not an object, an object
+that names a field twice (at any depth: which value a reader keeps is the reader's choice), NaN
 or Infinity (not JSON), a number too large for a double or an integer of more than 4,300 digits,
 nesting too deep to parse, a missing id or text field, or a value PostgreSQL cannot store.
 """
@@ -15,7 +16,8 @@ from . import checks
 from .lines import StreamError, decode, raw_lines
 from .model import Document
 
-_DECODER = json.JSONDecoder(parse_float=checks.finite_float, parse_constant=checks.no_constant)
+_DECODER = json.JSONDecoder(parse_float=checks.finite_float, parse_constant=checks.no_constant,
+                            object_pairs_hook=checks.distinct_names)
 
 
 def json_object(raw: bytes, path: str, line: int) -> dict | None:
@@ -28,6 +30,9 @@ def json_object(raw: bytes, path: str, line: int) -> dict | None:
     except json.JSONDecodeError as exc:
         raise InputError(f"malformed JSON at column {exc.colno}: {exc.msg.removesuffix(' at')}", path=path,
                          line=line, hint="each line must be one JSON object") from None
+    except checks.RepeatedName as exc:
+        raise InputError(str(exc), path=path, line=line,
+                         hint="give every field its own name (JSON readers keep only one of them)") from None
     except RecursionError:
         raise InputError("the JSON is nested too deeply to read", path=path, line=line,
                          hint="flatten the record (at most a few hundred levels of nesting)") from None
