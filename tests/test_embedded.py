@@ -191,3 +191,29 @@ def test_a_command_that_stops_the_server_leaves_it_to_a_process_that_joined_it(d
         out, err = holder.communicate("", timeout=60)
     assert holder.returncode == 0, err
     assert out == "0\n"
+
+
+def test_a_postmaster_pid_left_behind_whose_id_another_process_took_is_not_the_server(tmp_path):
+    """A server killed outright leaves ``postmaster.pid`` saying "ready"; once another process has its id, the
+    command joined a server that was not there and the watcher sent SIGINT to that process when idle. It is
+    recognised, nothing is signalled, and the command says what to do."""
+    path = tmp_path / "postgres"
+    path.mkdir()
+    (tmp_path / ".s.PGSQL.5999").touch()
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (path / "postmaster.pid").write_text(f"{other.pid}\n{path}\n1700000000\n5999\n{tmp_path}\nlocalhost\n"
+                                             "  5999001         0\nready   \n")
+        assert embedded._running(path) is None
+        assert embedded.postmaster_pid(path) is None
+        embedded.watch(path, 0)  # returns at once: no server to watch
+        with pytest.raises(embedded.DatabaseUnavailable) as caught:
+            embedded.start_embedded(path, idle=10)
+        assert str(caught.value) == (
+            f"{path / 'postmaster.pid'} names process {other.pid}, which is not a PostgreSQL server of this "
+            "directory: a server that did not stop cleanly left the file, and another process has its id now. "
+            "No server runs there: remove that file and run again")
+        assert other.poll() is None, "the process that took the server's id was signalled"
+    finally:
+        other.kill()
+        other.wait()

@@ -76,6 +76,12 @@ def start_embedded(data_dir: str | Path | None = None, *, idle: float = 0):
     except OSError as exc:
         raise DatabaseUnavailable(f"cannot create the data directory {path}: {exc.strerror}; "
                                   "choose another with «data_dir» or SIMDB_DATA_DIR") from exc
+    stale = _stale_pid(path)
+    if stale is not None:
+        raise DatabaseUnavailable(
+            f"{path / 'postmaster.pid'} names process {stale}, which is not a PostgreSQL server of this directory: "
+            "a server that did not stop cleanly left the file, and another process has its id now. No server "
+            "runs there: remove that file and run again")
     try:
         with _joining(path, idle):
             server = (_running(path) if idle else None) or _pgserver(path, idle)
@@ -154,7 +160,7 @@ def _running(path: Path) -> RunningServer | None:
         os.kill(pid, 0)
     except (OSError, ValueError, IndexError):
         return None
-    if status != "ready" or Path(pgdata) != path.resolve():
+    if status != "ready" or Path(pgdata) != path.resolve() or not _serves(pid, path):
         return None
     if not (os.path.exists(os.path.join(socket_dir, f".s.PGSQL.{port}")) if socket_dir else hostname):
         return None
@@ -209,14 +215,39 @@ def _ensure_watcher(path: Path, idle: float) -> None:
                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
 
 
-def postmaster_pid(path: Path) -> int | None:
-    """The running server's process id (the first line of ``postmaster.pid``), or None where none runs."""
+def _pid_file_pid(path: Path) -> int | None:
+    """The live process that ``postmaster.pid`` names (its first line), or None (no file, or no such process)."""
     try:
         pid = int((path / "postmaster.pid").read_text().split("\n", 1)[0])
         os.kill(pid, 0)
         return pid
     except (OSError, ValueError):
         return None
+
+
+def _serves(pid: int, path: Path) -> bool:
+    """Whether process ``pid`` is the server of the data directory ``path`` (the postmaster runs in its data
+    directory), not a process that took the id of a server that did not stop cleanly. Where the system does not
+    say (no ``/proc``), a live process is taken to be the server, as PostgreSQL itself takes it."""
+    try:
+        return Path(os.readlink(f"/proc/{pid}/cwd")) == path.resolve()
+    except FileNotFoundError:
+        return not os.path.isdir("/proc/self")  # gone since, or a system without /proc
+    except OSError:  # another user's process: the server runs as the user that started it
+        return False
+
+
+def _stale_pid(path: Path) -> int | None:
+    """The process ``postmaster.pid`` names where it is alive but not this directory's server, else None."""
+    pid = _pid_file_pid(path)
+    return pid if pid is not None and not _serves(pid, path) else None
+
+
+def postmaster_pid(path: Path) -> int | None:
+    """The running server's process id (the first line of ``postmaster.pid``), or None where none runs (no file,
+    no such process, or a process that is not this directory's server: the watcher never signals it)."""
+    pid = _pid_file_pid(path)
+    return pid if pid is not None and _serves(pid, path) else None
 
 
 def busy(path: Path, pid: int, *, locked: bool = False) -> bool:
