@@ -386,13 +386,14 @@ def run(database_url, schema):
 
 @pytest.fixture
 def corpus_archive(run, tmp_path, schema):
-    """The quickstart corpus ingested through the CLI as batches 'archive' (250) and 'new' (the rest)."""
+    """The quickstart corpus ingested through the CLI as batches 'archive' (250) and 'new' (the rest), counted by
+    its metadata field ``source`` (``field_counts``, which the docs' recipe reads)."""
     import json
 
     from simdb.samples import corpus
 
     records = list(corpus())
-    run("init")
+    run("init", "--count-by", "source")
     for name, part in (("archive", records[:250]), ("new", records[250:])):
         path = tmp_path / f"{name}.jsonl"
         path.write_text("".join(json.dumps(r) + "\n" for r in part))
