@@ -565,7 +565,7 @@ def read_only_archives():
 
 
 #: The tables whose rows an index gathers (settings, idf_terms and alembic_version hold what it was created with).
-GATHERING_TABLES = ("batches", "documents", "near_duplicates", "clusters", "records")
+GATHERING_TABLES = ("batches", "documents", "near_duplicates", "clusters", "records", "field_counts")
 
 
 def empty_index(engine: sa.Engine, schema: str, settings_rows) -> None:
