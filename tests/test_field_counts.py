@@ -296,3 +296,11 @@ def test_a_batch_killed_before_its_last_commit_and_resumed_is_counted_once(datab
         entry[1] += status in ("exact", "near")
     assert kept(admin_engine, schema) == {key: tuple(value) for key, value in expected.items()}
     assert expected[("source", "copies")] == [10, 10]
+
+
+def test_an_index_whose_fields_counted_were_edited_into_nonsense_does_not_open(database_url, schema, admin_engine):
+    Index.create(database_url, schema=schema, count_by=["source"]).close()
+    with admin_engine.begin() as connection:
+        connection.exec_driver_sql(f"UPDATE {schema}.settings SET value = '\"source\"' WHERE name = 'count_by'")
+    with pytest.raises(IncompatibleIndex, match="settings were edited by hand"):
+        Index.open(database_url, schema=schema)
