@@ -354,12 +354,17 @@ cli.add_command(fingerprint_command, name="fingerprint")
 @click.option("--copy-from", "copy_from", metavar="SCHEMA", default=None,
               help="With --distributed: make the new index a copy of the index in SCHEMA of the same database "
                    "(settings, batches, documents, pairs, clusters, verdicts), to move an archive onto Citus.")
+@click.option("--count-by", "count_by", multiple=True, metavar="FIELD",
+              help="Keep, per value of this metadata field, the documents stored and how many are duplicates (the "
+                   "table field_counts, for the SQL recipe \"Duplicate rate by a metadata field\"); repeat for "
+                   "several. `simdb count-by add` adds one to an existing index.")
 @click.option("--workers", type=click.IntRange(1), default=None,
               help="Processes tokenizing the --idf-from sample in parallel [default: all cores].")
 @user_errors
 def init(database_url, schema, data_dir, max_distance, blocks, tokenizer, jieba_hmm, shingle_size, stopwords,
          weighting, bigrams, idf_paths, top_features, expected_size, method, threshold, num_perm, verify, store_text,
-         segment_size, merge_factor, bulk_chunk, distributed, shards, distributed_layout, copy_from, workers):
+         segment_size, merge_factor, bulk_chunk, distributed, shards, distributed_layout, copy_from, count_by,
+         workers):
     """Create an index; its settings are stored with it and checked on every open.
 
     Running it again with the same settings leaves the index as it is; with
@@ -374,6 +379,7 @@ def init(database_url, schema, data_dir, max_distance, blocks, tokenizer, jieba_
         simdb init --method minhash --threshold 0.8
         simdb init --method minhash --verify exact
         simdb init --store-text
+        simdb init --count-by source --count-by language
         simdb init --distributed --database-url postgresql://coordinator/db
         simdb init --distributed --schema archive_citus --copy-from archive
         simdb init --distributed --distributed-layout keyed
@@ -416,6 +422,8 @@ def init(database_url, schema, data_dir, max_distance, blocks, tokenizer, jieba_
                     if value is not None})
     if distributed:
         options["distributed"] = True
+    if count_by:
+        options["count_by"] = list(count_by)
     if idf_paths:
         idf_paths = input_files(idf_paths)
         check_paths(idf_paths)
@@ -426,6 +434,8 @@ def init(database_url, schema, data_dir, max_distance, blocks, tokenizer, jieba_
         click.echo(f"layout: {index.settings.method.describe()}")
         if index.settings.distributed is not None:
             click.echo(distribution(index.settings.distributed))
+        if index.settings.count_by:
+            click.echo(f"counts by: {', '.join(index.settings.count_by)}")
         index.settings.check_canaries()
         for line in index.settings.method.creation_notes(expected_size):
             click.echo(line)
@@ -1083,6 +1093,59 @@ def calibrate(pairs_path, documents, id_field, text_field, label_field, plot_pat
         f"{flag(name)} {value if isinstance(value, str) else format(value, 'g')}"
         for name, value in method.init_options(best.setting).items()))
     click.echo(f"plot: {plot_path}")
+
+
+@cli.group(name="count-by")
+def count_by():
+    """Count documents and duplicates by the values of metadata fields.
+
+    For each field the index counts by, the table field_counts holds, per
+    value, the documents stored and how many of them have an earlier
+    near-duplicate, kept by every ingest and removal: the SQL recipe
+    "Duplicate rate by a metadata field" reads it instead of every document.
+
+    \b
+    Example:
+        simdb count-by add source
+        simdb count-by list
+    """
+
+
+@count_by.command(name="add")
+@database_options
+@click.argument("field")
+@user_errors
+def count_by_add(database_url, schema, data_dir, field):
+    """Count by metadata field FIELD from now on, its counts filled from the stored documents.
+
+    One statement reads every stored document once, in one transaction with
+    the settings that name the field; ingests and removals wait for it.
+
+    \b
+    Example:
+        simdb count-by add source
+    """
+    with open_index(database_url, schema, data_dir) as index:
+        values = index.count_by(field)
+    click.echo(f"counting by {field!r}: {values:,} values")
+
+
+@count_by.command(name="list")
+@database_options
+@user_errors
+def count_by_list(database_url, schema, data_dir):
+    """List the metadata fields the index counts by, each with its values, documents and duplicates.
+
+    \b
+    Example:
+        simdb count-by list
+    """
+    with open_index(database_url, schema, data_dir) as index:
+        counts = index.counts_by_field()
+    for field, (values, documents, duplicates) in counts.items():
+        click.echo(f"{field}: {values:,} values, {documents:,} documents, {duplicates:,} duplicates")
+    if not counts:
+        click.echo("the index counts by no metadata field; add one with `simdb count-by add FIELD`", err=True)
 
 
 @cli.group()

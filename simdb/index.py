@@ -29,7 +29,7 @@ from .errors import IncompatibleIndex, InputError, SimdbError, parameter
 from .ingest import BatchSummary, FingerprintedBatch, IngestOptions, ingest
 from .inputs import DEFAULT_MAX_CHARS, Document, check_text, checks
 from .methods import Method
-from .pg import DEFAULT_SHARDS, catalog, citus, keyed, plpython, reads, segments, server
+from .pg import DEFAULT_SHARDS, catalog, citus, field_counts, keyed, plpython, reads, segments, server
 from .pg.chunks import store_chunk
 from .pg.context import IndexContext
 from .pg.database import Database, check_schema_name, translating
@@ -169,6 +169,9 @@ class Index:
                    if settings.get(name) is not None}
         distributed, shards = settings.pop("distributed", False), settings.pop("shards", None)
         layout = settings.pop("distributed_layout", None)
+        count_by = settings.pop("count_by", None) or ()
+        count_by = tuple(field_counts.check_field(name) for name in
+                         dict.fromkeys((count_by,) if isinstance(count_by, str) else count_by))
         for name, value in (("shards", shards), ("distributed_layout", layout)):
             if value is not None and not distributed:
                 raise SimdbError(f"{parameter(name)} is for a distributed index: add {parameter('distributed')}")
@@ -182,7 +185,7 @@ class Index:
             "shards": citus.check_shards(DEFAULT_SHARDS if shards is None else shards),
             # the default layout (by document id) is not written: indexes made before layouts were stored have it
             **({"layout": keyed.check_layout(layout, wanted.method)} if layout not in (None, keyed.BY_ID) else {})}
-            if distributed else None)
+            if distributed else None, count_by=count_by)
         database = Database.connect(database_url, schema=schema, data_dir=data_dir)
         try:
             with database.engine.begin() as connection:
@@ -206,6 +209,10 @@ class Index:
                 differences.append("distributed: asked True, stored False")
             elif layout is not None and keyed.layout_of(index.settings.distributed) != layout:
                 differences.append(f"distributed_layout: asked {layout!r}, stored {keyed.layout_of(index.settings.distributed)!r}")
+            missing = [name for name in count_by if name not in index.settings.count_by]
+            if missing:
+                differences.append(f"count_by: asked {list(count_by)!r}, stored {list(index.settings.count_by)!r}; "
+                                   f"`simdb count-by add {missing[0]}` adds a field to an index")
             if differences:
                 raise IncompatibleIndex("the index was created with other storage settings ("
                                         + "; ".join(differences) + "). Open it without those options, or create "
@@ -404,6 +411,20 @@ class Index:
             return dataclasses.replace(summary, dry_run=dry_run)
         finally:
             connection.close()
+
+    def count_by(self, field: str) -> int:
+        """Count documents and duplicates by the values of the metadata field ``field`` from now on (the table
+        ``field_counts``): its counts filled from the stored documents in one statement, in one transaction with
+        the settings that name it, ingests waiting; how many values it has."""
+        with self.database.engine.begin() as connection:
+            values = field_counts.add_field(connection, self.database.schema, field)
+        self.settings = replace(self.settings, count_by=(*self.settings.count_by, field))
+        return values
+
+    def counts_by_field(self) -> dict[str, tuple[int, int, int]]:
+        """{field: (values, documents, duplicates)} of every metadata field the index counts by."""
+        with self.database.engine.connect() as connection:
+            return field_counts.field_values(connection)
 
     def relayout(self, blocks: int | None = None, progress: Callable[[str], None] | None = None) -> None:
         """Rebuild the key columns for ``blocks`` blocks (default: the fewest that suit the archive's size),

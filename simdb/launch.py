@@ -47,8 +47,9 @@ IDLE_ENV = "SIMDB_SERVER_IDLE"
 DEFAULT_IDLE = 300.0
 #: Commands that always run in their own process (see the module's docstring), by their first words.
 IN_PROCESS = {("ingest",), ("check",), ("init",), ("sync", "run")}
-#: Seconds to connect and to hear from the child before falling back; the child's wait for "go"
-#: (:mod:`simdb.warm` is the warm process, and shares these and the functions below).
+#: Seconds to connect and to hear from the child before falling back; how often the child, waiting for "go" as
+#: long as its ``simdb`` is there, looks whether it still is (:mod:`simdb.warm` is the warm process, and shares
+#: these and the functions below).
 CONNECT_TIMEOUT, READY_TIMEOUT, GO_TIMEOUT = 2.0, 10.0, 10.0
 #: How long ``SIMDB_WARM=require`` waits for a warm process to start.
 START_TIMEOUT = 60.0

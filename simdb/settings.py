@@ -120,6 +120,10 @@ class IndexSettings:
     #: A distributed index on a Citus cluster (``simdb init --distributed``): ``{"shards": n}``, else None;
     #: storage only, it changes no answer (:mod:`simdb.pg.citus`).
     distributed: dict | None = field(default=None, compare=False)
+    #: The metadata fields whose values the index counts documents and duplicates by (``simdb init --count-by``,
+    #: ``simdb count-by add``; :mod:`simdb.pg.field_counts`), in the order declared; storage only, it changes no
+    #: answer.
+    count_by: tuple = field(default=(), compare=False)
 
     @property
     def layout(self):
@@ -151,7 +155,8 @@ class IndexSettings:
         """The settings table's rows (side tables such as ``idf_terms`` are the method's)."""
         return {**self.method.to_rows(), "created_with": self.created_with, "canaries": self.canaries,
                 "segments": self.segments.to_row(), "segmenters": list(self.segmenters), "texts": {"stored": self.texts},
-                **({"distributed": self.distributed} if self.distributed is not None else {})}
+                **({"distributed": self.distributed} if self.distributed is not None else {}),
+                **({"count_by": list(self.count_by)} if self.count_by else {})}
 
     @staticmethod
     def side_table_names(rows: dict[str, object]) -> list[str]:
@@ -169,8 +174,13 @@ class IndexSettings:
         if method.needs_texts and not texts:
             raise IncompatibleIndex(f"the index's method decides by the documents' texts ({method.describe()}), "
                                     "yet its settings say it keeps none; the settings were edited by hand")
+        count_by = rows.get("count_by") or []  # written before fields were counted: none
+        if not isinstance(count_by, list) or not all(isinstance(name, str) and name for name in count_by):
+            raise IncompatibleIndex(f"the index's settings name the metadata fields it counts by as {count_by!r}, "
+                                    "not a list of field names; the settings were edited by hand")
         made = cls(method=method, created_with=created_with, canaries=rows.get("canaries", {}),
-                   segmenters=tuple(segmenters), texts=texts, distributed=rows.get("distributed"))
+                   segmenters=tuple(segmenters), texts=texts, distributed=rows.get("distributed"),
+                   count_by=tuple(count_by))
         return replace(made, segments=SegmentPolicy.from_row(rows["segments"])) if "segments" in rows else made
 
     # -- checks ----------------------------------------------------------------------------

@@ -217,11 +217,10 @@ def _run_child(child: _Child) -> None:
     connection, request = child.connection, child.request
     try:
         send_message(connection, ("ready", os.getpid()))
-        connection.settimeout(GO_TIMEOUT)
-        go, _ = receive_message(connection)
+        go = _wait_for_go(connection)
     except (OSError, ValueError, EOFError):
         go = None
-    if go != "go":
+    if go != "go":  # simdb went away, or said something else: it runs nothing, and neither does this child
         os._exit(1)
     # keep the connection open (not inherited by programs it starts): its end tells simdb the command ended
     connection.detach()
@@ -254,6 +253,35 @@ def _run_child(child: _Child) -> None:
             os.kill(os.getpid(), signal.SIGINT)
         code = 1
     _finish(code)
+
+
+def _wait_for_go(connection: socket.socket):
+    """simdb's answer to "ready", waited for as long as that ``simdb`` is there: one stopped between the two
+    (Ctrl-Z, a debugger, a machine too loaded to schedule it) says "go" when it continues, and its command must
+    run then (a child that gave up after :data:`GO_TIMEOUT` made it exit 1 without running). A ``simdb`` that
+    ends closes its connection (an end of file here, and the warm process sends this child SIGTERM); every
+    :data:`GO_TIMEOUT` seconds the child also looks whether the process that connected is still there."""
+    import select
+
+    client = int.from_bytes(connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)[:4], sys.byteorder)
+    while not select.select([connection], [], [], GO_TIMEOUT)[0]:
+        if not _process_exists(client):
+            return None
+    connection.settimeout(GO_TIMEOUT)  # the message is on its way: a few bytes sent at once
+    go, _ = receive_message(connection)
+    return go
+
+
+def _process_exists(pid: int) -> bool:
+    if pid <= 0:  # not known (a peer in another PID namespace): the connection's end will tell
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # there, and another user's (a pid reused): the connection's end will tell
+        pass
+    return True
 
 
 def _exit_code(code) -> int:

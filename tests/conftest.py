@@ -386,13 +386,14 @@ def run(database_url, schema):
 
 @pytest.fixture
 def corpus_archive(run, tmp_path, schema):
-    """The quickstart corpus ingested through the CLI as batches 'archive' (250) and 'new' (the rest)."""
+    """The quickstart corpus ingested through the CLI as batches 'archive' (250) and 'new' (the rest), counted by
+    its metadata field ``source`` (``field_counts``, which the docs' recipe reads)."""
     import json
 
     from simdb.samples import corpus
 
     records = list(corpus())
-    run("init")
+    run("init", "--count-by", "source")
     for name, part in (("archive", records[:250]), ("new", records[250:])):
         path = tmp_path / f"{name}.jsonl"
         path.write_text("".join(json.dumps(r) + "\n" for r in part))
@@ -564,7 +565,7 @@ def read_only_archives():
 
 
 #: The tables whose rows an index gathers (settings, idf_terms and alembic_version hold what it was created with).
-GATHERING_TABLES = ("batches", "documents", "near_duplicates", "clusters", "records")
+GATHERING_TABLES = ("batches", "documents", "near_duplicates", "clusters", "records", "field_counts")
 
 
 def empty_index(engine: sa.Engine, schema: str, settings_rows) -> None:

@@ -1,7 +1,7 @@
 """Brute-force oracles for the counts simdb keeps so that the SQL recipes need not scan the archive:
 ``batches.removed`` (a batch holds ``documents - removed``) and ``clusters.min_similarity`` (the least
-similarity of a member to its cluster's earliest document), and ``records.duplicate_of_batch_id`` (the batch of the
-document a verdict named)."""
+similarity of a member to its cluster's earliest document), ``records.duplicate_of_batch_id`` (the batch of the
+document a verdict named), and ``field_counts`` (documents and duplicates per value of a metadata field)."""
 
 from __future__ import annotations
 
@@ -69,6 +69,33 @@ def assert_maintained(engine: sa.Engine, schema: str, fingerprints: dict[str, in
                                for member in group)
                 for canonical, group in members.items() if len(group) > 1}
     assert kept == expected
+    assert_field_counts(engine, schema, settings.get("count_by") or [], fingerprints, max_distance)
+
+
+def assert_field_counts(engine: sa.Engine, schema: str, fields: list[str], fingerprints: dict[str, int] | None,
+                        max_distance: int | None) -> None:
+    """``field_counts`` of every field the index counts by: per value of ``metadata ->> field``, the documents
+    stored and those with an earlier near-duplicate. With ``fingerprints`` (SimHash, as above) a document is a
+    duplicate while a document stored before it (a smaller id) is within ``max_distance`` of the input's
+    fingerprint, found here by comparing every two; without, while its ``duplicate_of`` is set."""
+    with engine.connect() as connection:
+        kept = {(row.field, row.value): (row.documents, row.duplicates) for row in connection.execute(sa.text(
+            f"SELECT field, value, documents, duplicates FROM {schema}.field_counts"))}
+        documents = connection.execute(sa.text(
+            f"SELECT d.external_id, d.duplicate_of IS NOT NULL AS has_earlier, f.field, d.metadata ->> f.field AS value "
+            f"FROM {schema}.documents d CROSS JOIN unnest(CAST(:fields AS text[])) AS f (field) ORDER BY d.id, f.field"),
+            {"fields": fields}).all() if fields else []
+    order = list(dict.fromkeys(row.external_id for row in documents))
+    duplicate = {row.external_id: row.has_earlier for row in documents}
+    if fingerprints is not None:
+        duplicate = {name: any((fingerprints[earlier] ^ fingerprints[name]).bit_count() <= max_distance
+                               for earlier in order[:at]) for at, name in enumerate(order)}
+    expected: dict[tuple[str, str | None], list[int]] = {}
+    for row in documents:
+        counts = expected.setdefault((row.field, row.value), [0, 0])
+        counts[0] += 1
+        counts[1] += duplicate[row.external_id]
+    assert kept == {key: tuple(counts) for key, counts in expected.items()}
 
 
 def assert_verdict_batches(engine: sa.Engine, schema: str, batches: dict[str, str] | None = None) -> None:

@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from simdb import Index, IncompatibleIndex, SimdbError
 from simdb.samples import corpus
 from tests.conftest import CITUS_SHARDS, assert_consistent
+from tests.maintained import assert_field_counts
 
 CORPUS = list(corpus())
 
@@ -64,7 +65,7 @@ def test_the_tables_are_sharded_and_co_located_as_designed(database_url, schema)
             on_coordinator = connection.execute(sa.text(  # the coordinator's own (shell) table
                 "SELECT pg_relation_size('documents_000000000001')")).scalar_one()
     tables = {row.relname: row for row in rows}
-    for name in ("settings", "batches", "idf_terms"):
+    for name in ("settings", "batches", "idf_terms", "field_counts"):
         assert tables[name].partmethod == "n" and tables[name].shards == 1  # reference tables
     segments = [name for name in tables if name.startswith("documents_")]
     assert len(segments) == 2
@@ -182,12 +183,13 @@ def test_an_archive_moves_onto_citus_as_a_distributed_copy_that_answers_the_same
 
     source = f"{schema}_one"
     try:
-        with Index.create(database_url, schema=source, distributed=False, segment_size=1000, bulk_chunk=100) as one:
+        with Index.create(database_url, schema=source, distributed=False, segment_size=1000, bulk_chunk=100,
+                          count_by=["source"]) as one:
             one.add_many(CORPUS[:250], batch="a")  # a bulk chunk: a segment of its own
             one.add_many(CORPUS[250:300], batch="b")  # the active segment
             one.remove(ids=[CORPUS[3]["id"]])
             expected = (assert_consistent(admin_engine, source), sorted((p.a, p.b, p.distance) for p in one.pairs()),
-                        [list(one.verdicts(b)) for b in ("a", "b")], one.segments())
+                        [list(one.verdicts(b)) for b in ("a", "b")], one.segments(), one.counts_by_field())
         result = run("init", "--distributed", "--shards", str(CITUS_SHARDS), "--copy-from", source,
                      "--distributed-layout", layout)
         assert result.exit_code == 0, result.output
@@ -198,10 +200,12 @@ def test_an_archive_moves_onto_citus_as_a_distributed_copy_that_answers_the_same
             assert (assert_consistent(admin_engine, schema), sorted((p.a, p.b, p.distance) for p in copy.pairs()),
                     [list(copy.verdicts(b)) for b in ("a", "b")]) == expected[:3]
             assert [(s.first_id, s.end_id) for s in copy.segments()] == [(s.first_id, s.end_id) for s in expected[3]]
+            assert copy.settings.count_by == ("source",) and copy.counts_by_field() == expected[4]
             copy.add_many(CORPUS[300:], batch="c")  # ids, batches and clusters go on from where the source left off
             assert copy.query(CORPUS[5]["text"])[0].external_id == CORPUS[5]["id"]
         assert_consistent(admin_engine, schema)
         assert_records_consistent(admin_engine, schema)
+        assert_field_counts(admin_engine, schema, ["source"], None, None)
     finally:
         with admin_engine.begin() as connection:
             connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {source} CASCADE")

@@ -93,7 +93,7 @@ def replay(database_url, admin_engine, schema, index, history, after_chunk=None)
 @given(history=histories())
 def test_clusters_are_the_connected_components_of_the_pairs(database_url, admin_engine, schema, fresh_index,
                                                            history):
-    with fresh_index() as index:  # each example on an index as created
+    with fresh_index(count_by=["source"]) as index:  # each example on an index as created
         replay(database_url, admin_engine, schema, index, history)
 
 
@@ -113,10 +113,10 @@ def test_an_emptied_index_is_the_index_as_created(database_url, admin_engine, sc
     fingerprints = [0xA5A5_0000_0000_0000 | low for low in range(0, 512, 7)]
     history = ([fingerprints[i:i + size] for i, size in zip(range(0, 70, 10), (1, 3, 10, 2, 5, 12, 4))],
                [False, True, False, False, True, False, False], [0, 5, 17, 30])
-    with fresh_index(segment_size=4, merge_factor=2, bulk_chunk=3) as index:
+    with fresh_index(segment_size=4, merge_factor=2, bulk_chunk=3, count_by=["source"]) as index:
         created = state()
         replay(database_url, admin_engine, schema, index, history, after_chunk=lambda number: index.compact())
         assert state()["rows"] != created["rows"] and len(index.segments()) > 1
-    with fresh_index(segment_size=4, merge_factor=2, bulk_chunk=3):
+    with fresh_index(segment_size=4, merge_factor=2, bulk_chunk=3, count_by=["source"]):
         emptied = state()
     assert emptied == created and len(created["relations"]) > 20 and created["ids"] == [(1, False), (1, False)]

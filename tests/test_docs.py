@@ -213,6 +213,11 @@ def test_the_counting_recipes_agree_with_brute_force(corpus_archive, admin_engin
     sources = [r["source"].split(":")[0] for r in records]
     assert rates == {s: (sources.count(s), round(100.0 * sum(1 for i, t in enumerate(sources) if t == s and earlier[i])
                                                  / sources.count(s), 1)) for s in set(sources)}
+    # the same from the counts the index keeps (field_counts), row for row
+    assert [(row.source, int(row.documents), float(row.duplicate_percent))
+            for row in answer("SELECT split_part(value, ':', 1) AS source")] == \
+        [(row.source, row.documents, float(row.duplicate_percent))
+         for row in answer("SELECT split_part(metadata ->> 'source', ':', 1) AS source")]
     (sampled,) = [r for r in blocks("sql") if r.startswith("SELECT split_part(s.metadata ->> 'source'")]
     assert "SYSTEM (5)" in sampled
     with admin_engine.connect() as connection:  # every page sampled: the exact rates

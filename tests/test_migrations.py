@@ -53,7 +53,8 @@ def test_upgrade_to_head_then_down_to_base_and_up_again(database_url, schema, ad
             assert migrate.current_revision(connection, schema) == migrate.head_revision() \
                 == alembics_revision(connection, schema)
         assert tables_in(admin_engine, schema) == {"alembic_version", "settings", "batches", "documents",
-                                                   "near_duplicates", "idf_terms", "records", "clusters", "sync_sources"}
+                                                   "near_duplicates", "idf_terms", "records", "clusters", "sync_sources",
+                                                   "field_counts"}
         columns = {c["name"] for c in sa.inspect(admin_engine).get_columns("documents", schema=schema)}
         assert {f"key_{i}" for i in range(10)} <= columns
 
@@ -223,7 +224,7 @@ def test_a_new_index_is_exactly_what_the_migrations_make(options, database_url, 
     assert len(created["relations"]) >= 20 and len(created["functions"]) >= 7 and len(created["views"]) == 6
     assert created["alembic_version"] == [(migrate.head_revision(),)]
     assert (len(created["idf_terms"]) > 100) == ("idf" in options)
-    assert ("distribution" in created and len(created["distribution"]) == 7) == (backend == "citus")
+    assert ("distribution" in created and len(created["distribution"]) == 8) == (backend == "citus")
 
 
 def _undropped(part: str, rows: list[tuple]) -> list[tuple]:

@@ -203,6 +203,9 @@ CASES = [
                                        "--lag", "5 minutes"], 1, "give --watermark"),
     ("sync-add-bad-lag", "simhash", ["sync", "add", "x", "--table", "public.t", "--id", "id", "--text", "t",
                                      "--watermark", "w", "--lag", "soon"], 2, "--lag"),
+    ("count-by-blank-field", "simhash", ["count-by", "add", " "], 1, "a metadata field's name"),
+    ("count-by-no-index", "none", ["count-by", "list"], 1, "no simdb index"),
+    ("init-count-by-not-counted", "simhash", ["init", "--count-by", "region"], 1, "simdb count-by add region"),
     ("grant-bad-role", "simhash", ["grant-reader", "Bad-Name"], 1, "invalid role name"),
     ("grant-admin-role", "simhash", ["grant-reader", "postgres"], 1, "administrative role"),
     ("grant-no-password", "simhash", ["grant-reader", "someone", "--password-env", "SIMDB_NO_SUCH_VAR"], 1,
@@ -224,7 +227,7 @@ CASES = [
     # missing privileges: a read-only role, and a role on a schema it was not granted
     *[(f"reader-{args[0]}", "reader", args, 1, "read-only") for args in [
         ["ingest", "good.jsonl"], ["remove", "--id", "doc-0"], ["init"], ["grant-reader", "someone_else"],
-        ["relayout", "--blocks", "5"]]],
+        ["relayout", "--blocks", "5"], ["count-by", "add", "source"]]],
     ("reader-sql-functions", "reader", ["sql-functions"], 1, "only a superuser"),
     ("reader-relayout-default-blocks", "reader", ["relayout"], 1, "run this as the role that owns the index"),
     ("reader-ingest-skip", "reader", ["ingest", "good.jsonl", "--on-error", "skip"], 1, "read-only"),

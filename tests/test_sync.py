@@ -215,13 +215,13 @@ def test_a_changed_row_is_kept_or_replaced_as_the_source_says(policy, database_u
     rows = source_rows(6, 30, bad=False)
     create_table(database_url, table, rows)
     changed_id, new_text = rows[3][0], CORPUS[100]["text"]
-    with Index.create(database_url, schema=schema) as index:
+    with Index.create(database_url, schema=schema, count_by=["title"]) as index:  # field_counts kept through it
         method = index.settings.method
         index.sync_add("src", table=table, id_column="id", text_column="body", watermark_column="updated_at",
-                       on_change=policy)
+                       on_change=policy, metadata_columns=["title"])
         index.sync_run("src", run_options(tmp_path))
         with psycopg.connect(database_url, autocommit=True) as connection:
-            connection.execute(f"UPDATE {table} SET body = %s, updated_at = %s WHERE id = %s",
+            connection.execute(f"UPDATE {table} SET body = %s, title = 'changed', updated_at = %s WHERE id = %s",
                                (new_text, START + timedelta(days=1), changed_id))
             connection.execute(f"UPDATE {table} SET updated_at = %s WHERE id = %s",  # touched, same text
                                (START + timedelta(days=1), rows[4][0]))
@@ -241,8 +241,11 @@ def test_a_changed_row_is_kept_or_replaced_as_the_source_says(policy, database_u
         got = verdicts[str(changed_id)]
         assert (got.id, got.status, got.duplicate_of, got.distance) == want
         assert digest == content_hash(new_text) and again.rejected == 0
-    assert_maintained(admin_engine, schema)
+    assert_maintained(admin_engine, schema)  # field_counts by title among them
     assert len(assert_consistent(admin_engine, schema)) == 30
+    with admin_engine.connect() as connection:
+        titles = dict(connection.execute(sa.text(f"SELECT value, documents FROM {schema}.field_counts")).all())
+    assert titles.get("changed") == (1 if policy == "replace" else None) and sum(titles.values()) == 30
 
 
 def test_a_replace_run_whose_lookups_are_spread_does_not_meet_the_rows_it_replaced(database_url, schema, table,

@@ -361,3 +361,54 @@ def test_the_warm_process_keeps_none_of_the_callers_files(warm):
         os.close(read_end)
         if write_end is not None:
             os.close(write_end)
+
+
+#: A ``simdb fingerprint a`` that stops itself (SIGSTOP) between the child's "ready" and its own "go", as a
+#: terminal's Ctrl-Z or a debugger stops it there.
+STOPPED_BEFORE_GO = """
+import os, signal, sys
+from simdb import launch
+
+send = launch.send_message
+
+
+def stopping(connection, message, fds=()):
+    if message == "go":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    return send(connection, message, fds)
+
+
+launch.send_message = stopping
+sys.argv = ["simdb", "fingerprint", "a"]
+launch.main()
+"""
+
+
+def stopped(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "T"
+    except OSError:
+        return False
+
+
+def test_a_simdb_stopped_before_go_still_runs_its_command(warm):
+    """A ``simdb`` stopped for longer than the child once waited for "go" (GO_TIMEOUT) runs its command when it
+    continues: the child waits as long as its ``simdb`` is there. It exited 1 without running it."""
+    simdb(warm, "fingerprint", "a")
+    [server] = servers(warm["SIMDB_WARM_DIR"]).values()
+    client = subprocess.Popen([sys.executable, "-c", STOPPED_BEFORE_GO], env={**warm, "SIMDB_WARM": "require"},
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              cwd=ROOT)
+    try:
+        wait_for(lambda: stopped(client.pid), "simdb to stop before its go")
+        [child] = [pid for pid in children_of(server) if alive(pid)]
+        time.sleep(launch.GO_TIMEOUT + 1.5)
+        assert alive(child)
+        os.kill(client.pid, signal.SIGCONT)
+        out, err = client.communicate(timeout=120)
+    finally:
+        client.kill()
+        client.wait()
+    assert (client.returncode, out, err) == outcome(simdb(warm, "fingerprint", "a", mode="0"))
+    assert alive(server)

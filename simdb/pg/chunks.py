@@ -32,6 +32,7 @@ from . import keyed as keyed_layout
 from .clusters import merge_cluster_rows, merge_clusters
 from .copy import copy_in, id_table
 from .database import lock
+from .field_counts import count_chunk
 from .in_memory import MemoryProbes
 from .methods import sql_of
 from .segments import attach_indexed, index_bare, place_chunk, seal, segment_pairs
@@ -191,6 +192,7 @@ def store_chunk(connection: sa.Connection, schema: str, method: Method, chunk, *
         "NOT NULL THEN 'exact' WHEN m.id IS NOT NULL THEN 'near' ELSE 'new' END, s.external_id, s.id, m.duplicate_of, "
         "m.distance, m.duplicate_of_external_id, m.duplicate_of_batch_id FROM staging s "
         "LEFT JOIN staging_duplicates m USING (id) LEFT JOIN staging_exact e USING (id)")
+    count_chunk(connection)  # the counts by the metadata fields the index counts by
     rejected = sorted([*rejects, *errors], key=lambda pair: pair[0])
     copy_in(connection, "records (batch_id, position, status, external_id, document_id, path, line, reason, hint)",
             ["int4", "int8", "text", "text", "int8", "text", "int8", "text", "text"],

@@ -13,8 +13,8 @@ right after :func:`simdb.pg.catalog.create_index` creates them, in the same tran
 - ``near_duplicates`` is distributed by ``b_id`` and ``clusters`` by ``cluster_id``, co-located with
   ``documents`` (a pair lives beside its later document, a cluster row beside its earliest one);
   ``records`` by ``batch_id`` (a batch's verdicts are read and removed together).
-- ``settings``, ``batches`` and ``idf_terms`` are small and read by every statement: reference tables,
-  a copy on every node.
+- ``settings``, ``batches``, ``idf_terms`` and ``field_counts`` are small and read by every statement (or
+  whole): reference tables, a copy on every node.
 
 The analysts' functions and views are made after, as Citus distributes only tables nothing depends
 on. Writes run in ``citus.multi_shard_modify_mode = sequential`` (one
@@ -35,7 +35,7 @@ import sqlalchemy as sa
 from ..errors import IncompatibleIndex, SimdbError
 
 
-REFERENCE_TABLES = ("settings", "batches", "idf_terms")
+REFERENCE_TABLES = ("settings", "batches", "idf_terms", "field_counts")
 #: (table, distribution column), co-located with documents by the document id they hold.
 COLOCATED_TABLES = (("documents", "id"), ("near_duplicates", "b_id"), ("clusters", "cluster_id"))
 OTHER_TABLES = (("records", "batch_id"),)
@@ -132,7 +132,7 @@ def check(connection: sa.Connection, schema: str, where: str) -> None:
 
 
 #: The tables whose rows make an index, in the order they are copied (foreign keys point backwards).
-COPIED_TABLES = ("batches", "documents", "near_duplicates", "clusters", "records")
+COPIED_TABLES = ("batches", "documents", "near_duplicates", "clusters", "records", "field_counts")
 
 
 def copy_rows(connection: sa.Connection, source: str, target: str) -> dict[str, int]:

@@ -4,7 +4,8 @@ Documents whose ``duplicate_of`` pointed at a removed document are pointed at
 their earliest remaining near-duplicate that was stored before them, read
 from the stored pairs; where none is left, they become originals. Pairs of
 removed documents go with them, and the clusters they belonged to are
-recomputed (a removal can split a cluster); a removed batch's ``records`` (its verdicts) go with its row,
+recomputed (a removal can split a cluster), and the counts by metadata fields lose the removed documents and
+the duplicates left without one (:mod:`simdb.pg.field_counts`); a removed batch's ``records`` (its verdicts) go with its row,
 deleted here, since no foreign key cascades into them (migration 0016). The ingest lock is held, so no concurrent ingest matches against
 documents that are going away.
 """
@@ -23,6 +24,7 @@ from .catalog import check_layout
 from .clusters import recluster, refresh_clusters
 from .copy import copy_in
 from .database import lock
+from .field_counts import uncount_removal
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,7 @@ def remove(connection: sa.Connection, schema: str, method: Method, *, external_i
         "WHERE id IN (SELECT id FROM removing)")
     removed_per_batch = connection.exec_driver_sql(
         "SELECT d.batch_id, count(*) FROM documents d JOIN removing r ON r.id = d.id GROUP BY d.batch_id").all()
+    uncount_removal(connection, "removing", "repointed")  # the counts by metadata fields, before the rows go
     removed = connection.execute(sa.text("DELETE FROM documents WHERE id IN (SELECT id FROM removing)")).rowcount
     if keyed:  # and their key rows, which the keyed layout's probes read
         keyed_layout.remove(connection, "removing")

@@ -164,6 +164,20 @@ def build_metadata(key_columns: tuple[str, ...]) -> sa.MetaData:
         comment="One row per PostgreSQL table or query kept in sync (simdb sync): how to read it, and the "
                 "(watermark, id) of the last row a committed chunk stored, written in that chunk's transaction.",
     )
+    field_counts = sa.Table(
+        "field_counts", metadata,
+        sa.Column("field", sa.Text, nullable=False),
+        sa.Column("value", sa.Text),  # metadata ->> field: NULL where a document has no such field (or JSON null)
+        sa.Column("documents", sa.BigInteger, nullable=False),
+        sa.Column("duplicates", sa.BigInteger, nullable=False),
+        comment="One row per value of each metadata field the index counts by (settings.count_by; simdb init "
+                "--count-by, simdb count-by add): the documents stored with that value (metadata ->> field; NULL: "
+                "none) and how many of them have an earlier near-duplicate (duplicate_of), kept by every ingest "
+                "chunk and removal (0018).",
+    )
+    # one row per field and value, NULL a value of its own (PostgreSQL 14 has no NULLS NOT DISTINCT)
+    sa.Index("uq_field_counts_field_value", field_counts.c.field, sa.text("coalesce(value, '')"),
+             sa.text("(value IS NULL)"), unique=True)
     sa.Table(
         "idf_terms", metadata,
         sa.Column("term", sa.Text, primary_key=True),
