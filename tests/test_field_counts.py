@@ -255,8 +255,11 @@ def test_0018_goes_down_and_up_and_the_counts_start_from_an_added_field(database
         migrate.downgrade(connection, schema, "0017")
         assert connection.execute(sa.text("SELECT to_regclass('field_counts')")).scalar() is None
         assert connection.execute(sa.text("SELECT count(*) FROM settings WHERE name = 'count_by'")).scalar() == 0
-        connection.exec_driver_sql(f"SET LOCAL search_path TO {schema}")
-        migrate.upgrade(connection, schema, layout=layout)
+    # opened as a user opens an index at 0017: upgraded on open (on Citus, the check of its distributed tables
+    # asked for field_counts before the upgrade had made it, and every distributed archive refused to open)
+    with Index.open(database_url, schema=schema) as index:
+        assert index.settings.count_by == ()
+        assert index.settings.layout == layout
     assert kept(admin_engine, schema) == {}
     with Index.open(database_url, schema=schema) as index:
         assert index.settings.count_by == ()

@@ -111,13 +111,16 @@ def open_index(connection: sa.Connection, schema: str, where: str) -> IndexSetti
         raise IncompatibleIndex(f"the index in schema {schema!r} is at schema revision {revision}, "
                                 "written by a newer simdb; upgrade simdb to open it")
     stored = load_settings(connection)
+    behind = revision != migrate.head_revision()
     if stored.distributed is not None:
-        citus.check(connection, schema, where)
+        citus.check(connection, schema, where, upgrading=behind)
         keyed.check(connection, schema, keyed.layout_of(stored.distributed))
         citus.set_session(connection)
-    if revision != migrate.head_revision():
+    if behind:
         lock(connection, schema, "migrate")
         migrate.upgrade(connection, schema, layout=stored.layout)
+        if stored.distributed is not None:  # and the tables the upgrade made are distributed as designed
+            citus.check(connection, schema, where)
     columns = document_columns(connection)
     if not set(stored.method.key_columns) <= columns:  # a relayout's switch between the two reads: read again
         stored = load_settings(connection)

@@ -118,14 +118,21 @@ def set_session(connection: sa.Connection) -> None:
         connection.execute(sa.text("SELECT set_config(:name, :value, false)"), {"name": name, "value": value})
 
 
-def check(connection: sa.Connection, schema: str, where: str) -> None:
-    """On opening a distributed index: Citus is here and its tables are still distributed."""
+def check(connection: sa.Connection, schema: str, where: str, *, upgrading: bool = False) -> None:
+    """On opening a distributed index: Citus is here and its tables are still distributed. ``upgrading``: the
+    index is at an earlier revision, whose upgrade makes (and distributes) the tables it does not have yet, so
+    only the tables it has are checked (the check is made again after the upgrade)."""
     require_citus(connection, where)
     distributed = set(connection.execute(sa.text(
         "SELECT c.relname FROM pg_dist_partition p JOIN pg_class c ON c.oid = p.logicalrelid "
         "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = :schema"), {"schema": schema}).scalars())
-    missing = [t for t in (*REFERENCE_TABLES, *(t for t, _ in COLOCATED_TABLES + OTHER_TABLES))
-               if t not in distributed]
+    expected = [*REFERENCE_TABLES, *(t for t, _ in COLOCATED_TABLES + OTHER_TABLES)]
+    if upgrading:
+        present = set(connection.execute(sa.text(
+            "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = :schema AND c.relkind IN ('r', 'p')"), {"schema": schema}).scalars())
+        expected = [t for t in expected if t in present]
+    missing = [t for t in expected if t not in distributed]
     if missing:
         raise IncompatibleIndex(f"the index in schema {schema!r} is distributed, yet its tables {missing} are not "
                                 "Citus tables on this coordinator; open it on the coordinator that holds it")
