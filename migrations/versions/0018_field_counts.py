@@ -37,8 +37,9 @@ def upgrade() -> None:
     run = connection.exec_driver_sql
     run("CREATE TABLE field_counts (field TEXT NOT NULL, value TEXT, documents BIGINT NOT NULL, "
         "duplicates BIGINT NOT NULL)")
-    run("CREATE UNIQUE INDEX uq_field_counts_field_value ON field_counts (field, coalesce(value, ''), "
-        "(value IS NULL))")
+    # the value by its MD5 digest: a B-tree entry holds at most 2,704 bytes, and a metadata value can be longer
+    run("CREATE UNIQUE INDEX uq_field_counts_field_value ON field_counts (field, "
+        "md5(coalesce(value, '')), (value IS NULL))")
     run("COMMENT ON TABLE field_counts IS '" + COMMENT.replace("'", "''") + "'")
     # a distributed index: its other small tables are reference tables already (an index being made by every
     # migration, as simdb once made them, is distributed after the last one, this table with the others)

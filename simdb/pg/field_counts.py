@@ -32,7 +32,7 @@ from .database import lock
 SETTINGS_ROW = "count_by"
 #: How ``field_counts`` is told a row apart: NULL (no such field) is a value of its own (PostgreSQL 14 has no
 #: NULLS NOT DISTINCT), so the unique index is on expressions, and an upsert names them.
-CONFLICT = "(field, coalesce(value, ''), (value IS NULL))"
+CONFLICT = "(field, md5(coalesce(value, '')), (value IS NULL))"
 
 
 def counted_fields(connection: sa.Connection) -> list[str]:

@@ -175,8 +175,9 @@ def build_metadata(key_columns: tuple[str, ...]) -> sa.MetaData:
                 "none) and how many of them have an earlier near-duplicate (duplicate_of), kept by every ingest "
                 "chunk and removal (0018).",
     )
-    # one row per field and value, NULL a value of its own (PostgreSQL 14 has no NULLS NOT DISTINCT)
-    sa.Index("uq_field_counts_field_value", field_counts.c.field, sa.text("coalesce(value, '')"),
+    # one row per field and value, NULL a value of its own (PostgreSQL 14 has no NULLS NOT DISTINCT); the value by
+    # its digest: a B-tree entry holds at most 2,704 bytes, and a value can be longer
+    sa.Index("uq_field_counts_field_value", field_counts.c.field, sa.text("md5(coalesce(value, ''))"),
              sa.text("(value IS NULL)"), unique=True)
     sa.Table(
         "idf_terms", metadata,
