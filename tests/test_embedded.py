@@ -217,3 +217,22 @@ def test_a_postmaster_pid_left_behind_whose_id_another_process_took_is_not_the_s
     finally:
         other.kill()
         other.wait()
+
+
+def test_a_server_whose_working_directory_cannot_be_read_is_told_by_its_owner(tmp_path, monkeypatch):
+    """Root without CAP_SYS_PTRACE (a container's default) cannot read another user's /proc/<pid>/cwd, and
+    pgserver runs PostgreSQL as a user of its own when started by root: the running server was taken for a
+    process that had taken a dead server's id, and every command refused to join it (found in review). Without
+    the working directory, the process's owner decides: the data directory's owner runs its server."""
+    def unreadable(link):
+        raise PermissionError(1, "Operation not permitted", link)
+
+    monkeypatch.setattr(embedded.os, "readlink", unreadable)
+    own = tmp_path / "ours"
+    own.mkdir()
+    assert embedded._serves(os.getpid(), own)  # our process, our directory
+    if os.geteuid() == 0:
+        theirs = tmp_path / "theirs"
+        theirs.mkdir()
+        os.chown(theirs, 65534, 65534)
+        assert not embedded._serves(os.getpid(), theirs)  # a directory another user owns: not its server

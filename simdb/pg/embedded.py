@@ -233,8 +233,14 @@ def _serves(pid: int, path: Path) -> bool:
         return Path(os.readlink(f"/proc/{pid}/cwd")) == path.resolve()
     except FileNotFoundError:
         return not os.path.isdir("/proc/self")  # gone since, or a system without /proc
-    except OSError:  # another user's process: the server runs as the user that started it
-        return False
+    except OSError:
+        # its working directory is not ours to read (another user's process, read by root without
+        # CAP_SYS_PTRACE, as in containers, or /proc mounted with hidepid): the server runs as the user that
+        # owns its data directory, so a process of another user is not it; one of that user may be
+        try:
+            return os.stat(f"/proc/{pid}").st_uid == path.stat().st_uid
+        except OSError:
+            return True
 
 
 def _stale_pid(path: Path) -> int | None:
