@@ -264,6 +264,21 @@ def test_an_index_by_id_moves_to_the_keyed_layout_whole_or_not_at_all(database_u
         stale.close()
     again = run("relayout", "--distributed-layout", "keyed")
     assert again.exit_code != 0 and "has the keyed distributed layout already" in again.output
+    both = run("relayout", "--distributed-layout", "keyed", "--blocks", "7")
+    assert both.exit_code != 0 and "give one of them per run" in both.output
+    try:
+        with Index.create(database_url, schema=f"{schema}_one", distributed=False) as one:  # coordinator alone
+            with pytest.raises(IncompatibleIndex, match="is not distributed: only a distributed index"):
+                one.move_to_keyed_layout()
+        with Index.create(database_url, schema=f"{schema}_m", method="minhash", distributed=True,
+                          shards=CITUS_SHARDS) as minhash:
+            with pytest.raises(SimdbError, match="keyed distributed layout holds SimHash indexes only"):
+                minhash.move_to_keyed_layout()
+            assert minhash.settings.distributed == {"shards": CITUS_SHARDS}
+    finally:
+        with admin_engine.begin() as connection:
+            connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {schema}_one CASCADE")
+            connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {schema}_m CASCADE")
 
     with Index.open(database_url, schema=schema) as index:
         assert index.settings.distributed == {"shards": CITUS_SHARDS, "layout": "keyed"}

@@ -21,8 +21,12 @@ and only the probes (ingest, check, lookups, queries) are routed through ``keys`
 by the fingerprint stored with each key row, on the shard, and again in numpy. A fold that loses a wide key's
 top bits only adds candidates, which the distance check drops: the answers are exact.
 
+A removal deletes its documents' key rows by their keys, one statement routed to each shard that holds some
+(:func:`remove`). An index with the layout by id moves to this one by ``simdb relayout --distributed-layout
+keyed`` (:func:`simdb.pg.catalog.move_to_keyed`: :func:`create`, then :func:`build`, in one transaction).
+
 SimHash only for now (MinHash's band rows would need their signatures verified from ``documents``: a
-second, id-routed step). ``simdb relayout`` is refused (it would have to rebuild ``keys``).
+second, id-routed step). ``simdb relayout --blocks`` is refused (it would have to rebuild ``keys``).
 """
 
 from __future__ import annotations
