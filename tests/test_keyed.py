@@ -298,6 +298,38 @@ def test_an_index_by_id_moves_to_the_keyed_layout_whole_or_not_at_all(database_u
         assert_consistent(admin_engine, schema)
 
 
+@on_citus
+@pytest.mark.parametrize("layout", ["id", "keyed"])
+def test_an_ingest_sends_the_nodes_nothing_that_grows_with_the_archive(database_url, schema, admin_engine, layout):
+    """Citus refuses a statement whose intermediate results (rows the coordinator collects and sends to the
+    nodes) exceed ``citus.max_intermediate_result_size``. At 16 kB, an archive of 3,000 documents (about 60 kB of
+    ids and dates) takes chunks of near copies that merge clusters, with and without a clusters row: a statement
+    that pulled ``documents`` or ``clusters`` whole (the cluster merge did, every chunk) fails."""
+    rng = random.Random(23)
+    with Index.create(database_url, schema=schema, shards=CITUS_SHARDS, distributed=True,
+                      distributed_layout=layout) as index:
+        k = index.settings.method.max_distance
+        rows = [(f"a-{i}", fp) for i, fp in enumerate(rng.getrandbits(64) for _ in range(3000))]
+        index.add_fingerprinted(make_batch([fp for _, fp in rows], "a"), batch="a")
+
+        def limit(dbapi_connection, record) -> None:
+            autocommit, dbapi_connection.autocommit = dbapi_connection.autocommit, True
+            dbapi_connection.execute("SET citus.max_intermediate_result_size = '16kB'")
+            dbapi_connection.autocommit = autocommit
+
+        sa.event.listen(index.database.engine, "connect", limit)
+        index.database.engine.dispose()  # every connection from here on has the limit
+        for name in ("b", "c"):  # near copies of stored documents: singletons first, then clustered ones
+            sources = [fp for _, fp in rows[-40:]] if name == "c" else [fp for _, fp in rng.sample(rows, 40)]
+            batch = [flip(fp, rng.sample(range(64), rng.randrange(1, k + 1))) for fp in sources]
+            index.add_fingerprinted(make_batch(batch, name), batch=name)
+            rows += [(f"{name}-{i}", fp) for i, fp in enumerate(batch)]
+        expected = {(a, b, (fa ^ fb).bit_count()) for i, (b, fb) in enumerate(rows) for a, fa in rows[:i]
+                    if (fa ^ fb).bit_count() <= k}
+        assert stored_pairs(index) == expected and len(expected) >= 80
+        assert_consistent(admin_engine, schema)
+
+
 def plan(connection, statement: str, params: dict | None = None) -> str:
     return "\n".join(connection.execute(sa.text("EXPLAIN " + statement), params or {}).scalars())
 
