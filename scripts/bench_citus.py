@@ -19,6 +19,8 @@ local server, else an embedded one):
 - what a chunk's candidate join ships, from Citus's own ``EXPLAIN ANALYZE`` of it (a staged chunk of
   ``--batch``'s first 20,000 against every segment): probe rows and bytes sent to the workers, candidate
   rows and bytes received; and the rows an ingest stores per document (each sent once, to its worker);
+- bytes stored per document (tables and their indexes, every shard): the keyed layout's ``keys`` table, and
+  the rest (documents and segments, pairs, clusters, verdicts);
 - the shard queries one lookup makes (the plans inside ``simdb_near``: one task per shard a statement reaches);
 - single lookups (``Index.query_fingerprint``, p50) and a batch of ``--queries`` (``query_fingerprints``);
 - each distributed layout of ``--layouts`` in the same run: ``id`` (documents by id, every probe to every
@@ -170,6 +172,7 @@ def measure(url: str, schema: str, args, options: dict, worker_ports: list[int] 
         result["rows"] = stored_rows(index) - rows_before
         log(f"  batch of {args.batch:,} in {result['ingest']:.2f} s, {result['bytes'] / args.batch:,.0f} loopback "
             "bytes a document")
+        result["sizes"] = stored_bytes(index, distributed=bool(options.get("distributed")))
         probes = [int(x) for x in rng.choice(stored, args.single)]
         index.query_fingerprint(probes[0])
         times = []
@@ -275,6 +278,25 @@ def keyed_lookup_tasks(index: Index, probe: int) -> int:
         plan = connection.exec_driver_sql("EXPLAIN " + keyed.LOOKUP_SQL,
                                           {"keys": keyed.fold(method.keys([probe])).tolist()}).scalars().all()
     return sum(int(line.split(":")[1]) for line in plan if "Task Count:" in line)
+
+
+def stored_bytes(index: Index, *, distributed: bool) -> dict[str, int]:
+    """Bytes on disk (tables and their indexes) of the index's ``keys`` table and of the rest (documents and
+    segments, pairs, clusters, verdicts): on Citus the sum of its distributed tables' shards (``citus_shards``),
+    on one server of its tables."""
+    with index.database.engine.connect() as connection:
+        if distributed:
+            rows = connection.execute(sa.text(
+                "SELECT c.relname, sum(s.shard_size) FROM citus_shards s JOIN pg_class c ON c.oid = s.table_name "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = :schema "
+                "AND s.citus_table_type = 'distributed' GROUP BY c.relname"), {"schema": index.database.schema}).all()
+        else:
+            rows = connection.execute(sa.text(
+                "SELECT c.relname, pg_total_relation_size(c.oid) FROM pg_class c JOIN pg_namespace n ON "
+                "n.oid = c.relnamespace WHERE n.nspname = :schema AND c.relkind = 'r'"),
+                {"schema": index.database.schema}).all()
+    keys = sum(int(size) for name, size in rows if name in ("keys", "key_probes"))
+    return {"keys": keys, "rest": sum(int(size) for _, size in rows) - keys}
 
 
 def stored_rows(index: Index) -> int:
@@ -411,6 +433,10 @@ def main(argv: list[str] | None = None) -> None:
                      f"{join['bytes_received'] / join['probes']:,.0f} B", "", ""))
         rows.append((f"{label}: rows stored per document (each sent once, to its worker)",
                      f"{found['rows'] / per_document:.2f}", f"{single['rows'] / per_document:.2f} (one server)", ""))
+        documents = args.archive + args.batch
+        rows.append((f"{label}: bytes stored per document: keys table, and the rest",
+                     f"{found['sizes']['keys'] / documents:,.0f} B, {found['sizes']['rest'] / documents:,.0f} B",
+                     f"{single['sizes']['rest'] / documents:,.0f} B (one server)", ""))
         rows.append((f"{label}: shard queries per lookup", f"{found['tasks']} ({args.shards} shards)", "", ""))
         rows.append((f"{label}: lookup p50", f"{found['p50'] * 1000:.2f} ms", f"{single['p50'] * 1000:.2f} ms",
                      ratio(single["p50"] / found["p50"])))
