@@ -173,6 +173,8 @@ def store_staged(connection: sa.Connection) -> None:
 
 #: Most keys one routed removal statement names (a removal of more documents' keys takes several statements).
 REMOVAL_KEYS = 20_000
+#: Removed documents whose keys are grouped by shard at once (a larger removal takes several rounds).
+REMOVAL_DOCUMENTS = 10_000
 
 
 def remove(connection: sa.Connection, method: Method, ids: Sequence[int], stored: Sequence) -> int:
@@ -181,17 +183,17 @@ def remove(connection: sa.Connection, method: Method, ids: Sequence[int], stored
     asked on the coordinator), then one ``DELETE`` per shard and at most :data:`REMOVAL_KEYS` keys, each
     routed to that one shard by its ``key = ANY(...)`` (no scan of every shard: ``keys`` has no index on id);
     rows deleted. ``id = ANY(...)`` keeps other documents' rows of the same keys."""
-    if not len(ids):
-        return 0
-    key_rows = np.asarray(method.stored_keys(np.asarray(stored, dtype=np.int64)), dtype=np.int64)
-    folded = fold(key_rows)
-    owner = np.repeat(np.asarray(ids, dtype=np.int64), key_rows.shape[1])
-    shards = connection.exec_driver_sql(
-        "SELECT get_shard_id_for_distribution_column('keys', key) FROM unnest(CAST(%(keys)s AS bigint[])) key",
-        {"keys": folded.tolist()}).scalars().all()
     deleted = 0
-    for statement, params in removal_statements(np.asarray(shards, dtype=np.int64), folded, owner):
-        deleted += connection.exec_driver_sql(statement, params).rowcount
+    for start in range(0, len(ids), REMOVAL_DOCUMENTS):
+        end = start + REMOVAL_DOCUMENTS
+        key_rows = np.asarray(method.stored_keys(np.asarray(stored[start:end], dtype=np.int64)), dtype=np.int64)
+        folded = fold(key_rows)
+        owner = np.repeat(np.asarray(ids[start:end], dtype=np.int64), key_rows.shape[1])
+        shards = connection.exec_driver_sql(
+            "SELECT get_shard_id_for_distribution_column('keys', key) FROM unnest(CAST(%(keys)s AS bigint[])) key",
+            {"keys": folded.tolist()}).scalars().all()
+        for statement, params in removal_statements(np.asarray(shards, dtype=np.int64), folded, owner):
+            deleted += connection.exec_driver_sql(statement, params).rowcount
     return deleted
 
 
