@@ -1,9 +1,10 @@
 """The keyed distributed layout (``--distributed-layout keyed``, :mod:`simdb.pg.keyed`): each probe routed by key.
 
 Its answers are brute force's from the inputs (ingest in several chunks and batches with planted
-near-duplicates, queries, check, removal), its plans are routed (a lookup is at most one shard task per key
-column, a chunk's candidate join is co-located: nothing broadcast or repartitioned), and what it does not do
-yet is refused with one clear error.
+near-duplicates, queries, check, removal, an index by id moved to it), its plans are routed (a lookup is at
+most one shard task per key column, a chunk's candidate join is co-located: nothing broadcast or repartitioned;
+a removal's statements are one shard task each), an ingest ships nothing that grows with the archive, and what
+it does not do yet is refused with one clear error.
 """
 
 from __future__ import annotations
