@@ -11,12 +11,16 @@ timed, ``--shards`` per table), which is then measured, tokenization excluded (f
 local server, else an embedded one):
 
 - ingest of a ``--batch`` of new fingerprints (1 % near copies of stored ones) in chunks of 20,000;
-- bytes over loopback per ingested document: every byte between client, coordinator and workers, less
-  the same ingest's bytes between client and the single server (the client's traffic is the same
-  statements either way), so what is left is what the nodes ship between them;
+- bytes between nodes per ingested document: the growth of the kernel's byte counters of each TCP connection
+  to a worker (coordinator to worker, worker to worker; ``ss -tin``), so that other processes on the machine
+  are not counted; and, as before, every byte over loopback less the same ingest's bytes between client and
+  the single server (the client's traffic is the same statements either way), which counts whatever else
+  the machine does meanwhile: an upper bound;
 - what a chunk's candidate join ships, from Citus's own ``EXPLAIN ANALYZE`` of it (a staged chunk of
   ``--batch``'s first 20,000 against every segment): probe rows and bytes sent to the workers, candidate
   rows and bytes received; and the rows an ingest stores per document (each sent once, to its worker);
+- bytes stored per document (tables and their indexes, every shard): the keyed layout's ``keys`` table, and
+  the rest (documents and segments, pairs, clusters, verdicts);
 - the shard queries one lookup makes (the plans inside ``simdb_near``: one task per shard a statement reaches);
 - single lookups (``Index.query_fingerprint``, p50) and a batch of ``--queries`` (``query_fingerprints``);
 - each distributed layout of ``--layouts`` in the same run: ``id`` (documents by id, every probe to every
@@ -65,6 +69,38 @@ def loopback_bytes() -> int:
     return counters.bytes_recv
 
 
+_SOCKET = re.compile(r"^\d+\s+\d+\s+(\S+)\s+(\S+)\s*$")  # (with a state filter, ss leaves out the state)
+_SOCKET_BYTES = re.compile(r"bytes_(sent|received):(\d+)")
+
+
+def node_bytes(ports: list[int]) -> dict[tuple[str, str], int]:
+    """Bytes sent and received so far on each open TCP connection to one of ``ports`` (the workers': each
+    connection between two nodes, coordinator to worker or worker to worker, once, from its connecting end),
+    by its two addresses; read from the kernel's per-socket counters (``ss -tin``), so that other processes'
+    traffic on the machine is not counted."""
+    if not ports:
+        return {}
+    where = " or ".join(f"dport = :{port}" for port in ports)
+    listing = subprocess.run(["ss", "-tinH", "state", "established", f"( {where} )"], capture_output=True,
+                             text=True, check=True).stdout
+    found: dict[tuple[str, str], int] = {}
+    name = None
+    for line in listing.splitlines():
+        socket = _SOCKET.match(line)
+        if socket:
+            name = socket.groups()
+        elif name is not None:
+            found[name] = found.get(name, 0) + sum(int(n) for _, n in _SOCKET_BYTES.findall(line))
+    return found
+
+
+def bytes_since(before: dict[tuple[str, str], int], ports: list[int]) -> int:
+    """Bytes between the nodes since ``before`` (a :func:`node_bytes`): the growth of each connection open
+    then, and every byte of each opened since (the bench clusters cache their connections, so that none
+    closes in between)."""
+    return sum(count - before.get(name, 0) for name, count in node_bytes(ports).items())
+
+
 class Cluster:
     """A coordinator and ``workers`` workers on loopback, stopped and removed on exit."""
 
@@ -77,6 +113,12 @@ class Cluster:
             raise SystemExit(f"could not start a Citus cluster: {started.stderr.strip()} (is Citus installed? "
                              f"run {TOOLS}/install.sh as root)")
         self.url = started.stdout.strip().splitlines()[-1]
+        self.worker_ports = [port + n for n in range(1, workers + 1)]
+        # keep every connection a coordinator backend opens to a worker, so that the per-socket byte counters
+        # (node_bytes) see all of its traffic: none is closed at the end of a transaction and lost
+        with psycopg.connect(self.url, autocommit=True) as connection:
+            connection.execute("ALTER SYSTEM SET citus.max_cached_conns_per_worker = 64")
+            connection.execute("SELECT pg_reload_conf()")
 
     def __enter__(self) -> "Cluster":
         return self
@@ -86,7 +128,7 @@ class Cluster:
         subprocess.run(["rm", "-rf", self.directory], capture_output=True)
 
 
-def measure(url: str, schema: str, args, options: dict) -> dict:
+def measure(url: str, schema: str, args, options: dict, worker_ports: list[int] | None = None) -> dict:
     """Fill an index, then time a batch's ingest and the lookups."""
     rng = np.random.default_rng(7)
     admin = sa.create_engine(postgres_url(url), isolation_level="AUTOCOMMIT")
@@ -116,18 +158,21 @@ def measure(url: str, schema: str, args, options: dict) -> dict:
         fresh = new_fingerprints(rng, args.batch, stored)
         keyed = options.get("layout") == "keyed"
         if options.get("distributed"):
-            result["join"] = (keyed_join_traffic if keyed else join_traffic)(index, fresh[:CHUNK])
+            result["join"] = keyed_join_traffic(index, fresh[:CHUNK], worker_ports or []) if keyed else \
+                join_traffic(index, fresh[:CHUNK])
         rows_before = stored_rows(index)
-        before = loopback_bytes()
+        before, between = loopback_bytes(), node_bytes(worker_ports or [])
         started = time.perf_counter()
         for start in range(0, len(fresh), CHUNK):
             index.add_fingerprinted(fingerprinted_batch(rng, fresh[start:start + CHUNK], f"n{start}"),
                                     batch=f"new-{start}")
         result["ingest"] = time.perf_counter() - started
         result["bytes"] = loopback_bytes() - before
+        result["between"] = bytes_since(between, worker_ports or [])
         result["rows"] = stored_rows(index) - rows_before
         log(f"  batch of {args.batch:,} in {result['ingest']:.2f} s, {result['bytes'] / args.batch:,.0f} loopback "
             "bytes a document")
+        result["sizes"] = stored_bytes(index, distributed=bool(options.get("distributed")))
         probes = [int(x) for x in rng.choice(stored, args.single)]
         index.query_fingerprint(probes[0])
         times = []
@@ -198,20 +243,21 @@ def join_traffic(index: Index, fingerprints: np.ndarray) -> dict:
     return found
 
 
-def keyed_join_traffic(index: Index, fingerprints: np.ndarray) -> dict:
+def keyed_join_traffic(index: Index, fingerprints: np.ndarray, worker_ports: list[int]) -> dict:
     """What one chunk's candidate join ships on the keyed layout, from Citus's EXPLAIN ANALYZE of it: the probe
     rows are the key rows the chunk stages (one COPY, each row to the one shard of its key: no intermediate
-    result), and the candidate rows and bytes received from the workers."""
+    result; its bytes are those between the coordinator and the workers, :func:`node_bytes`), and the
+    candidate rows and bytes received from the workers."""
     from simdb.pg import keyed
 
     method = index.sketcher
     sketches = [int(x) for x in fingerprints]
     found = {"probes": len(sketches), "rows_sent": 0, "bytes_sent": 0, "rows_received": 0, "bytes_received": 0}
     with index.database.engine.begin() as connection:
-        before = loopback_bytes()
+        before = node_bytes(worker_ports)
         keyed.stage_probes(connection, np.arange(10**12, 10**12 + len(sketches)), method.stored(sketches),
                            method.keys(sketches))
-        found["bytes_sent"] = loopback_bytes() - before  # client to coordinator, and coordinator to workers
+        found["bytes_sent"] = bytes_since(before, worker_ports)  # coordinator to workers
         found["rows_sent"] = connection.exec_driver_sql("SELECT count(*) FROM key_probes").scalar_one()
         plan = connection.exec_driver_sql("EXPLAIN (ANALYZE, FORMAT TEXT) "
                                           + keyed.candidate_join_sql(method.max_distance, 10**12)).scalars().all()
@@ -232,6 +278,25 @@ def keyed_lookup_tasks(index: Index, probe: int) -> int:
         plan = connection.exec_driver_sql("EXPLAIN " + keyed.LOOKUP_SQL,
                                           {"keys": keyed.fold(method.keys([probe])).tolist()}).scalars().all()
     return sum(int(line.split(":")[1]) for line in plan if "Task Count:" in line)
+
+
+def stored_bytes(index: Index, *, distributed: bool) -> dict[str, int]:
+    """Bytes on disk (tables and their indexes) of the index's ``keys`` table and of the rest (documents and
+    segments, pairs, clusters, verdicts): on Citus the sum of its distributed tables' shards (``citus_shards``),
+    on one server of its tables."""
+    with index.database.engine.connect() as connection:
+        if distributed:
+            rows = connection.execute(sa.text(
+                "SELECT c.relname, sum(s.shard_size) FROM citus_shards s JOIN pg_class c ON c.oid = s.table_name "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = :schema "
+                "AND s.citus_table_type = 'distributed' GROUP BY c.relname"), {"schema": index.database.schema}).all()
+        else:
+            rows = connection.execute(sa.text(
+                "SELECT c.relname, pg_total_relation_size(c.oid) FROM pg_class c JOIN pg_namespace n ON "
+                "n.oid = c.relnamespace WHERE n.nspname = :schema AND c.relkind = 'r'"),
+                {"schema": index.database.schema}).all()
+    keys = sum(int(size) for name, size in rows if name in ("keys", "key_probes"))
+    return {"keys": keys, "rest": sum(int(size) for _, size in rows) - keys}
 
 
 def stored_rows(index: Index) -> int:
@@ -312,7 +377,7 @@ def clusters(args) -> Iterator[tuple[int, str, dict]]:
             for position, layout in enumerate(args.layouts.split(",")):
                 log(f"Citus, {workers} worker(s), {args.shards} shards per table, layout {layout}")
                 found = measure(cluster.url, "simdb_bench_citus", args,
-                                {"distributed": True, "shards": args.shards, "layout": layout})
+                                {"distributed": True, "shards": args.shards, "layout": layout}, cluster.worker_ports)
                 if workers == max(counts) and position == 0:
                     log("  the alternative: distributed by a key column")
                     found["alternatives"] = distribution_columns(cluster.url, args.archive, args.shards)
@@ -354,7 +419,10 @@ def main(argv: list[str] | None = None) -> None:
         rows.append((f"{label}: ingest", rate(args.batch, found["ingest"], "docs"),
                      rate(args.batch, single["ingest"], "docs") + " (one server)",
                      ratio(single["ingest"] / found["ingest"])))
-        rows.append((f"{label}: bytes between nodes per document",
+        rows.append((f"{label}: bytes between nodes per document (coordinator and workers, per-socket counters)",
+                     f"{found['between'] / per_document:,.0f} B", "", ""))
+        rows.append((f"{label}: loopback bytes per document, less one server's client bytes (every process "
+                     "on the machine: an upper bound)",
                      f"{(found['bytes'] - single['bytes']) / per_document:,.0f} B", "", ""))
         join = found["join"]
         rows.append((f"{label}: candidate join, per document: probe rows and bytes sent to workers",
@@ -365,6 +433,10 @@ def main(argv: list[str] | None = None) -> None:
                      f"{join['bytes_received'] / join['probes']:,.0f} B", "", ""))
         rows.append((f"{label}: rows stored per document (each sent once, to its worker)",
                      f"{found['rows'] / per_document:.2f}", f"{single['rows'] / per_document:.2f} (one server)", ""))
+        documents = args.archive + args.batch
+        rows.append((f"{label}: bytes stored per document: keys table, and the rest",
+                     f"{found['sizes']['keys'] / documents:,.0f} B, {found['sizes']['rest'] / documents:,.0f} B",
+                     f"{single['sizes']['rest'] / documents:,.0f} B (one server)", ""))
         rows.append((f"{label}: shard queries per lookup", f"{found['tasks']} ({args.shards} shards)", "", ""))
         rows.append((f"{label}: lookup p50", f"{found['p50'] * 1000:.2f} ms", f"{single['p50'] * 1000:.2f} ms",
                      ratio(single["p50"] / found["p50"])))

@@ -951,14 +951,28 @@ def remove_command(database_url, schema, data_dir, ids, batch_name, before, dry_
 @database_options
 @click.option("--blocks", type=click.IntRange(2, 16), default=None,
               help="The new number of blocks [default: what `simdb stats` advises for the archive's size].")
+@click.option("--distributed-layout", "distributed_layout", type=click.Choice(["keyed"]), default=None,
+              help="Instead: move a distributed index from the layout by document id to the keyed layout (a keys "
+                   "table sharded by key, each probe routed to its shard), in one transaction; ingests wait.")
 @user_errors
-def relayout(database_url, schema, data_dir, blocks):
-    """Rebuild the block-key columns for another layout, while lookups and ingests go on.
+def relayout(database_url, schema, data_dir, blocks, distributed_layout):
+    """Rebuild the block-key columns for another layout, while lookups and ingests go on; or move a
+    distributed index to the keyed distributed layout.
 
     \b
     Example:
         simdb relayout --blocks 5
+        simdb relayout --distributed-layout keyed
     """
+    if distributed_layout is not None:
+        if blocks is not None:
+            raise click.UsageError("--distributed-layout moves the index's rows, --blocks changes its keys: "
+                                   "give one of them per run")
+        with open_index(database_url, schema, data_dir) as index:
+            written = index.move_to_keyed_layout()
+            click.echo(f"moved to the keyed distributed layout: {written:,} key rows")
+            click.echo(distribution(index.settings.distributed))
+        return
     with open_index(database_url, schema, data_dir) as index:
         before = index.layout.describe()
         index.relayout(blocks, progress=lambda message: click.echo(message, err=True))

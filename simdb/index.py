@@ -433,6 +433,14 @@ class Index:
                                  progress=progress)
         self.__dict__.pop("sketcher", None)
 
+    def move_to_keyed_layout(self) -> int:
+        """Move this distributed index from the layout by document id to the keyed layout (``simdb relayout
+        --distributed-layout keyed``; :func:`simdb.pg.catalog.move_to_keyed`): one transaction, so that an
+        interrupted move leaves the layout by id as it was; key rows written."""
+        with self.database.engine.begin() as connection:
+            self.settings, written = catalog.move_to_keyed(connection, self.database.schema, self.settings)
+        return written
+
     def compact(self, *, full: bool = False, progress: Callable[[str], None] | None = None
                 ) -> segments.CompactionSummary:
         """Merge sealed segments as the index's policy asks (``full``: all of them into one); see

@@ -1,14 +1,17 @@
 """The keyed distributed layout (``--distributed-layout keyed``, :mod:`simdb.pg.keyed`): each probe routed by key.
 
 Its answers are brute force's from the inputs (ingest in several chunks and batches with planted
-near-duplicates, queries, check, removal), its plans are routed (a lookup is at most one shard task per key
-column, a chunk's candidate join is co-located: nothing broadcast or repartitioned), and what it does not do
-yet is refused with one clear error.
+near-duplicates, queries, check, removal, an index by id moved to it), its plans are routed (a lookup is at
+most one shard task per key column, a chunk's candidate join is co-located: nothing broadcast or repartitioned;
+a removal's statements are one shard task each), an ingest ships nothing that grows with the archive, and what
+it does not do yet is refused with one clear error.
 """
 
 from __future__ import annotations
 
 import random
+import threading
+import time
 
 import pytest
 import sqlalchemy as sa
@@ -201,6 +204,133 @@ def test_a_keyed_index_matches_through_its_keys_table_alone(database_url, schema
         assert stored_pairs(index) == set()
 
 
+@on_citus
+def test_an_index_by_id_moves_to_the_keyed_layout_whole_or_not_at_all(database_url, schema, admin_engine, run):
+    """``simdb relayout --distributed-layout keyed``: a move killed after it filled ``keys`` leaves the layout by
+    id working; a finished one is stored, checked on open, refuses a process that opened the index before it,
+    and answers as brute force does (pairs of later ingests, queries)."""
+    rng = random.Random(19)
+    records: list[dict] = []
+    with Index.create(database_url, schema=schema, shards=CITUS_SHARDS, distributed=True, distributed_layout="id",
+                      bulk_chunk=60) as index:
+        k, columns = index.settings.method.max_distance, len(index.settings.method.key_columns)
+        batch = planted_texts(rng, "a", 150, records)
+        index.add_many(batch, batch="a", chunk_size=50)
+        records += batch
+
+        # interrupted: its backend ended while it writes the settings row (keys built, not yet committed)
+        errors: list[BaseException] = []
+
+        def move() -> None:
+            try:
+                index.move_to_keyed_layout()
+            except BaseException as exc:  # noqa: BLE001 - looked at below
+                errors.append(exc)
+
+        with admin_engine.connect() as holder, admin_engine.connect() as watcher:
+            holder.exec_driver_sql(f"SELECT 1 FROM {schema}.settings WHERE name = 'distributed' FOR UPDATE")
+            mover = threading.Thread(target=move)
+            mover.start()
+            for _ in range(600):
+                pid = watcher.exec_driver_sql("SELECT pid FROM pg_stat_activity WHERE state = 'active' AND query "
+                                              "LIKE 'UPDATE settings SET value%%'").scalar()
+                watcher.rollback()
+                if pid is not None or not mover.is_alive():
+                    break
+                time.sleep(0.1)
+            assert pid is not None, errors
+            watcher.exec_driver_sql(f"SELECT pg_terminate_backend({pid})")
+            mover.join()
+            holder.rollback()
+        assert len(errors) == 1 and "terminat" in str(errors[0]), errors
+        assert index.settings.distributed == {"shards": CITUS_SHARDS}
+        with admin_engine.connect() as connection:
+            assert connection.exec_driver_sql(f"SELECT to_regclass('{schema}.keys')").scalar() is None
+    with Index.open(database_url, schema=schema) as index:
+        assert index.settings.distributed == {"shards": CITUS_SHARDS}  # the layout by id, working
+        batch = planted_texts(rng, "b", 60, records)
+        index.add_many(batch, batch="b", chunk_size=30)
+        records += batch
+        assert stored_pairs(index) == brute_force_pairs(index.fingerprint, records, k)
+
+    stale = Index.open(database_url, schema=schema)  # opened before the move: it must not ingest after it
+    try:
+        result = run("relayout", "--distributed-layout", "keyed")
+        assert result.exit_code == 0, result.output
+        assert f"moved to the keyed distributed layout: {len(records) * columns:,} key rows" in result.output
+        assert f"distributed: {CITUS_SHARDS} shards per table (Citus), layout keyed" in result.output
+        with pytest.raises(IncompatibleIndex, match="moved to another distributed layout while this process"):
+            stale.add_many(planted_texts(rng, "x", 5, records), batch="x")
+    finally:
+        stale.close()
+    again = run("relayout", "--distributed-layout", "keyed")
+    assert again.exit_code != 0 and "has the keyed distributed layout already" in again.output
+    both = run("relayout", "--distributed-layout", "keyed", "--blocks", "7")
+    assert both.exit_code != 0 and "give one of them per run" in both.output
+    try:
+        with Index.create(database_url, schema=f"{schema}_one", distributed=False) as one:  # coordinator alone
+            with pytest.raises(IncompatibleIndex, match="is not distributed: only a distributed index"):
+                one.move_to_keyed_layout()
+        with Index.create(database_url, schema=f"{schema}_m", method="minhash", distributed=True,
+                          shards=CITUS_SHARDS) as minhash:
+            with pytest.raises(SimdbError, match="keyed distributed layout holds SimHash indexes only"):
+                minhash.move_to_keyed_layout()
+            assert minhash.settings.distributed == {"shards": CITUS_SHARDS}
+    finally:
+        with admin_engine.begin() as connection:
+            connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {schema}_one CASCADE")
+            connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {schema}_m CASCADE")
+
+    with Index.open(database_url, schema=schema) as index:
+        assert index.settings.distributed == {"shards": CITUS_SHARDS, "layout": "keyed"}
+        for name, count, chunk in (("c", 90, 30), ("d", 70, 70)):  # near copies of the moved documents too
+            batch = planted_texts(rng, name, count, records)
+            index.add_many(batch, batch=name, chunk_size=chunk)
+            records += batch
+        assert stored_pairs(index) == brute_force_pairs(index.fingerprint, records, k)
+        assert key_rows(admin_engine, schema) == (len(records) * columns, 0)
+        stored = {record["id"]: index.fingerprint(record["text"]) for record in records}
+        probes = [records[i]["text"] for i in rng.sample(range(len(records)), 12)]
+        for text, found in zip(probes, index.query_many(probes)):
+            fingerprint = index.fingerprint(text)
+            assert {(m.external_id, m.distance) for m in found} == {
+                (name, (fp ^ fingerprint).bit_count()) for name, fp in stored.items()
+                if (fp ^ fingerprint).bit_count() <= k}
+        assert_consistent(admin_engine, schema)
+
+
+@on_citus
+@pytest.mark.parametrize("layout", ["id", "keyed"])
+def test_an_ingest_sends_the_nodes_nothing_that_grows_with_the_archive(database_url, schema, admin_engine, layout):
+    """Citus refuses a statement whose intermediate results (rows the coordinator collects and sends to the
+    nodes) exceed ``citus.max_intermediate_result_size``. At 16 kB, an archive of 3,000 documents (about 60 kB of
+    ids and dates) takes chunks of near copies that merge clusters, with and without a clusters row: a statement
+    that pulled ``documents`` or ``clusters`` whole (the cluster merge did, every chunk) fails."""
+    rng = random.Random(23)
+    with Index.create(database_url, schema=schema, shards=CITUS_SHARDS, distributed=True,
+                      distributed_layout=layout) as index:
+        k = index.settings.method.max_distance
+        rows = [(f"a-{i}", fp) for i, fp in enumerate(rng.getrandbits(64) for _ in range(3000))]
+        index.add_fingerprinted(make_batch([fp for _, fp in rows], "a"), batch="a")
+
+        def limit(dbapi_connection, record) -> None:
+            autocommit, dbapi_connection.autocommit = dbapi_connection.autocommit, True
+            dbapi_connection.execute("SET citus.max_intermediate_result_size = '16kB'")
+            dbapi_connection.autocommit = autocommit
+
+        sa.event.listen(index.database.engine, "connect", limit)
+        index.database.engine.dispose()  # every connection from here on has the limit
+        for name in ("b", "c"):  # near copies of stored documents: singletons first, then clustered ones
+            sources = [fp for _, fp in rows[-40:]] if name == "c" else [fp for _, fp in rng.sample(rows, 40)]
+            batch = [flip(fp, rng.sample(range(64), rng.randrange(1, k + 1))) for fp in sources]
+            index.add_fingerprinted(make_batch(batch, name), batch=name)
+            rows += [(f"{name}-{i}", fp) for i, fp in enumerate(batch)]
+        expected = {(a, b, (fa ^ fb).bit_count()) for i, (b, fb) in enumerate(rows) for a, fa in rows[:i]
+                    if (fa ^ fb).bit_count() <= k}
+        assert stored_pairs(index) == expected and len(expected) >= 80
+        assert_consistent(admin_engine, schema)
+
+
 def plan(connection, statement: str, params: dict | None = None) -> str:
     return "\n".join(connection.execute(sa.text("EXPLAIN " + statement), params or {}).scalars())
 
@@ -209,3 +339,61 @@ def task_count(plan_text: str) -> int:
     counts = [int(line.split("Task Count:")[1]) for line in plan_text.splitlines() if "Task Count:" in line]
     assert len(counts) == 1, plan_text
     return counts[0]
+
+
+@on_citus
+def test_a_keyed_removal_deletes_key_rows_by_routed_statements(database_url, schema, admin_engine, monkeypatch):
+    """Removing documents deletes their key rows by their keys, each statement routed to one shard (``keys`` has
+    no index on id: a DELETE by id scans every shard), and leaves exactly the kept documents' key rows; in
+    rounds of documents and statements of a few keys (made small here so that both happen)."""
+    from simdb.pg import keyed
+
+    monkeypatch.setattr(keyed, "REMOVAL_DOCUMENTS", 3)
+    monkeypatch.setattr(keyed, "REMOVAL_KEYS", 2)
+
+    shards = 32
+    rng = random.Random(11)
+    with Index.create(database_url, schema=schema, shards=shards, **KEYED) as index:
+        method = index.settings.method
+        columns = len(method.key_columns)
+        fingerprints = {}
+        for name in ("a", "b"):
+            batch = [rng.getrandbits(64) for _ in range(150)]
+            batch[:20] = [flip(fingerprints["a-3"], [i]) for i in range(20)] if name == "b" else batch[:20]
+            index.add_fingerprinted(make_batch(batch, name), batch=name)
+            fingerprints.update({f"{name}-{i}": fp for i, fp in enumerate(batch)})
+
+        removals: list[tuple[str, dict]] = []
+
+        def capture(connection, cursor, statement, parameters, context, executemany):
+            if statement.startswith("DELETE FROM keys"):
+                removals.append((statement, parameters))
+
+        removed = {"a-3", "a-7", "b-1", "b-40"}
+        sa.event.listen(index.database.engine, "before_cursor_execute", capture)
+        try:
+            index.remove(ids=sorted(removed))
+        finally:
+            sa.event.remove(index.database.engine, "before_cursor_execute", capture)
+        assert len(removed) * columns / 2 <= len(removals) <= len(removed) * columns  # at most 2 keys each
+        with admin_engine.connect() as connection:
+            connection.exec_driver_sql(f"SET search_path TO {schema}")
+            for statement, parameters in removals:
+                assert task_count(plan_of(connection, statement, parameters)) == 1  # one shard, not all 32
+
+        kept = {name: fp for name, fp in fingerprints.items() if name not in removed}
+        with admin_engine.connect() as connection:
+            names = dict(connection.exec_driver_sql(f"SELECT id, external_id FROM {schema}.documents").all())
+            stored = {(key, names[document]) for key, document in
+                      connection.exec_driver_sql(f"SELECT key, id FROM {schema}.keys").all()}
+        expected = {(key, name) for name, fp in kept.items()
+                    for key in keyed.fold(method.keys([fp])).tolist()}
+        assert stored == expected  # the removed documents' rows are gone, every kept one's is there
+        k = method.max_distance
+        for name, fp in fingerprints.items():
+            assert {m.external_id for m in index.query_fingerprint(fp)} == {
+                other for other, ofp in kept.items() if (ofp ^ fp).bit_count() <= k}
+
+
+def plan_of(connection, statement: str, parameters) -> str:
+    return "\n".join(connection.exec_driver_sql("EXPLAIN " + statement, parameters).scalars())

@@ -38,14 +38,19 @@ def document_columns(connection: sa.Connection) -> set[str]:
         "WHERE table_schema = current_schema() AND table_name = 'documents'")).scalars())
 
 
-def check_layout(connection: sa.Connection, method: Method) -> None:
-    """Under the ingest lock: refuse to write keys of a layout the index no longer has."""
+def check_layout(connection: sa.Connection, method: Method, *, keyed_layout: bool) -> None:
+    """Under the ingest lock: refuse to write keys of a layout the index no longer has (its key columns, and
+    whether its probes read a ``keys`` table: a process that opened it before ``simdb relayout
+    --distributed-layout keyed`` would store documents without their key rows)."""
     stored = dict(connection.execute(sa.text("SELECT name, value FROM settings WHERE name = ANY(:names)"),
-                                     {"names": list(_LAYOUT_ROWS)}).all())
+                                     {"names": [*_LAYOUT_ROWS, "distributed"]}).all())
     mine = method.to_rows()
     if [stored.get(name, 0) for name in _LAYOUT_ROWS] != [mine.get(name, 0) for name in _LAYOUT_ROWS]:
         raise IncompatibleIndex("the index was re-laid out while this process had it open; open it again (an "
                                 "interrupted ingest can then be resumed)")
+    if (keyed.layout_of(stored.get("distributed")) == keyed.KEYED) != keyed_layout:
+        raise IncompatibleIndex("the index was moved to another distributed layout while this process had it "
+                                "open; open it again (an interrupted ingest can then be resumed)")
 
 
 def save_method(connection: sa.Connection, method: Method) -> None:
@@ -152,3 +157,28 @@ def copy_to_distributed(connection: sa.Connection, source: str, target: str, sha
     if layout == keyed.KEYED:
         counts["keys"] = keyed.build(connection, stored.method)
     return counts
+
+
+def move_to_keyed(connection: sa.Connection, schema: str, settings: IndexSettings) -> tuple[IndexSettings, int]:
+    """Move a distributed index with the layout by document id to the keyed layout (:mod:`simdb.pg.keyed`), in
+    the caller's transaction: its ``keys`` and ``key_probes`` tables, ``keys`` filled from the documents' key
+    columns by set-based ``INSERT ... SELECT`` (:func:`simdb.pg.keyed.build`), and the layout written into
+    the ``distributed`` settings row, which every open checks. Holds the migrate and ingest locks: ingests and
+    removals wait, lookups go on (on the documents' key columns until the transaction commits). An
+    interrupted move rolls back whole: the index keeps the layout by id. The new settings, and key rows written."""
+    lock(connection, schema, "migrate")
+    lock(connection, schema, "ingest")
+    stored = load_settings(connection)
+    if stored.distributed is None:
+        raise IncompatibleIndex(f"the index in schema {schema!r} is not distributed: only a distributed index "
+                                "(simdb init --distributed) has a distributed layout")
+    if keyed.layout_of(stored.distributed) == keyed.KEYED:
+        raise IncompatibleIndex(f"the index in schema {schema!r} has the keyed distributed layout already")
+    check_layout(connection, settings.method, keyed_layout=False)
+    keyed.check_layout(keyed.KEYED, stored.method)
+    keyed.create(connection, schema, stored.distributed["shards"])
+    written = keyed.build(connection, stored.method)
+    distributed = {**stored.distributed, "layout": keyed.KEYED}
+    connection.execute(sa.text("UPDATE settings SET value = CAST(:value AS jsonb) WHERE name = 'distributed'"),
+                       {"value": json.dumps(distributed)})
+    return replace(settings, distributed=distributed), written

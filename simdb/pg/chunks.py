@@ -104,7 +104,7 @@ def store_chunk(connection: sa.Connection, schema: str, method: Method, chunk, *
     how many connections the lookups into large segments are spread over (see
     :func:`simdb.pg.segments.segment_pairs`)."""
     lock(connection, schema, "ingest")
-    check_layout(connection, method)
+    check_layout(connection, method, keyed_layout=keyed)
     record_segmenter(connection, method)
     batch_id = open_batch(connection, name, source, first, started_at, stored_up_to)
     count = len(chunk)

@@ -21,8 +21,12 @@ and only the probes (ingest, check, lookups, queries) are routed through ``keys`
 by the fingerprint stored with each key row, on the shard, and again in numpy. A fold that loses a wide key's
 top bits only adds candidates, which the distance check drops: the answers are exact.
 
+A removal deletes its documents' key rows by their keys, one statement routed to each shard that holds some
+(:func:`remove`). An index with the layout by id moves to this one by ``simdb relayout --distributed-layout
+keyed`` (:func:`simdb.pg.catalog.move_to_keyed`: :func:`create`, then :func:`build`, in one transaction).
+
 SimHash only for now (MinHash's band rows would need their signatures verified from ``documents``: a
-second, id-routed step). ``simdb relayout`` is refused (it would have to rebuild ``keys``).
+second, id-routed step). ``simdb relayout --blocks`` is refused (it would have to rebuild ``keys``).
 """
 
 from __future__ import annotations
@@ -167,9 +171,47 @@ def store_staged(connection: sa.Connection) -> None:
     connection.exec_driver_sql("DELETE FROM key_probes")
 
 
-def remove(connection: sa.Connection, removing: str) -> None:
-    """Drop the key rows of the documents whose ids the temporary table ``removing`` holds."""
-    connection.exec_driver_sql(f"DELETE FROM keys WHERE id IN (SELECT id FROM {removing})")
+#: Most keys one routed removal statement names (a removal of more documents' keys takes several statements).
+REMOVAL_KEYS = 20_000
+#: Removed documents whose keys are grouped by shard at once (a larger removal takes several rounds).
+REMOVAL_DOCUMENTS = 10_000
+
+
+def remove(connection: sa.Connection, method: Method, ids: Sequence[int], stored: Sequence) -> int:
+    """Drop the key rows of the removed documents (their ids and stored sketches, as the index stores them):
+    their folded keys, computed from the sketches, grouped by the shard that holds each (Citus's own hash,
+    asked on the coordinator), then one ``DELETE`` per shard and at most :data:`REMOVAL_KEYS` keys, each
+    routed to that one shard by its ``key = ANY(...)`` (no scan of every shard: ``keys`` has no index on id);
+    rows deleted. ``id = ANY(...)`` keeps other documents' rows of the same keys."""
+    deleted = 0
+    for start in range(0, len(ids), REMOVAL_DOCUMENTS):
+        end = start + REMOVAL_DOCUMENTS
+        key_rows = np.asarray(method.stored_keys(np.asarray(stored[start:end], dtype=np.int64)), dtype=np.int64)
+        folded = fold(key_rows)
+        owner = np.repeat(np.asarray(ids[start:end], dtype=np.int64), key_rows.shape[1])
+        shards = connection.exec_driver_sql(
+            "SELECT get_shard_id_for_distribution_column('keys', key) FROM unnest(CAST(%(keys)s AS bigint[])) key",
+            {"keys": folded.tolist()}).scalars().all()
+        for statement, params in removal_statements(np.asarray(shards, dtype=np.int64), folded, owner):
+            deleted += connection.exec_driver_sql(statement, params).rowcount
+    return deleted
+
+
+REMOVE_SQL = ("DELETE FROM keys WHERE key = ANY(CAST(%(keys)s AS bigint[])) "
+              "AND id = ANY(CAST(%(ids)s AS bigint[]))")
+
+
+def removal_statements(shards: np.ndarray, folded: np.ndarray, owner: np.ndarray) -> Iterator[tuple[str, dict]]:
+    """The routed ``DELETE`` statements of :func:`remove`: the (shard, folded key, document id) rows grouped by
+    shard, at most :data:`REMOVAL_KEYS` keys a statement, each statement naming keys of one shard only."""
+    order = np.lexsort((folded, shards))
+    shards, folded, owner = shards[order], folded[order], owner[order]
+    starts = np.flatnonzero(np.r_[True, shards[1:] != shards[:-1]])
+    for start, end in zip(starts, np.r_[starts[1:], len(shards)]):
+        for first in range(start, end, REMOVAL_KEYS):
+            last = min(first + REMOVAL_KEYS, end)
+            yield REMOVE_SQL, {"keys": np.unique(folded[first:last]).tolist(),
+                               "ids": np.unique(owner[first:last]).tolist()}
 
 
 # -- reads: lookups, queries, check --------------------------------------------------------------------

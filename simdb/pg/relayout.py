@@ -94,7 +94,7 @@ def relayout(engine: sa.Engine, schema: str, settings: IndexSettings, blocks: in
     with engine.begin() as connection:
         lock(connection, schema, "migrate")
         lock(connection, schema, "ingest")
-        check_layout(connection, old)
+        check_layout(connection, old, keyed_layout=False)
         leftovers = sorted(c for c in document_columns(connection)
                            if c.startswith("key_") and c not in old.key_columns)
         for column in leftovers:  # from an interrupted relayout
@@ -127,7 +127,7 @@ def relayout(engine: sa.Engine, schema: str, settings: IndexSettings, blocks: in
     with engine.begin() as connection:
         lock(connection, schema, "migrate")
         lock(connection, schema, "ingest")
-        check_layout(connection, old)
+        check_layout(connection, old, keyed_layout=False)
         connection.execute(sa.text(f"UPDATE documents SET {assignments} WHERE {new.key_columns[0]} IS NULL"))
         for column in new.key_columns:
             connection.exec_driver_sql(f"ALTER TABLE documents ALTER COLUMN {column} SET NOT NULL")

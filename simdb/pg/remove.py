@@ -25,6 +25,7 @@ from .clusters import recluster, refresh_clusters
 from .copy import copy_in
 from .database import lock
 from .field_counts import uncount_removal
+from .methods import sql_of
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ def remove(connection: sa.Connection, schema: str, method: Method, *, external_i
     if sum(x is not None for x in (external_ids, batch, before)) != 1:
         raise SimdbError("say what to remove with exactly one of «ids», «batch» or «before»")
     lock(connection, schema, "ingest")
-    check_layout(connection, method)
+    check_layout(connection, method, keyed_layout=keyed)
     connection.exec_driver_sql("CREATE TEMPORARY TABLE removing (id int8 PRIMARY KEY) ON COMMIT DROP")
     batch_id = None
     if external_ids is not None:
@@ -108,9 +109,13 @@ def remove(connection: sa.Connection, schema: str, method: Method, *, external_i
     removed_per_batch = connection.exec_driver_sql(
         "SELECT d.batch_id, count(*) FROM documents d JOIN removing r ON r.id = d.id GROUP BY d.batch_id").all()
     uncount_removal(connection, "removing", "repointed")  # the counts by metadata fields, before the rows go
-    removed = connection.execute(sa.text("DELETE FROM documents WHERE id IN (SELECT id FROM removing)")).rowcount
-    if keyed:  # and their key rows, which the keyed layout's probes read
-        keyed_layout.remove(connection, "removing")
+    if keyed:  # and their key rows, which the keyed layout's probes read: routed by the keys of their sketches
+        gone = connection.exec_driver_sql(f"DELETE FROM documents WHERE id IN (SELECT id FROM removing) RETURNING "
+                                          f"id, {sql_of(method).sketch_column[0]}").all()
+        removed = len(gone)
+        keyed_layout.remove(connection, method, [row[0] for row in gone], [row[1] for row in gone])
+    else:
+        removed = connection.execute(sa.text("DELETE FROM documents WHERE id IN (SELECT id FROM removing)")).rowcount
     for removed_batch, count in removed_per_batch:  # what each batch holds: documents - removed
         if removed_batch != batch_id:  # (nothing to keep for a batch removed whole: its row goes)
             connection.execute(sa.text("UPDATE batches SET removed = removed + :count WHERE id = :id"),
