@@ -32,6 +32,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import URL, make_url
 
 from ..errors import ConnectionLost, DatabaseUnavailable, PermissionDenied, SimdbError
+from ..settings import MAX_CONNECTIONS
 from . import DEFAULT_SCHEMA
 from .embedded import idle_seconds, start_embedded  # noqa: F401 -- start_embedded re-exported
 
@@ -239,7 +240,7 @@ class Database:
             server = start_embedded(data_dir, idle=idle_seconds())
             database_url = server.get_uri()
         url = postgres_url(database_url)
-        engine = sa.create_engine(url, pool_pre_ping=True,
+        engine = sa.create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=MAX_CONNECTIONS - 5,
                                   connect_args={"connect_timeout": 10, "application_name": "simdb"})
 
         session: dict[str, str] = {}  # more settings for every connection (Database.use_session)
