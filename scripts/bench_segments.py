@@ -190,10 +190,10 @@ def connections_run(server: Server, args, rng: np.random.Generator, counts: list
             if count != "warm-up":
                 measured[count].append(result)
         loads.append(load_average())
-        found = lookups(server, stored, args.lookups, rng)  # after bulk chunks: every segment sealed and analyzed
+        # after bulk chunks: every segment sealed and analyzed
+        found = lookups(server, stored, args.lookups, rng, tuple(counts))
         log(f"  lookups (load {loads[-1]}): p50 {found['p50'] * 1e3:.2f} ms, simdb_near p50 "
-            f"{found['near_p50'] * 1e3:.2f} ms, batch cold {found['cold_rate']:,.0f} q/s, warm "
-            f"{found['batch_rate']:,.0f} q/s, repeated {found['repeat_rate']:,.0f} q/s")
+            f"{found['near_p50'] * 1e3:.2f} ms")
         loads.append(load_average())
         log(f"  through the active segment, load {loads[-1]}")
         set_policy(server, segments.SegmentPolicy(bulk_chunk=args.added + 1))
@@ -351,10 +351,31 @@ def raw_copy(server: Server, layout: BlockLayout, fps: np.ndarray, rng) -> float
         engine.dispose()
 
 
-def lookups(server: Server, stored: np.ndarray, count: int, rng) -> dict:
-    probes = np.concatenate([stored[rng.integers(0, len(stored), count // 2)] ^ np.uint64(1),  # near copies
-                             random_u64(rng, count - count // 2)])
-    signed = to_signed_array(probes).tolist()
+def near_and_random(stored: np.ndarray, count: int, rng) -> np.ndarray:
+    """``count`` probes: half near copies (1 bit) of stored fingerprints, half random."""
+    return np.concatenate([stored[rng.integers(0, len(stored), count // 2)] ^ np.uint64(1),
+                           random_u64(rng, count - count // 2)])
+
+
+def lookups(server: Server, stored: np.ndarray, count: int, rng, connections: tuple[int | None, ...] = (None,)
+            ) -> dict:
+    """Lookup p50/p99 and simdb_near p50 over ``count`` probes, and for each of ``connections`` (None: the
+    library's default), three 1,000-query batches on a newly opened index: cold (its first batch, of probes no
+    lookup has read), warm (new probes after it) and the warm batch repeated."""
+    batches: dict = {}
+    for spread_over in connections:
+        options = {} if spread_over is None else {"connections": spread_over}
+        cold, warm = near_and_random(stored, 1000, rng).tolist(), near_and_random(stored, 1000, rng).tolist()
+        with simdb.Index.open(server.url, schema=SCHEMA) as index:
+            for name, batch in (("cold", cold), ("warm", warm), ("repeat", warm)):
+                start = time.perf_counter()
+                index.query_fingerprints(batch, **options)
+                batches[spread_over, name] = 1000 / (time.perf_counter() - start)
+        log(f"  batches of 1,000 over {spread_over or 'the default'} connection(s): cold "
+            f"{batches[spread_over, 'cold']:,.0f}, warm {batches[spread_over, 'warm']:,.0f}, repeated "
+            f"{batches[spread_over, 'repeat']:,.0f} q/s")
+    probes = near_and_random(stored, count, rng)
+    signed = to_signed_array(near_and_random(stored, count, rng)).tolist()  # probes of its own: none read before
     with simdb.Index.open(server.url, schema=SCHEMA) as index:
         index.query_fingerprint(int(probes[0]))
         times = []
@@ -362,11 +383,6 @@ def lookups(server: Server, stored: np.ndarray, count: int, rng) -> dict:
             start = time.perf_counter()
             index.query_fingerprint(fp)
             times.append(time.perf_counter() - start)
-        batches = {}
-        for name, batch in (("cold", probes[-1000:]), ("warm", probes[:1000]), ("repeat", probes[:1000])):
-            start = time.perf_counter()  # cold: probes no lookup has read, on the index's first batch
-            index.query_fingerprints(batch.tolist())
-            batches[name] = time.perf_counter() - start
         near = []
         with index.database.engine.connect() as c:
             for fp in signed:
@@ -376,17 +392,18 @@ def lookups(server: Server, stored: np.ndarray, count: int, rng) -> dict:
     times.sort()
     near.sort()
     return {"p50": statistics.median(times), "p99": times[int(len(times) * 0.99)], "near_p50": statistics.median(near),
-            "cold_rate": 1000 / batches["cold"], "batch_rate": 1000 / batches["warm"],
-            "repeat_rate": 1000 / batches["repeat"]}
+            "batches": batches, "batch_rate": batches[connections[0], "warm"]}
 
 
 def lookup_rows(archive_size: int, found: dict) -> list[tuple[str, str, str, str]]:
+    counts = sorted({spread_over for spread_over, _ in found["batches"]}, key=lambda n: n or 0)
     return [(f"lookup p50 / p99 at {archive_size:,} (Index.query_fingerprint)",
              f"{found['p50'] * 1e3:.2f} / {found['p99'] * 1e3:.2f} ms", "", ""),
             ("simdb_near p50", f"{found['near_p50'] * 1e3:.2f} ms", "", ""),
-            ("1,000-query batch (query_fingerprints): cold (first batch, new probes) / warm (new probes after it) "
-             "/ the warm batch repeated", f"{found['cold_rate']:,.0f} / {found['batch_rate']:,.0f} / "
-             f"{found['repeat_rate']:,.0f} q/s", "", "")]
+            *((f"1,000-query batch (query_fingerprints) over {spread_over or 'the default'} connection(s): cold "
+               "(a new index's first batch, new probes) / warm (new probes after it) / the warm batch repeated",
+               " / ".join(f"{found['batches'][spread_over, name]:,.0f}" for name in ("cold", "warm", "repeat"))
+               + " q/s", "", "") for spread_over in counts)]
 
 
 def segment_curve(server: Server, stored: np.ndarray, rng, size: int = 1000, probe_count: int = 300
