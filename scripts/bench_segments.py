@@ -176,6 +176,9 @@ def connections_run(server: Server, args, rng: np.random.Generator, counts: list
         copy_seconds = raw_copy(server, layout, random_u64(rng, args.added), rng)
         log(f"  raw COPY of {args.added:,}: {args.added / copy_seconds:,.0f} rows/s")
         stored = archive(server, args, layout, rng)
+        # what follows draws from a generator of its own: a kept archive was not drawn from this run's, whose
+        # next fingerprints would be the archive's own first ones
+        rng = np.random.default_rng([args.seed, 1])
         set_policy(server, segments.SegmentPolicy(bulk_chunk=min(args.added, DEFAULT_BULK_CHUNK)))
         order = ["warm-up", *counts, *reversed(counts)]
         for turn, count in enumerate(order):

@@ -763,10 +763,16 @@ def test_a_batch_of_lookups_over_one_or_three_connections_is_brute_forces_answer
     reading one snapshot: each probe's matches are brute force's over the stored fingerprints."""
     from simdb.pg import spread
 
-    shares = []
+    shares, jit = [], []
     real = spread.on_shared_snapshot
-    monkeypatch.setattr(spread, "on_shared_snapshot", lambda connection, here, elsewhere: shares.append(
-        len(elsewhere)) or real(connection, here, elsewhere))
+
+    def recorded(connection, here, elsewhere):  # how many helpers, and the jit setting each statement ran with
+        shares.append(len(elsewhere))
+        jit.append(connection.exec_driver_sql("SHOW jit").scalar_one())
+        return real(connection, here, [((lambda other, run=run: jit.append(other.exec_driver_sql(
+            "SHOW jit").scalar_one()) or run(other)), instead) for run, instead in elsewhere])
+
+    monkeypatch.setattr(spread, "on_shared_snapshot", recorded)
     rng = random.Random(36 + connections)
     stored: list[int] = []
     with Index.create(database_url, schema=schema, max_distance=3, segment_size=100, bulk_chunk=50) as index:
@@ -780,6 +786,7 @@ def test_a_batch_of_lookups_over_one_or_three_connections_is_brute_forces_answer
         names = {f"b{number}-{i}": fp for number, batch in enumerate(
             [stored[:120], stored[120:180], stored[180:210], stored[210:]]) for i, fp in enumerate(batch)}
     assert shares == [connections - 1]
+    assert jit == ["off"] * connections  # compiling the join cost more than a batch's lookups (reads.without_jit)
     for probe, matches in zip(probes, found):
         expected = sorted((bin(probe ^ fp).count("1"), name) for name, fp in names.items()
                           if bin(probe ^ fp).count("1") <= 3)

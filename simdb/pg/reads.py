@@ -188,6 +188,7 @@ def match_many(connection: sa.Connection, index: IndexContext, sketches: Sequenc
     create even a temporary table (:func:`probe_arrays`)."""
     method = index.method
     found: list[dict[int, int]] = [{} for _ in sketches]
+    without_jit(connection)
     if index.keyed or connection.exec_driver_sql("SHOW transaction_read_only").scalar_one() == "on":
         pairs = probe_arrays(connection, index, sketches, max_distance, connections=connections)
     else:
@@ -206,6 +207,14 @@ def match_many(connection: sa.Connection, index: IndexContext, sketches: Sequenc
     for probe, document, distance in pairs:
         found[probe][document] = distance
     return found
+
+
+def without_jit(connection: sa.Connection) -> None:
+    """No JIT compilation for the rest of ``connection``'s transaction (and its helpers', which take its
+    setting): a batch's candidate join costs past ``jit_above_cost``, and compiling it took 70-150 ms of a
+    1,000-query batch at 10M documents (``EXPLAIN ANALYZE``), more than the whole batch may take at 10,000
+    queries a second, for index probes that compiled expressions do not speed up."""
+    connection.exec_driver_sql("SET LOCAL jit = off")
 
 
 def spread_over(connection: sa.Connection, index: IndexContext, queries: int, connections: int | None) -> int:
@@ -237,6 +246,7 @@ def probe_arrays(connection: sa.Connection, index: IndexContext, sketches: Seque
     snapshot (:func:`simdb.pg.spread.on_shared_snapshot`), as an ingest's chunk spreads its lookups. A pair may come more than once. On the keyed distributed layout, routed by key
     through its ``keys`` table (:func:`simdb.pg.keyed.probe`)."""
     method = index.method
+    without_jit(connection)
     if index.keyed:
         yield from keyed_layout.probe(connection, method, sketches, max_distance, keys)
         return

@@ -102,12 +102,12 @@ def on_shared_snapshot(connection: sa.Connection, here: Callable[[], R],
                        elsewhere: Sequence[tuple[Callable[[sa.Connection], R], Callable[[], R]]]) -> list[R]:
     """``[here(), *(each of elsewhere)]``: ``here`` on ``connection``; each ``(helper, instead)`` of ``elsewhere``
     at the same time, ``helper`` given a connection of its own from the engine's pool that reads
-    ``connection``'s snapshot (a thread each), or ``instead()`` on ``connection`` after ``here`` where the helper
+    ``connection``'s snapshot, with its ``jit`` setting (a thread each), or ``instead()`` on ``connection`` after ``here`` where the helper
     failed in a way the database reports (:data:`GIVES_WAY`); any other error of a helper is raised here.
     The caller checked :func:`can_share`."""
     if not elsewhere:
         return [here()]
-    snapshot = connection.exec_driver_sql("SELECT pg_export_snapshot()").scalar_one()
+    snapshot, jit = connection.exec_driver_sql("SELECT pg_export_snapshot(), current_setting('jit')").one()
     found: list = [None] * len(elsewhere)
     failed: list[BaseException | None] = [None] * len(elsewhere)
 
@@ -118,6 +118,7 @@ def on_shared_snapshot(connection: sa.Connection, here: Callable[[], R],
                 with other.begin():
                     other.exec_driver_sql(f"SET TRANSACTION SNAPSHOT '{snapshot}'")  # first: the caller's view
                     other.exec_driver_sql(f"SET LOCAL lock_timeout = '{LOCK_WAIT}'")
+                    other.exec_driver_sql("SELECT set_config('jit', %(jit)s, true)", {"jit": jit})  # as the caller
                     found[number] = (elsewhere[number][0](other),)
         except BaseException as error:  # noqa: BLE001 - raised again (or its share redone) in the caller's thread
             failed[number] = error
