@@ -755,12 +755,14 @@ def test_a_chunk_stored_inside_a_savepoint_keeps_to_its_own_connection(database_
     assert len(assert_consistent(admin_engine, schema)) == 210
 
 
-@pytest.mark.parametrize("connections", [1, 3])
+@pytest.mark.parametrize("connections, read_only", [(1, False), (3, False), (3, True)],
+                         ids=["one", "three", "three-read-only"])
 def test_a_batch_of_lookups_over_one_or_three_connections_is_brute_forces_answer(database_url, schema, monkeypatch,
-                                                                                  connections):
+                                                                                  connections, read_only):
     """``query_fingerprints`` of a batch (near copies at 0 to k + 1 bits, and random probes) against an archive in
     several segments (bulk chunks and an active one), its key columns' statements over 1 or 3 connections
-    reading one snapshot: each probe's matches are brute force's over the stored fingerprints."""
+    reading one snapshot (probes in temporary tables; or, in read-only transactions as the reader role and
+    ``simdb check`` read, as arrays): each probe's matches are brute force's over the stored fingerprints."""
     from simdb.pg import spread
 
     shares, jit = [], []
@@ -782,6 +784,8 @@ def test_a_batch_of_lookups_over_one_or_three_connections_is_brute_forces_answer
             stored += batch
         assert len(index.segments()) >= 3
         probes = near_and_far(rng, stored, 80, 3)
+        if read_only:  # every connection from now on, the helpers' too
+            index.database.use_session({"default_transaction_read_only": "on"})
         found = index.query_fingerprints(probes, connections=connections)
         names = {f"b{number}-{i}": fp for number, batch in enumerate(
             [stored[:120], stored[120:180], stored[180:210], stored[210:]]) for i, fp in enumerate(batch)}
