@@ -26,7 +26,10 @@ With ``--connections 1,2`` it measures only how a chunk's lookups into the archi
 database connections (:mod:`simdb.pg.spread`): the empty archive and raw COPY as above, then the same
 ``--added`` as a bulk chunk into the archive at each count in turn, after one cold warm-up, in the order
 1, 2, 2, 1 (so that drift in the machine's load falls on both alike), each ingest's rate and the seconds
-of its lookups into the archive (``spread_lookups``) reported, the load average beside them.
+of its lookups into the archive (``spread_lookups``) reported, the load average beside them; then the
+same ``--added`` through the active segment's indexes, and the lookups as above (the batch of 1,000 cold:
+the index's first, of probes nothing has read; warm: new probes after it; and the warm batch repeated).
+``--reuse`` keeps the bulk-loaded archive for the next such run (and uses one kept whole by an earlier run).
 
 Server settings are reported in the header, with the ones simdb recommends for this machine;
 run it once on a server with defaults and once on one with the recommended settings (give its
@@ -172,8 +175,10 @@ def connections_run(server: Server, args, rng: np.random.Generator, counts: list
         server.drop_schemas(EMPTY)
         copy_seconds = raw_copy(server, layout, random_u64(rng, args.added), rng)
         log(f"  raw COPY of {args.added:,}: {args.added / copy_seconds:,.0f} rows/s")
-        log(f"bulk-loading an archive of {args.archive:,}")
-        stored, _ = bulk_load(server.url, server.admin, SCHEMA, layout, args.archive, rng, args.max_distance)
+        stored = archive(server, args, layout, rng)
+        # what follows draws from a generator of its own: a kept archive was not drawn from this run's, whose
+        # next fingerprints would be the archive's own first ones
+        rng = np.random.default_rng([args.seed, 1])
         set_policy(server, segments.SegmentPolicy(bulk_chunk=min(args.added, DEFAULT_BULK_CHUNK)))
         order = ["warm-up", *counts, *reversed(counts)]
         for turn, count in enumerate(order):
@@ -188,9 +193,19 @@ def connections_run(server: Server, args, rng: np.random.Generator, counts: list
             if count != "warm-up":
                 measured[count].append(result)
         loads.append(load_average())
+        # after bulk chunks: every segment sealed and analyzed
+        found = lookups(server, stored, args.lookups, rng, tuple(counts))
+        log(f"  lookups (load {loads[-1]}): p50 {found['p50'] * 1e3:.2f} ms, simdb_near p50 "
+            f"{found['near_p50'] * 1e3:.2f} ms")
+        loads.append(load_average())
+        log(f"  through the active segment, load {loads[-1]}")
+        set_policy(server, segments.SegmentPolicy(bulk_chunk=args.added + 1))
+        active = timed_ingest(server, SCHEMA, new_fingerprints(rng, args.added, stored), "active", rng)
+        loads.append(load_average())
     finally:
         segments.spread_lookups = real
-        server.drop_schemas(SCHEMA, EMPTY)
+        set_policy(server, segments.SegmentPolicy())
+        leave_archive(server, args)
     base = measured[counts[0]]
     rows = [(f"{args.added:,} into an empty archive", f"{empty['rate']:,.0f} docs/s", "", ""),
             ("raw binary COPY of the same rows into a bare table", f"{args.added / copy_seconds:,.0f} rows/s", "",
@@ -204,12 +219,73 @@ def connections_run(server: Server, args, rng: np.random.Generator, counts: list
                      f"{statistics.mean(rates) / empty['rate']:.2f}x the empty archive; lookups "
                      f"{statistics.mean(r['lookups'] for r in base) / max(statistics.mean(r['lookups'] for r in runs), 1e-9):.2f}x"
                      f" faster than {counts[0]}"))
+    bulk_rate = statistics.mean(r["rate"] for runs in measured.values() for r in runs)
+    rows += [(f"{args.added:,} into {args.archive:,} through the active segment's indexes", f"{active['rate']:,.0f} docs/s",
+              "", f"{active['rate'] / empty['rate']:.2f}x the empty archive; bulk chunks (mean) "
+              f"{bulk_rate / active['rate']:.2f}x"),
+             *lookup_rows(args.archive, found)]
     header = [machine(server.version(), server.embedded), command_line("bench_segments.py"),
               f"layout: {layout.describe()}; {os.cpu_count()} cores; load average (1, 5, 15 min) before each "
               f"step: {' | '.join(loads)}",
               "columns: what | rate of each run (in run order) | seconds of the chunk's lookups into the archive "
               "(spread_lookups) | against the peers"]
     print_table(header, rows, args.markdown)
+
+
+def archive(server: Server, args, layout: BlockLayout, rng: np.random.Generator) -> np.ndarray:
+    """The archive's fingerprints: bulk-loaded into ``SCHEMA``; with ``--reuse``, the one kept there by an
+    earlier run when it holds ``--archive`` documents and nothing else (else loaded and kept)."""
+    if args.reuse:
+        found = []
+        with server.admin.connect() as c:
+            if c.exec_driver_sql(f"SELECT to_regclass('{SCHEMA}.batches')").scalar() is not None:
+                found = c.exec_driver_sql(f"SELECT name, documents FROM {SCHEMA}.batches ORDER BY id").all()
+        if [tuple(row) for row in found] == [("archive", args.archive)]:
+            log(f"reusing the archive of {args.archive:,} kept in {SCHEMA}")
+            drop_empty_segments(server)
+            return kept_fingerprints(server)
+        server.drop_schemas(SCHEMA)
+    log(f"bulk-loading an archive of {args.archive:,}")
+    return bulk_load(server.url, server.admin, SCHEMA, layout, args.archive, rng, args.max_distance)[0]
+
+
+def kept_fingerprints(server: Server) -> np.ndarray:
+    """The fingerprints of the kept archive's bulk-loaded segment, in id order, read by one binary COPY."""
+    raw = bytearray()
+    with server.admin.connect() as c:
+        cursor = c.connection.dbapi_connection.cursor()
+        with cursor.copy(f"COPY (SELECT simhash FROM {SCHEMA}.{segments.segment_name(1)} ORDER BY id) "
+                         "TO STDOUT (FORMAT binary)") as copy:
+            for block in copy:
+                raw += block
+    rows = np.frombuffer(bytes(raw[19:-2]), dtype=[("fields", ">i2"), ("size", ">i4"), ("value", ">i8")])
+    return rows["value"].astype(np.int64).view(np.uint64)
+
+
+def drop_empty_segments(server: Server) -> None:
+    """The segments the last run's ingests left empty when it removed their batches, gone: a lookup reads every
+    segment, so each would cost this run's lookups what it did not cost the first run's."""
+    with server.admin.connect() as c:
+        c.exec_driver_sql(f"SET search_path TO {SCHEMA}")
+        for segment in segments.list_segments(c, distributed=False)[1:]:
+            if c.exec_driver_sql(f"SELECT NOT EXISTS (SELECT FROM {segment.name})").scalar_one():
+                c.exec_driver_sql(f"ALTER TABLE documents DETACH PARTITION {segment.name}")
+                c.exec_driver_sql(f"DROP TABLE {segment.name}")
+
+
+def leave_archive(server: Server, args) -> None:
+    """Drop the run's schemas; with ``--reuse``, keep the archive, less the batches this run added."""
+    server.drop_schemas(EMPTY)
+    if not args.reuse:
+        server.drop_schemas(SCHEMA)
+        return
+    with simdb.Index.open(server.url, schema=SCHEMA) as index:
+        with index.database.engine.connect() as c:
+            added = c.exec_driver_sql("SELECT name FROM batches WHERE name <> 'archive'").scalars().all()
+        for name in added:
+            index.remove(batch=name)
+    drop_empty_segments(server)
+    log(f"kept the archive in {SCHEMA} (--reuse), less this run's {len(added)} batches")
 
 
 def wal(admin: sa.Engine) -> tuple[str, int]:
@@ -278,10 +354,31 @@ def raw_copy(server: Server, layout: BlockLayout, fps: np.ndarray, rng) -> float
         engine.dispose()
 
 
-def lookups(server: Server, stored: np.ndarray, count: int, rng) -> dict:
-    probes = np.concatenate([stored[rng.integers(0, len(stored), count // 2)] ^ np.uint64(1),  # near copies
-                             random_u64(rng, count - count // 2)])
-    signed = to_signed_array(probes).tolist()
+def near_and_random(stored: np.ndarray, count: int, rng) -> np.ndarray:
+    """``count`` probes: half near copies (1 bit) of stored fingerprints, half random."""
+    return np.concatenate([stored[rng.integers(0, len(stored), count // 2)] ^ np.uint64(1),
+                           random_u64(rng, count - count // 2)])
+
+
+def lookups(server: Server, stored: np.ndarray, count: int, rng, connections: tuple[int | None, ...] = (None,)
+            ) -> dict:
+    """Lookup p50/p99 and simdb_near p50 over ``count`` probes, and for each of ``connections`` (None: the
+    library's default), three 1,000-query batches on a newly opened index: cold (its first batch, of probes no
+    lookup has read), warm (new probes after it) and the warm batch repeated."""
+    batches: dict = {}
+    for spread_over in connections:
+        options = {} if spread_over is None else {"connections": spread_over}
+        cold, warm = near_and_random(stored, 1000, rng).tolist(), near_and_random(stored, 1000, rng).tolist()
+        with simdb.Index.open(server.url, schema=SCHEMA) as index:
+            for name, batch in (("cold", cold), ("warm", warm), ("repeat", warm)):
+                start = time.perf_counter()
+                index.query_fingerprints(batch, **options)
+                batches[spread_over, name] = 1000 / (time.perf_counter() - start)
+        log(f"  batches of 1,000 over {spread_over or 'the default'} connection(s): cold "
+            f"{batches[spread_over, 'cold']:,.0f}, warm {batches[spread_over, 'warm']:,.0f}, repeated "
+            f"{batches[spread_over, 'repeat']:,.0f} q/s")
+    probes = near_and_random(stored, count, rng)
+    signed = to_signed_array(near_and_random(stored, count, rng)).tolist()  # probes of its own: none read before
     with simdb.Index.open(server.url, schema=SCHEMA) as index:
         index.query_fingerprint(int(probes[0]))
         times = []
@@ -289,10 +386,6 @@ def lookups(server: Server, stored: np.ndarray, count: int, rng) -> dict:
             start = time.perf_counter()
             index.query_fingerprint(fp)
             times.append(time.perf_counter() - start)
-        index.query_fingerprints(probes[-1000:].tolist())  # warm-up, as bench_core does
-        start = time.perf_counter()
-        index.query_fingerprints(probes[:1000].tolist())
-        batch = time.perf_counter() - start
         near = []
         with index.database.engine.connect() as c:
             for fp in signed:
@@ -302,7 +395,18 @@ def lookups(server: Server, stored: np.ndarray, count: int, rng) -> dict:
     times.sort()
     near.sort()
     return {"p50": statistics.median(times), "p99": times[int(len(times) * 0.99)], "near_p50": statistics.median(near),
-            "batch_rate": 1000 / batch}
+            "batches": batches, "batch_rate": batches[connections[0], "warm"]}
+
+
+def lookup_rows(archive_size: int, found: dict) -> list[tuple[str, str, str, str]]:
+    counts = sorted({spread_over for spread_over, _ in found["batches"]}, key=lambda n: n or 0)
+    return [(f"lookup p50 / p99 at {archive_size:,} (Index.query_fingerprint)",
+             f"{found['p50'] * 1e3:.2f} / {found['p99'] * 1e3:.2f} ms", "", ""),
+            ("simdb_near p50", f"{found['near_p50'] * 1e3:.2f} ms", "", ""),
+            *((f"1,000-query batch (query_fingerprints) over {spread_over or 'the default'} connection(s): cold "
+               "(a new index's first batch, new probes) / warm (new probes after it) / the warm batch repeated",
+               " / ".join(f"{found['batches'][spread_over, name]:,.0f}" for name in ("cold", "warm", "repeat"))
+               + " q/s", "", "") for spread_over in counts)]
 
 
 def segment_curve(server: Server, stored: np.ndarray, rng, size: int = 1000, probe_count: int = 300
@@ -354,6 +458,7 @@ def plot_curve(curve: list[tuple[int, float, float]], path: str, title: str) -> 
 
 
 def main(argv: list[str] | None = None) -> None:
+    global SCHEMA
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--database-url", help=DATABASE_HELP)
     parser.add_argument("--archive", type=int, default=10_000_000)
@@ -373,12 +478,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--connections", metavar="LIST",
                         help="only the bulk chunk into the archive, its lookups over each number of connections "
                              "in this comma-separated list (e.g. 1,2), with the empty archive and raw COPY as peers")
+    parser.add_argument("--reuse", action="store_true",
+                        help="with --connections: keep the bulk-loaded archive (schema simdb_bench_segments_kept_"
+                             "ARCHIVE_kK) for the next run, and use the one kept there when it is whole")
     args = parser.parse_args(argv)
+    if args.reuse and not args.connections:
+        parser.error("--reuse works with --connections (the full run merges and reopens the archive it measures)")
     rng = np.random.default_rng(args.seed)
     if args.connections:
         counts = [int(count) for count in args.connections.split(",")]
+        if args.reuse:
+            SCHEMA = f"simdb_bench_segments_kept_{args.archive}_k{args.max_distance}"
         with Server(args.database_url) as server:
-            server.drop_schemas(SCHEMA, EMPTY)
+            server.drop_schemas(EMPTY, *([] if args.reuse else [SCHEMA]))
             connections_run(server, args, rng, counts)
         return
     if args.method == "minhash":
@@ -449,10 +561,7 @@ def main(argv: list[str] | None = None) -> None:
             ("WAL per document (segmented / unsegmented)", f"{segmented['wal'] / args.added:,.0f} B, "
              f"{segmented['fpi']:,} FPI", f"{unsegmented['wal'] / args.added:,.0f} B, {unsegmented['fpi']:,} FPI",
              f"{unsegmented['wal'] / max(segmented['wal'], 1):.1f}x less"),
-            (f"lookup p50 / p99 at {args.archive:,} (Index.query_fingerprint)",
-             f"{found['p50'] * 1e3:.2f} / {found['p99'] * 1e3:.2f} ms", "", ""),
-            ("simdb_near p50", f"{found['near_p50'] * 1e3:.2f} ms", "", ""),
-            ("1,000-query batch (query_fingerprints)", f"{found['batch_rate']:,.0f} q/s", "", ""),
+            *lookup_rows(args.archive, found),
             (f"simdb stats: key buckets from {reads.STATS_SAMPLE:,} sampled documents, against all",
              f"{stats[False][0]:.1f} s ({stats[False][1]} candidates per lookup)",
              f"{stats[True][0]:.1f} s ({stats[True][1]})", f"{stats[True][0] / stats[False][0]:.0f}x faster"),

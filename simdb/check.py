@@ -117,8 +117,7 @@ def _decided(connection: sa.Connection, index: IndexContext, matched: list[tuple
     wide = method.candidate_distance(method.max_distance)
 
     def archive_pairs() -> Iterator[np.ndarray]:
-        probed = reads.probe_arrays(connection, method, sketches, wide, keys.tolist(),
-                                    distributed=index.distributed, keyed=index.keyed)
+        probed = reads.probe_arrays(connection, index, sketches, wide, keys)
         found = np.array(list(probed), dtype=np.int64).reshape(-1, 3)
         found[:, 0] = ids[found[:, 0]]  # sketch index -> the record's id
         yield found

@@ -29,7 +29,7 @@ from .ingest_options import DEFAULT_CHUNK_SIZE, DEFAULT_ITERSIZE, ON_CHANGE, ON_
 from .inputs import DEFAULT_MAX_CHARS, FORMATS, check_paths, input_files, read_documents, total_bytes
 from .methods import Method
 from .pg import DEFAULT_SCHEMA, DEFAULT_SHARDS
-from .settings import DEFAULT_BULK_CHUNK, DEFAULT_MERGE_FACTOR, DEFAULT_SEGMENT_SIZE, IndexSettings
+from .settings import DEFAULT_BULK_CHUNK, DEFAULT_MERGE_FACTOR, DEFAULT_SEGMENT_SIZE, MAX_CONNECTIONS, IndexSettings
 from .progress import Progress
 from .text.tokenize import TOKENIZERS
 from .verdicts import STATUSES
@@ -462,7 +462,7 @@ def init(database_url, schema, data_dir, max_distance, blocks, tokenizer, jieba_
               help="Write every input record's verdict to this file, one JSON object per line, in input order.")
 @click.option("--compact/--no-compact", default=True, show_default=True,
               help="After each chunk, merge segments when the index's policy asks for it (see simdb compact).")
-@click.option("--connections", type=click.IntRange(1), default=None,
+@click.option("--connections", type=click.IntRange(1, MAX_CONNECTIONS), default=None,
               help="Database connections sharing a chunk's lookups into the archive's large segments "
                    "[default: this machine's cores, within the server's max_parallel_workers, at most 8].")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")

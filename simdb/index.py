@@ -37,7 +37,7 @@ from .pg.functions import Grant, grant_reader
 from .pg.relayout import relayout
 from .pg.remove import RemovalSummary, remove
 from . import sync
-from .settings import IndexSettings
+from .settings import IndexSettings, connections_problem
 from .verdicts import Verdict, stored_verdicts
 
 
@@ -506,23 +506,32 @@ class Index:
         return sorted((self._match(row, distance) for row, distance in found),
                       key=lambda m: (m.distance, m.external_id))
 
-    def query_many(self, texts: Iterable[str], max_distance: int | None = None) -> list[list["Match"]]:
-        """One result list per text, found with a single set-based join."""
+    def query_many(self, texts: Iterable[str], max_distance: int | None = None, *,
+                   connections: int | None = None) -> list[list["Match"]]:
+        """One result list per text, found with one set-based statement per key column."""
         texts = list(texts)
-        return self.query_fingerprints(self.sketcher.sketch_all(texts), max_distance, texts=texts)
+        return self.query_fingerprints(self.sketcher.sketch_all(texts), max_distance, texts=texts,
+                                       connections=connections)
 
     def query_fingerprints(self, sketches: list[int | bytes], max_distance: int | None = None, *,
-                           texts: list[str] | None = None) -> list[list["Match"]]:
-        """One result list per sketch (fingerprint or signature bytes), found with one set-based join; with the
-        sketches' ``texts``, a method that decides by the texts decides by them (else by the sketches)."""
+                           texts: list[str] | None = None, connections: int | None = None) -> list[list["Match"]]:
+        """One result list per sketch (fingerprint or signature bytes), found with one set-based statement per key
+        column (its statements shared out over ``connections`` database connections, all reading one snapshot;
+        default: this machine's cores for a batch of a few hundred or more, see
+        :func:`simdb.pg.reads.probe_arrays`); with the sketches' ``texts``, a method that decides by the texts
+        decides by them (else by the sketches)."""
         limit = self._max_distance(max_distance)
+        if (problem := connections_problem(connections)) is not None:
+            raise SimdbError(f"{parameter('connections')} {problem}")
         if not sketches:
             return []
         method = self.settings.method
         by_texts = texts is not None and method.needs_texts
-        with self.database.engine.begin() as connection:
+        # one snapshot for the lookups (over several connections) and the rows read after them
+        with self.database.engine.connect().execution_options(isolation_level="REPEATABLE READ") as connection, \
+                connection.begin():
             found = reads.match_many(connection, self.context, sketches,
-                                     method.candidate_distance(limit) if by_texts else limit)
+                                     method.candidate_distance(limit) if by_texts else limit, connections=connections)
             if by_texts:  # the queries are -1, -2, ... among the stored ids
                 pairs = np.array([(-i - 1, d, distance) for i, distances in enumerate(found)
                                   for d, distance in distances.items()], dtype=np.int64).reshape(-1, 3)

@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from .inputs import DEFAULT_MAX_CHARS
+from .settings import connections_problem
 
 DEFAULT_CHUNK_SIZE = 100_000
 ON_ERROR = ("stop", "skip")
@@ -57,8 +58,8 @@ class IngestOptions:
             raise ValueError(f"on_error must be one of {', '.join(ON_ERROR)}, not {self.on_error!r}")
         if self.chunk_size < 1 or self.max_chars < 1:
             raise ValueError("chunk_size and max_chars must be positive")
-        if self.connections is not None and self.connections < 1:
-            raise ValueError(f"connections must be at least 1, not {self.connections}")
+        if (problem := connections_problem(self.connections)) is not None:
+            raise ValueError(f"connections {problem}")
 
     @property
     def batch_name(self) -> str:

@@ -30,6 +30,17 @@ DEFAULT_METHOD = SimHash.name
 DEFAULT_SEGMENT_SIZE = 1_000_000
 DEFAULT_MERGE_FACTOR = 4
 DEFAULT_BULK_CHUNK = 50_000
+#: The most database connections an open index uses at once: its engine's pool (5 kept open, 10 more while
+#: they are needed). A chunk's or a batch's lookups spread over more would wait for connections it holds itself.
+MAX_CONNECTIONS = 15
+
+
+def connections_problem(connections: int | None) -> str | None:
+    """What is wrong with ``connections`` (how many database connections to spread lookups over), or None."""
+    if connections is not None and not 1 <= connections <= MAX_CONNECTIONS:
+        return (f"must be between 1 and {MAX_CONNECTIONS} (the connections an open index's pool holds), "
+                f"not {connections}")
+    return None
 
 CANARY_TEXTS = (
     "The quick brown fox jumps over the lazy dog; near-duplicate detection since 1997.",

@@ -7,6 +7,7 @@ never on SQLAlchemy's or psycopg's; the CLI prints the very message the library 
 from __future__ import annotations
 
 import inspect
+import time
 import uuid
 
 import psycopg
@@ -176,3 +177,27 @@ def test_a_method_this_simdb_has_no_sql_for_is_one_clear_error():
 
     with pytest.raises(IncompatibleIndex, match=r"no SQL for the method 'lsh-forest' \(it knows minhash, simhash\)"):
         MethodSQL.named("lsh-forest")
+
+
+def test_a_pooled_connection_is_pinged_only_after_lying_idle(database_url, schema, admin_engine, monkeypatch):
+    """Lookups one after another take a pooled connection each without a ping's round trip; a connection that
+    lay idle longer than PING_AFTER_IDLE is pinged first, and one the server ended meanwhile is replaced."""
+    from simdb.pg import database
+
+    with Index.create(database_url, schema=schema, max_distance=3) as index:
+        engine = index.database.engine
+        engine.dispose()  # one pooled connection from here
+        pings = []
+        real = engine.dialect.do_ping
+        monkeypatch.setattr(engine.dialect, "do_ping", lambda connection: pings.append(1) or real(connection))
+        for _ in range(5):
+            assert index.query_fingerprint(1) == []
+        assert pings == [] and engine.pool.checkedin() == 1
+        with engine.connect() as connection:
+            pid = connection.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+        with admin_engine.connect() as connection:
+            assert connection.exec_driver_sql(f"SELECT pg_terminate_backend({int(pid)}, 5000)").scalar_one()
+        monkeypatch.setattr(database, "PING_AFTER_IDLE", 0.05)
+        time.sleep(0.1)
+        assert index.query_fingerprint(1) == []  # the ping found it ended; a new connection answered, unpinged
+        assert pings == [1]

@@ -108,6 +108,30 @@ def test_the_benchmark_runs_and_prints_its_table(script, arguments, needs_devset
     assert "|---" in done.stdout, done.stdout[-3000:]
 
 
+@pytest.mark.slow
+def test_bench_segments_reuses_the_archive_it_kept(database_url, admin_engine):
+    """``--reuse``: the first run bulk-loads the archive and keeps it, less the batches it added (and the empty
+    segments their removal left); the second uses it as it is."""
+    schema = "simdb_bench_segments_kept_20000_k4"
+    command = [sys.executable, str(ROOT / "scripts" / "bench_segments.py"), "--database-url", database_url,
+               "--archive", "20000", "--added", "1000", "--lookups", "20", "--connections", "1", "--reuse"]
+    try:
+        for turn in range(2):
+            done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                                  env={**os.environ, "PYTHONPATH": str(ROOT)})
+            assert done.returncode == 0, done.stderr[-3000:]
+            assert ("reusing the archive" in done.stderr) == (turn == 1), done.stderr[-3000:]
+            with admin_engine.connect() as connection:
+                batches = connection.exec_driver_sql(f"SELECT name, documents FROM {schema}.batches").all()
+                count = connection.exec_driver_sql(f"SELECT count(*) FROM {schema}.documents").scalar_one()
+                segments = connection.exec_driver_sql(
+                    f"SELECT count(*) FROM pg_inherits WHERE inhparent = '{schema}.documents'::regclass").scalar_one()
+            assert [tuple(row) for row in batches] == [("archive", 20000)] and count == 20000 and segments == 1
+    finally:
+        with admin_engine.begin() as connection:
+            connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
 def test_every_benchmark_in_scripts_is_run():
     """A benchmark added (bench_ingest was split into parts that each run alone) is run here too."""
     runnable = {path.name for path in (ROOT / "scripts").glob("*.py")

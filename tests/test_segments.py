@@ -755,6 +755,76 @@ def test_a_chunk_stored_inside_a_savepoint_keeps_to_its_own_connection(database_
     assert len(assert_consistent(admin_engine, schema)) == 210
 
 
+@pytest.mark.parametrize("connections, read_only", [(1, False), (3, False), (3, True)],
+                         ids=["one", "three", "three-read-only"])
+def test_a_batch_of_lookups_over_one_or_three_connections_is_brute_forces_answer(database_url, schema, monkeypatch,
+                                                                                  connections, read_only):
+    """``query_fingerprints`` of a batch (near copies at 0 to k + 1 bits, and random probes) against an archive in
+    several segments (bulk chunks and an active one), its key columns' statements over 1 or 3 connections
+    reading one snapshot (probes in temporary tables; or, in read-only transactions as the reader role and
+    ``simdb check`` read, as arrays): each probe's matches are brute force's over the stored fingerprints."""
+    from simdb.pg import spread
+
+    shares, jit = [], []
+    real = spread.on_shared_snapshot
+
+    def recorded(connection, here, elsewhere):  # how many helpers, and the jit setting each statement ran with
+        shares.append(len(elsewhere))
+        jit.append(connection.exec_driver_sql("SHOW jit").scalar_one())
+        return real(connection, here, [((lambda other, run=run: jit.append(other.exec_driver_sql(
+            "SHOW jit").scalar_one()) or run(other)), instead) for run, instead in elsewhere])
+
+    monkeypatch.setattr(spread, "on_shared_snapshot", recorded)
+    rng = random.Random(36 + connections)
+    stored: list[int] = []
+    with Index.create(database_url, schema=schema, max_distance=3, segment_size=100, bulk_chunk=50) as index:
+        for number, size in enumerate((120, 60, 30, 20)):  # bulk chunks, then a chunk through the active segment
+            batch = near_and_far(rng, stored, size, 3)
+            index.add_fingerprinted(make_batch(batch, f"b{number}"), batch=f"b{number}")
+            stored += batch
+        assert len(index.segments()) >= 3
+        probes = near_and_far(rng, stored, 80, 3)
+        if read_only:  # every connection from now on, the helpers' too
+            index.database.use_session({"default_transaction_read_only": "on"})
+        found = index.query_fingerprints(probes, connections=connections)
+        names = {f"b{number}-{i}": fp for number, batch in enumerate(
+            [stored[:120], stored[120:180], stored[180:210], stored[210:]]) for i, fp in enumerate(batch)}
+    assert shares == [connections - 1]
+    assert jit == ["off"] * connections  # compiling the join cost more than a batch's lookups (reads.without_jit)
+    for probe, matches in zip(probes, found):
+        expected = sorted((bin(probe ^ fp).count("1"), name) for name, fp in names.items()
+                          if bin(probe ^ fp).count("1") <= 3)
+        assert sorted((m.distance, m.external_id) for m in matches) == expected
+    assert any(found), "no probe found anything: the test tests nothing"
+
+
+def test_spreading_over_more_connections_than_an_index_holds_is_refused(database_url, schema):
+    """An open index's pool holds 15 connections: a chunk or a batch asking for more would wait for connections
+    it holds itself (each helper 30 s, then its share runs on the first connection). Refused up front."""
+    from simdb.ingest import IngestOptions
+    from simdb.settings import MAX_CONNECTIONS
+
+    with pytest.raises(ValueError, match="connections must be between 1 and 15"):
+        IngestOptions(connections=MAX_CONNECTIONS + 1)
+    assert IngestOptions(connections=MAX_CONNECTIONS).connections == 15
+    with Index.create(database_url, schema=schema, max_distance=3) as index:
+        assert index.database.engine.pool.size() + index.database.engine.pool._max_overflow == MAX_CONNECTIONS
+        with pytest.raises(SimdbError, match="connections. must be between 1 and 15"):
+            index.query_fingerprints([1, 2], connections=16)
+        with pytest.raises(SimdbError, match="connections. must be between 1 and 15"):
+            index.query_fingerprints([1, 2], connections=0)
+        assert index.query_fingerprints([1], connections=15) == [[]]
+
+
+def test_ingest_refuses_more_connections_than_an_index_holds(run, tmp_path):
+    """``simdb ingest --connections 16``: a usage error naming the range, nothing ingested."""
+    path = tmp_path / "docs.jsonl"
+    path.write_text('{"id": "a", "text": "one two three four"}\n')
+    assert run("init").exit_code == 0
+    result = run("ingest", "--connections", "16", str(path))
+    assert result.exit_code == 2 and "1<=x<=15" in result.output, result.output
+
+
 def test_a_shared_lookup_that_would_wait_on_a_queued_lock_gives_way(database_url, schema, admin_engine,
                                                                     monkeypatch):
     """A statement queued for an exclusive lock on a segment (as `ALTER TABLE documents` in a relayout)

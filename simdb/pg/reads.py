@@ -10,6 +10,7 @@ import functools
 from collections.abc import Iterable, Iterator, Sequence
 from typing import NamedTuple
 
+import numpy as np
 import sqlalchemy as sa
 from psycopg.rows import namedtuple_row
 
@@ -17,9 +18,11 @@ from ..errors import NotFound
 from ..matches import distinct
 from ..methods import Method
 from . import keyed as keyed_layout
+from . import spread
 from .context import IndexContext
 from .copy import copy_in
 from .methods import sql_of
+from .probes import Lookup
 
 
 def read_only_snapshot(connection: sa.Connection) -> None:
@@ -174,59 +177,109 @@ def lookup(connection: sa.Connection, method: Method, sketch, max_distance: int,
     return [(row, int(distance)) for row, distance in zip(rows, distances.tolist()) if distance <= max_distance]
 
 
-def match_many(connection: sa.Connection, index: IndexContext, sketches: Sequence, max_distance: int
-               ) -> list[dict[int, int]]:
-    """For each sketch, {document id: distance} of the stored documents within ``max_distance``: one set-based
-    statement that looks every probe's keys up in the key indexes, in key order (:mod:`simdb.pg.probes`).
-    The probes go to a temporary table with statistics, or as arrays where the transaction is read-only
-    (the reader role), which may not create even a temporary table."""
+def match_many(connection: sa.Connection, index: IndexContext, sketches: Sequence, max_distance: int, *,
+               connections: int | None = None) -> list[dict[int, int]]:
+    """For each sketch, {document id: distance} of the stored documents within ``max_distance``: per key column,
+    one set-based statement that looks every probe's key up in the column's index, in key order
+    (:mod:`simdb.pg.probes`), verified by popcount in SQL and again in numpy. The probes go to a temporary table
+    with statistics (the key columns' statements shared out over ``connections`` connections reading this
+    one's snapshot, each with its copy of the probes, as an ingest's chunk spreads its lookups: see
+    :func:`spread_over`), or as arrays where the transaction is read-only (the reader role), which may not
+    create even a temporary table (:func:`probe_arrays`)."""
     method = index.method
     found: list[dict[int, int]] = [{} for _ in sketches]
-    if index.keyed:  # routed by key, read-only
-        pairs = keyed_layout.probe(connection, method, sketches, max_distance)
-    elif connection.exec_driver_sql("SHOW transaction_read_only").scalar_one() == "on":
-        pairs = probe_arrays(connection, method, sketches, max_distance, distributed=index.distributed,
-                             keyed=index.keyed)
+    without_jit(connection)
+    if index.keyed or connection.exec_driver_sql("SHOW transaction_read_only").scalar_one() == "on":
+        pairs = probe_arrays(connection, index, sketches, max_distance, connections=connections)
     else:
-        keys, values = method.keys(sketches), method.stored(sketches)
-        columns = [("id", "int8"), sql_of(method).sketch_column, *((c, "int8") for c in method.key_columns)]
-        copy_in(connection, f"probes ({', '.join(name for name, _ in columns)})", [t for _, t in columns],
-                ((i, value, *key_row) for i, (value, key_row) in enumerate(zip(values, keys.tolist()))), create=True)
+        keys, values = method.keys(sketches).tolist(), method.stored(sketches)
+        columns = [("id", "int8"), index.sql.sketch_column, *((c, "int8") for c in method.key_columns)]
+
+        def rows() -> Iterator[tuple]:
+            return ((i, value, *key_row) for i, (value, key_row) in enumerate(zip(values, keys)))
+
+        copy_in(connection, f"probes ({', '.join(name for name, _ in columns)})", [t for _, t in columns], rows(),
+                create=True)
         connection.exec_driver_sql("ANALYZE probes")
-        pairs = distinct(index.sql.candidate_pairs(connection, "probes", "documents", max_distance,
-                                                   index_probes=not index.distributed)).tolist()
+        pairs = distinct(spread.spread_lookups(
+            connection, index.sql, "probes", [Lookup("documents", not index.distributed)], max_distance, rows,
+            spread_over(connection, index, len(sketches), connections))).tolist()
     for probe, document, distance in pairs:
         found[probe][document] = distance
     return found
 
 
-def probe_arrays(connection: sa.Connection, method: Method, sketches: Sequence, max_distance: int,
-                 keys: list[list[int]] | None = None, *, distributed: bool, keyed: bool
+def without_jit(connection: sa.Connection) -> None:
+    """No JIT compilation for the rest of ``connection``'s transaction (and its helpers', which take its
+    setting): a batch's candidate join costs past ``jit_above_cost``, and compiling it took 70-150 ms of a
+    1,000-query batch at 10M documents (``EXPLAIN ANALYZE``), more than the whole batch may take at 10,000
+    queries a second, for index probes that compiled expressions do not speed up."""
+    connection.exec_driver_sql("SET LOCAL jit = off")
+
+
+def spread_over(connection: sa.Connection, index: IndexContext, queries: int, connections: int | None) -> int:
+    """How many connections a batch of ``queries`` lookups is spread over: ``connections`` where given, else one
+    below :data:`SPREAD_QUERIES` queries and :func:`simdb.pg.spread.default_connections` from there; one on a
+    distributed index (Citus plans no LATERAL probe) or where ``connection`` cannot share its snapshot."""
+    if index.distributed or not spread.can_share(connection):
+        return 1
+    if connections is not None:
+        return connections
+    return spread.default_connections(connection) if queries >= SPREAD_QUERIES else 1
+
+
+#: Queries from which a batch's lookups are spread over several connections by default: a helper costs a few
+#: round trips (a connection, its transaction, the snapshot), about what a hundred queries' lookups cost.
+SPREAD_QUERIES = 200
+
+
+def probe_arrays(connection: sa.Connection, index: IndexContext, sketches: Sequence, max_distance: int,
+                 keys: np.ndarray | list[list[int]] | None = None, *, connections: int | None = None
                  ) -> Iterator[tuple[int, int, int]]:
     """``(sketch index, document id, distance)`` of the stored documents within ``max_distance`` of each sketch
-    (``keys``: their key values, when the caller has them), through the method's candidate joins, with the
-    sketches sent as arrays: it writes nothing, not even a temporary table, so it runs in a read-only
-    transaction. A pair may come more than once. On the keyed distributed layout, routed by key through its
-    ``keys`` table (:func:`simdb.pg.keyed.probe`)."""
-    if keyed:
+    (``keys``: their key values, when the caller has them): per key column, one statement whose probes, the
+    sketches with that column's keys, are sent as arrays and each looks its key up in the column's index, in
+    key order (:func:`simdb.pg.probes.lateral_probe`), verified by popcount in SQL and again by the method. It
+    writes nothing, not even a temporary table, so it runs in a read-only transaction.
+
+    The key columns are shared out over connections (:func:`spread_over`), each reading ``connection``'s
+    snapshot (:func:`simdb.pg.spread.on_shared_snapshot`), as an ingest's chunk spreads its lookups. A pair may come more than once. On the keyed distributed layout, routed by key
+    through its ``keys`` table (:func:`simdb.pg.keyed.probe`)."""
+    method = index.method
+    without_jit(connection)
+    if index.keyed:
         yield from keyed_layout.probe(connection, method, sketches, max_distance, keys)
         return
-    keys = method.keys(sketches).tolist() if keys is None else keys
-    probe, params = _array_probe(method, list(range(len(sketches))), method.stored(sketches), keys)
-    for chunk in sql_of(method).candidate_pairs(connection, probe, "documents", max_distance, params=params,
-                                                index_probes=not distributed):
-        yield from chunk.tolist()
+    if not len(sketches):
+        return
+    keys = np.asarray(method.keys(sketches) if keys is None else keys, dtype=np.int64).reshape(len(sketches), -1)
+    ids, stored = list(range(len(sketches))), method.stored(sketches)
+    connections = spread_over(connection, index, len(sketches), connections)
+    at = {column: i for i, column in enumerate(method.key_columns)}
+
+    def share_pairs(columns: tuple[str, ...], on: sa.Connection) -> list[np.ndarray]:
+        probe, params = _array_probe(method, ids, stored, {column: keys[:, at[column]].tolist() for column in columns})
+        return list(index.sql.candidate_pairs(on, probe, "documents", max_distance, params=params,
+                                              index_probes=not index.distributed, columns=columns))
+
+    runs = spread.column_runs(method.key_columns, connections)
+    found = spread.on_shared_snapshot(
+        connection, functools.partial(share_pairs, runs[0], connection),
+        [(functools.partial(share_pairs, run), functools.partial(share_pairs, run, connection)) for run in runs[1:]])
+    for share in found:
+        for chunk in share:
+            yield from chunk.tolist()
 
 
-def _array_probe(method: Method, ids: list[int], stored: list, keys: list[list[int]]) -> tuple[str, dict]:
-    """Probes (``ids``, their sketches as ``method`` stores them, their key rows) as a derived table of arrays
-    sent as parameters, and those parameters: it needs no table, and Citus joins it with a distributed table
-    on any column (each shard gets the arrays)."""
-    columns = [("id", "int8"), sql_of(method).sketch_column, *((c, "int8") for c in method.key_columns)]
+def _array_probe(method: Method, ids: list[int], stored: list, keys: dict[str, list[int]]) -> tuple[str, dict]:
+    """Probes (``ids``, their sketches as ``method`` stores them, and their values of the key columns ``keys``
+    names) as a derived table of arrays sent as parameters, and those parameters: it needs no table, and Citus
+    joins it with a distributed table on any column (each shard gets the arrays)."""
+    columns = [("id", "int8"), sql_of(method).sketch_column, *((c, "int8") for c in keys)]
     arrays = ", ".join(f"CAST(%(p_{name})s AS {'bigint' if kind == 'int8' else kind}[])" for name, kind in columns)
     probe = f"(SELECT * FROM unnest({arrays}) AS probe({', '.join(name for name, _ in columns)}))"
     return probe, {"p_id": ids, f"p_{sql_of(method).sketch_column[0]}": stored,
-                   **{f"p_{column}": [row[i] for row in keys] for i, column in enumerate(method.key_columns)}}
+                   **{f"p_{column}": values for column, values in keys.items()}}
 
 
 def stored_ids(connection: sa.Connection, external_ids: Sequence[str]) -> dict[str, sa.Row]:
@@ -360,7 +413,7 @@ def _distance_sample(connection: sa.Connection, index: IndexContext, batch: int 
                               {"ids": ids}).all()
     # arrays, not a temporary table: the report reads in a read-only transaction
     sample, params = _array_probe(method, [row[0] for row in rows], [row[1] for row in rows],
-                                  [list(row[2:]) for row in rows])
+                                  {column: [row[2 + i] for row in rows] for i, column in enumerate(method.key_columns)})
     found = distinct(index.sql.candidate_pairs(connection, sample, "documents", method.max_possible_distance,
                                                where="t.id <> p.id", params=params, index_probes=not index.distributed))
     counts = [0] * (method.max_possible_distance + 1)
