@@ -188,6 +188,7 @@ def match_many(connection: sa.Connection, index: IndexContext, sketches: Sequenc
     create even a temporary table (:func:`probe_arrays`)."""
     method = index.method
     found: list[dict[int, int]] = [{} for _ in sketches]
+    hold_segments(connection)
     without_jit(connection)
     if index.keyed or connection.exec_driver_sql("SHOW transaction_read_only").scalar_one() == "on":
         pairs = probe_arrays(connection, index, sketches, max_distance, connections=connections)
@@ -207,6 +208,15 @@ def match_many(connection: sa.Connection, index: IndexContext, sketches: Sequenc
     for probe, document, distance in pairs:
         found[probe][document] = distance
     return found
+
+
+def hold_segments(connection: sa.Connection) -> None:
+    """Keep the segments as they are until ``connection``'s transaction ends, before its first statement takes
+    its snapshot: in REPEATABLE READ a merge that committed between the snapshot and the first lookup (which
+    locked the segments only then) gave the lookups its new segment, whose rows the merge wrote after the
+    snapshot, and every document of the merged segments went missing. A lock takes no snapshot; a merge waits
+    for the batch (the reader role may take it)."""
+    connection.exec_driver_sql("LOCK TABLE documents IN ACCESS SHARE MODE")
 
 
 def without_jit(connection: sa.Connection) -> None:
