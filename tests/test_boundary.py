@@ -201,3 +201,29 @@ def test_a_pooled_connection_is_pinged_only_after_lying_idle(database_url, schem
         time.sleep(0.1)
         assert index.query_fingerprint(1) == []  # the ping found it ended; a new connection answered, unpinged
         assert pings == [1]
+
+
+def test_after_the_server_ends_the_pools_sessions_one_operation_fails_not_one_per_connection(database_url, schema,
+                                                                                            admin_engine):
+    """A restart ends every pooled session; connections used within PING_AFTER_IDLE are handed out unpinged, and
+    psycopg's dialect took only a closed or broken connection for a disconnect, so each dead connection failed
+    an operation of its own (found in review). The first failure now replaces the whole pool."""
+    from simdb.errors import ConnectionLost
+
+    with Index.create(database_url, schema=schema, max_distance=3) as index:
+        engine = index.database.engine
+        engine.dispose()
+        held = [engine.connect() for _ in range(4)]  # four pooled connections, just used
+        pids = [connection.exec_driver_sql("SELECT pg_backend_pid()").scalar_one() for connection in held]
+        for connection in held:
+            connection.close()
+        with admin_engine.connect() as connection:
+            for pid in pids:
+                assert connection.exec_driver_sql(f"SELECT pg_terminate_backend({int(pid)}, 5000)").scalar_one()
+        outcomes = []
+        for _ in range(3):
+            try:
+                outcomes.append(index.query_fingerprint(1))
+            except ConnectionLost:
+                outcomes.append("lost")
+        assert outcomes[1:] == [[], []], outcomes

@@ -223,15 +223,26 @@ def ping_after_idle(engine: sa.Engine) -> None:
     """Ping a pooled connection before handing it out (a ``SELECT 1`` round trip; a broken one is replaced) only
     when it lay idle more than :data:`PING_AFTER_IDLE` seconds, not on every checkout as ``pool_pre_ping``
     does: lookups made one after another check a connection out each time, and that round trip was 0.05 to
-    0.15 ms of a lookup's p50 of 0.3-0.4 ms (``Index.query_fingerprint``, 300k documents, one segment). A
-    server that restarted within the second still fails the next statement, as the operation it broke would."""
+    0.15 ms of a lookup's p50 of 0.3-0.4 ms (``Index.query_fingerprint``, 300k documents, one segment).
+
+    A server that restarted (or ended the sessions) within the second fails the next operation, as it would
+    the operation it broke; that failure replaces every pooled connection made before it, not only its own
+    (psycopg's dialect takes only a closed or broken connection for a lost one, and the lookups' statements
+    run on psycopg's connection itself, so each dead connection had failed an operation of its own)."""
+    lost = {"at": float("-inf")}  # when a connection of this engine was last found lost
+
     @event.listens_for(engine, "connect")
+    def _connected(_dbapi_connection, record):
+        record.info["used"] = record.info["connected"] = time.monotonic()
+
     @event.listens_for(engine, "checkin")
     def _used(_dbapi_connection, record):
         record.info["used"] = time.monotonic()
 
     @event.listens_for(engine, "checkout")
     def _ping(dbapi_connection, record, _proxy):
+        if record.info.get("connected", float("-inf")) < lost["at"]:
+            raise sa.exc.DisconnectionError("a connection made before it was found lost")  # the pool connects anew
         if time.monotonic() - record.info.get("used", float("-inf")) <= PING_AFTER_IDLE:
             return
         try:  # any error of the ping's (the server ended the session: AdminShutdown) means it is not usable
@@ -240,6 +251,29 @@ def ping_after_idle(engine: sa.Engine) -> None:
             alive = False
         if not alive:
             raise sa.exc.DisconnectionError("the connection broke while it was idle")  # the pool connects anew
+
+    @event.listens_for(engine, "invalidate")
+    def _invalidated(_dbapi_connection, _record, exception):
+        if _connection_lost(exception):
+            lost["at"] = time.monotonic()
+
+    @event.listens_for(engine, "handle_error")
+    def _ended(context):
+        if _connection_lost(context.original_exception):
+            context.is_disconnect = True
+
+
+def _connection_lost(error: BaseException | None) -> bool:
+    """Whether ``error`` says the connection is gone: the server ended the session (a restart,
+    ``pg_terminate_backend``: SQLSTATE 57P01-57P03), a connection failure (08...), or psycopg's own word that it
+    is lost (no SQLSTATE)."""
+    if isinstance(error, sa.exc.DBAPIError):
+        error = error.orig
+    if not isinstance(error, psycopg.Error):
+        return False
+    state = error.sqlstate or ""
+    return state.startswith("08") or state in ("57P01", "57P02", "57P03") or \
+        (not state and isinstance(error, psycopg.OperationalError))
 
 
 @dataclass
