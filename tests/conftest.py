@@ -161,22 +161,33 @@ def on_citus(nodeid: str) -> bool:
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent without it (-p no:xdist)
 def pytest_xdist_make_scheduler(config, log):
-    """Under ``--dist loadgroup`` (scripts/test), every test on Citus goes to one worker. The workers could share
-    the run's one cluster, but side by side those tests slowed each other down (the 95 tests on 3 workers at load 8:
-    1,470 s of test time, 540 s wall, where one worker took 820 s in all, before CITUS_TEST_SETTINGS), for no gain on
-    2 cores. Their group is the largest, so it is sent first. xdist groups the tests marked ``xdist_group`` by a
-    suffix it writes into their ids, which pytest 9.2 (whose ids live elsewhere) no longer reads back: the tests
-    would spread over every worker. The scheduler groups them by their ids instead; every other test goes where a
-    worker is free, one at a time, in the order of pytest_collection_modifyitems."""
+    """Under ``--dist loadgroup`` (scripts/test), the tests on Citus go to 2 workers (SIMDB_TEST_CITUS_WORKERS=N for
+    another number), in turn, sharing the run's one cluster: on one worker they were the floor of the not-slow lane
+    (570 s of its 609 with 4 workers, load 6); on two they slow each other down (730 s of test time), and the lane
+    took 557 s (load 7). The groups are the largest scopes, so they are sent first. xdist groups the tests marked
+    ``xdist_group`` by a suffix it writes into their ids, which pytest 9.2 (whose ids live elsewhere) no longer reads
+    back: the tests would spread over every worker. The scheduler groups them by their ids instead; every other
+    test goes where a worker is free, one at a time, in the order of pytest_collection_modifyitems."""
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadGroupScheduling
 
-    class CitusOnOneWorker(LoadGroupScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return "citus" if on_citus(nodeid) else super()._split_scope(nodeid)
+    groups = os.environ.get("SIMDB_TEST_CITUS_WORKERS", "2")
+    if not groups.isdigit() or int(groups) < 1:
+        raise pytest.UsageError(f"SIMDB_TEST_CITUS_WORKERS={groups!r}: give how many workers run the tests on Citus "
+                                "(1 or more)")
+    groups = int(groups)
 
-    return CitusOnOneWorker(config, log)
+    class CitusOnFewWorkers(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if not on_citus(nodeid):
+                return super()._split_scope(nodeid)
+            if not hasattr(self, "_citus_groups"):  # the Citus tests in turn, over ``groups`` workers
+                tests = [test for test in self.collection if on_citus(test)]
+                self._citus_groups = {test: f"citus-{i % groups}" for i, test in enumerate(tests)}
+            return self._citus_groups[nodeid]
+
+    return CitusOnFewWorkers(config, log)
 
 
 def pytest_report_collectionfinish(config, start_path, items):
