@@ -95,6 +95,33 @@ def pytest_configure(config):
     if not config.getoption("hypothesis_profile", None):  # --hypothesis-profile wins
         hypothesis.settings.register_profile("simdb", max_examples=examples(100))  # the properties that set no count
         hypothesis.settings.load_profile("simdb")
+    if not hasattr(config, "workerinput") and not os.environ.get("SIMDB_TEST_CITUS_URL"):
+        # the process that runs the session (not one of pytest-xdist's workers, which inherit the variable) makes
+        # the folder of the run's one Citus cluster, and stops the cluster when the session ends
+        _OWNED_CITUS_DIRS.append(_make_citus_dir())
+
+
+#: The Citus folder this process made for the run (pytest_configure), to stop the cluster in when the session ends.
+_OWNED_CITUS_DIRS: list[str] = []
+_CITUS_STARTS: list = []
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook, in its controller
+def pytest_xdist_node_collection_finished(node, ids):
+    """Once the first worker has collected, the controller starts the run's Citus cluster in a thread where a
+    collected test needs it: the workers meanwhile run other tests, instead of the first one on Citus waiting
+    for the three servers to start (15 s at load 8)."""
+    import threading
+
+    if _CITUS_STARTS or not _OWNED_CITUS_DIRS or not any(on_citus(nodeid) for nodeid in ids) or citus_missing():
+        return
+
+    def start() -> None:
+        with contextlib.suppress(Exception):  # a failed start is written down and raised in the workers that ask
+            start_shared_cluster(_OWNED_CITUS_DIRS[0])
+
+    _CITUS_STARTS.append(threading.Thread(target=start, daemon=True))
+    _CITUS_STARTS[0].start()
 
 
 def pytest_report_header(config):
@@ -111,9 +138,20 @@ def needs_database(item: pytest.Item) -> bool:
 
 @pytest.hookimpl(tryfirst=True)  # before -m selects by marker
 def pytest_collection_modifyitems(config, items):
+    """Marks the tests that need no database ``unit``, and runs the longest kinds first, so that pytest-xdist's
+    workers (scripts/test) end together rather than one of them on a long test the others finished without: the
+    slow tests (benchmarks, SIGKILL loops), then the unit tests (no database: time for the Citus cluster to start
+    meanwhile), then the tests on Citus, then the rest, each kind in the order of the files."""
     for item in items:
         if not needs_database(item):
             item.add_marker(pytest.mark.unit)
+
+    def kind(item: pytest.Item) -> int:
+        if item.get_closest_marker("slow"):
+            return 0
+        return 1 if item.get_closest_marker("unit") else 2 if on_citus(item.nodeid) else 3
+
+    items.sort(key=kind)
 
 
 def on_citus(nodeid: str) -> bool:
@@ -123,19 +161,33 @@ def on_citus(nodeid: str) -> bool:
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent without it (-p no:xdist)
 def pytest_xdist_make_scheduler(config, log):
-    """Under ``--dist loadgroup`` (scripts/test), every test on Citus goes to one worker, so that one cluster
-    starts instead of one per worker. xdist groups the tests marked ``xdist_group`` by a suffix it writes into
-    their ids, which pytest 9.2 (whose ids live elsewhere) no longer reads back: the tests would spread over
-    every worker. The scheduler groups them by their ids instead; every other test goes where a worker is free."""
+    """Under ``--dist loadgroup`` (scripts/test), the tests on Citus go to 2 workers (SIMDB_TEST_CITUS_WORKERS=N for
+    another number), in turn, sharing the run's one cluster: on one worker they were the floor of the not-slow lane
+    (570 s of its 609 with 4 workers, load 6); on two they slow each other down (730 s of test time), and the lane
+    took 557 s (load 7). The groups are the largest scopes, so they are sent first. xdist groups the tests marked
+    ``xdist_group`` by a suffix it writes into their ids, which pytest 9.2 (whose ids live elsewhere) no longer reads
+    back: the tests would spread over every worker. The scheduler groups them by their ids instead; every other
+    test goes where a worker is free, one at a time, in the order of pytest_collection_modifyitems."""
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadGroupScheduling
 
-    class CitusOnOneWorker(LoadGroupScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return "citus" if on_citus(nodeid) else super()._split_scope(nodeid)
+    groups = os.environ.get("SIMDB_TEST_CITUS_WORKERS", "2")
+    if not groups.isdigit() or int(groups) < 1:
+        raise pytest.UsageError(f"SIMDB_TEST_CITUS_WORKERS={groups!r}: give how many workers run the tests on Citus "
+                                "(1 or more)")
+    groups = int(groups)
 
-    return CitusOnOneWorker(config, log)
+    class CitusOnFewWorkers(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if not on_citus(nodeid):
+                return super()._split_scope(nodeid)
+            if not hasattr(self, "_citus_groups"):  # the Citus tests in turn, over ``groups`` workers
+                tests = [test for test in self.collection if on_citus(test)]
+                self._citus_groups = {test: f"citus-{i % groups}" for i, test in enumerate(tests)}
+            return self._citus_groups[nodeid]
+
+    return CitusOnFewWorkers(config, log)
 
 
 def pytest_report_collectionfinish(config, start_path, items):
@@ -151,7 +203,10 @@ def pytest_report_collectionfinish(config, start_path, items):
 def pytest_sessionfinish(session, exitstatus):
     for engine in _ENGINES.values():
         engine.dispose()
-    _stop_citus()
+    for thread in _CITUS_STARTS:
+        thread.join()
+    for directory in _OWNED_CITUS_DIRS:
+        _stop_citus(directory)
     if _database.cache_info().currsize:
         _, origin, server = _database()
         if server is not None:
@@ -227,39 +282,66 @@ def citus_missing() -> str | None:
     return None
 
 
+#: Settings of the test cluster's servers, for its tables of a few hundred rows: a repartition join (Citus's plan
+#: for the views that join documents on other columns than their distribution column) in one bucket per worker
+#: instead of 4, the same plan in a fifth of the time (simdb_neighbours on an exact MinHash index: 3.2 s -> 0.5-0.9
+#: s a call, 340 s -> about 70 s for the test that calls it for every document).
+CITUS_TEST_SETTINGS = {"citus.repartition_join_bucket_count_per_node": "1"}
+#: The folder of this run's cluster (SIMDB_TEST_CITUS_DIR): made by the process that runs the session (pytest-xdist's
+#: controller, or pytest itself without workers) and shared by its workers, which start one cluster there between
+#: them (the first to need it, or the controller once it knows a collected test does) and read its URL from it.
+CITUS_DIR_ENV = "SIMDB_TEST_CITUS_DIR"
+
+
 @functools.cache
 def _citus() -> tuple[str | None, str]:
     """(coordinator URL, None and why there is none), decided once per test session: SIMDB_TEST_CITUS_URL, else
-    a coordinator and 2 workers started by ``cluster.sh`` when Citus is installed."""
+    a coordinator and 2 workers started by ``cluster.sh`` when Citus is installed, one for the whole run."""
     if os.environ.get("SIMDB_TEST_CITUS_URL"):
         return os.environ["SIMDB_TEST_CITUS_URL"], "SIMDB_TEST_CITUS_URL"
     missing = citus_missing()
     if missing:
         return None, missing
-    import subprocess
-
-    # under scripts/test one pytest-xdist worker runs every test on Citus (pytest_xdist_make_scheduler); with
-    # another --dist, each worker starts a cluster of its own, on ports of its own: they probe them at once
-    port = free_port(3, start=9800 + 30 * _worker_number())
-    directory = tempfile.mkdtemp(prefix="simdb-test-citus-")
-    started = subprocess.run(["bash", str(CITUS_TOOLS / "cluster.sh"), "start", directory, "2", str(port)],
-                             capture_output=True, text=True)
-    if started.returncode != 0:
-        raise RuntimeError(f"could not start a Citus cluster in {directory}: {started.stderr.strip()}")
-    _CITUS_CLUSTERS.append(directory)
-    url = started.stdout.strip().splitlines()[-1]
+    directory = os.environ.get(CITUS_DIR_ENV) or _make_citus_dir()
+    url = start_shared_cluster(directory)
     # for every later caller, this module imported again by a test module (`from tests.conftest import ...`)
-    # included: one cluster per session
+    # included
     os.environ["SIMDB_TEST_CITUS_URL"] = url
     return url, f"a coordinator and 2 workers in {directory}"
 
 
-_CITUS_CLUSTERS: list[str] = []
+def _make_citus_dir() -> str:
+    os.environ[CITUS_DIR_ENV] = tempfile.mkdtemp(prefix="simdb-test-citus-")
+    return os.environ[CITUS_DIR_ENV]
 
 
-def _worker_number() -> int:
-    """This process's number among pytest-xdist's workers (``gw0`` is 0), 0 without xdist."""
-    return int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:])
+def start_shared_cluster(directory: str) -> str:
+    """The URL of the cluster in ``directory``, started there by the first process of the run that asks (the
+    others wait for it on a lock): every test on Citus uses one cluster, on whichever worker it runs. A start that
+    failed is raised again to every process that asks."""
+    import fcntl
+    import subprocess
+
+    folder = pathlib.Path(directory)
+    with open(folder / "start.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (folder / "failed").exists():
+            raise RuntimeError((folder / "failed").read_text())
+        if not (folder / "url").exists():
+            port = free_port(3, start=9800)
+            started = subprocess.run(["bash", str(CITUS_TOOLS / "cluster.sh"), "start", directory, "2", str(port)],
+                                     capture_output=True, text=True)
+            if started.returncode != 0:
+                (folder / "failed").write_text(f"could not start a Citus cluster in {directory}: "
+                                               f"{started.stderr.strip()}")
+                raise RuntimeError((folder / "failed").read_text())
+            for node in range(port, port + 3):
+                with psycopg.connect(f"postgresql://postgres@127.0.0.1:{node}/postgres", autocommit=True) as server:
+                    for name, value in CITUS_TEST_SETTINGS.items():
+                        server.execute(f"ALTER SYSTEM SET {name} = '{value}'")
+                    server.execute("SELECT pg_reload_conf()")
+            (folder / "url").write_text(started.stdout.strip().splitlines()[-1])
+        return (folder / "url").read_text()
 
 
 def free_port(count: int, start: int = 9850) -> int:
@@ -276,12 +358,13 @@ def free_port(count: int, start: int = 9850) -> int:
     return port
 
 
-def _stop_citus() -> None:
+def _stop_citus(directory: str) -> None:
+    """Stop the run's cluster (where one was started) and remove its folder."""
     import subprocess
 
-    for directory in _CITUS_CLUSTERS:
+    if (pathlib.Path(directory) / "url").exists():
         subprocess.run(["bash", str(CITUS_TOOLS / "cluster.sh"), "stop", directory], capture_output=True)
-        shutil.rmtree(directory, ignore_errors=True)
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def pytest_generate_tests(metafunc):
