@@ -63,10 +63,14 @@ CALLS = {
     "export": lambda index, schema, url: list(index.export()),
     "export_rows": lambda index, schema, url: list(index.export_rows(batch="first")),
     "stats": lambda index, schema, url: index.stats(),
+    "count_by": lambda index, schema, url: index.count_by("topic"),
+    "counts_by_field": lambda index, schema, url: index.counts_by_field(),
+    "move_to_keyed_layout": lambda index, schema, url: index.move_to_keyed_layout(),  # refused: not distributed
 }
 
 #: The calls that write, which a read-only role is refused.
-WRITES = {"add", "add_many", "ingest", "add_fingerprinted", "sync_add", "remove", "relayout", "grant_reader"}
+WRITES = {"add", "add_many", "ingest", "add_fingerprinted", "sync_add", "remove", "relayout", "grant_reader",
+          "count_by"}
 
 
 def public_methods() -> set[str]:

@@ -53,12 +53,17 @@ def check_layout(connection: sa.Connection, method: Method, *, keyed_layout: boo
                                 "open; open it again (an interrupted ingest can then be resumed)")
 
 
-def save_method(connection: sa.Connection, method: Method) -> None:
-    """Write the method's settings rows (after a relayout)."""
-    for name, value in method.to_rows().items():
+def save_rows(connection: sa.Connection, rows: dict[str, object]) -> None:
+    """Write settings rows, each replacing the row of its name."""
+    for name, value in rows.items():
         connection.execute(sa.text(
             "INSERT INTO settings (name, value) VALUES (:name, CAST(:value AS jsonb)) "
             "ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value"), {"name": name, "value": json.dumps(value)})
+
+
+def save_method(connection: sa.Connection, method: Method) -> None:
+    """Write the method's settings rows (after a relayout)."""
+    save_rows(connection, method.to_rows())
 
 
 def record_segmenter(connection: sa.Connection, method: Method) -> None:
@@ -179,6 +184,5 @@ def move_to_keyed(connection: sa.Connection, schema: str, settings: IndexSetting
     keyed.create(connection, schema, stored.distributed["shards"])
     written = keyed.build(connection, stored.method)
     distributed = {**stored.distributed, "layout": keyed.KEYED}
-    connection.execute(sa.text("UPDATE settings SET value = CAST(:value AS jsonb) WHERE name = 'distributed'"),
-                       {"value": json.dumps(distributed)})
+    save_rows(connection, {"distributed": distributed})
     return replace(settings, distributed=distributed), written
