@@ -233,7 +233,7 @@ def test_an_index_by_id_moves_to_the_keyed_layout_whole_or_not_at_all(database_u
             mover.start()
             for _ in range(600):
                 pid = watcher.exec_driver_sql("SELECT pid FROM pg_stat_activity WHERE state = 'active' AND query "
-                                              "LIKE 'UPDATE settings SET value%%'").scalar()
+                                              "LIKE 'INSERT INTO settings %%'").scalar()
                 watcher.rollback()
                 if pid is not None or not mover.is_alive():
                     break
