@@ -233,14 +233,15 @@ def test_an_index_by_id_moves_to_the_keyed_layout_whole_or_not_at_all(database_u
             mover.start()
             for _ in range(600):
                 pid = watcher.exec_driver_sql("SELECT pid FROM pg_stat_activity WHERE state = 'active' AND query "
-                                              "LIKE 'INSERT INTO settings %%'").scalar()
+                                              "LIKE 'UPDATE settings SET value%%'").scalar()
                 watcher.rollback()
                 if pid is not None or not mover.is_alive():
                     break
                 time.sleep(0.1)
             assert pid is not None, errors
             watcher.exec_driver_sql(f"SELECT pg_terminate_backend({pid})")
-            mover.join()
+            mover.join(300)
+            assert not mover.is_alive(), "the move went on after its backend was ended"
             holder.rollback()
         assert len(errors) == 1 and "terminat" in str(errors[0]), errors
         assert index.settings.distributed == {"shards": CITUS_SHARDS}

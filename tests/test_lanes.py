@@ -16,29 +16,35 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow  # a pytest run of its own with two workers, each importing simdb: about 10 s of CPU
-def test_one_worker_runs_every_test_on_citus(tmp_path):
-    """scripts/test runs ``--dist loadgroup``: the tests on Citus all go to one pytest-xdist worker, so that one
-    cluster starts (xdist's own grouping, by a suffix it writes into the ids, groups nothing under pytest 9.2:
-    they spread over both workers). The other tests still go to both. Oracle: the worker each test reports."""
+@pytest.mark.parametrize("citus_workers", [None, "1"], ids=["default-2", "one"])
+def test_the_tests_on_citus_go_to_their_few_workers(tmp_path, citus_workers):
+    """scripts/test runs ``--dist loadgroup``: the tests on Citus go to SIMDB_TEST_CITUS_WORKERS workers (2 when
+    unset), sharing the run's one cluster (xdist's own grouping, by a suffix it writes into the ids, groups nothing
+    under pytest 9.2: they spread over every worker). The other tests go to every worker. Oracle: the worker each
+    test reports, with 3 workers."""
     (tmp_path / "conftest.py").write_text("from tests.conftest import pytest_xdist_make_scheduler  # noqa: F401\n")
     (tmp_path / "test_spread.py").write_text(
         "import os, time\nimport pytest\n\n"
         "@pytest.mark.parametrize('backend', ['postgres', 'citus'])\n"
-        "@pytest.mark.parametrize('n', range(8))\n"
+        "@pytest.mark.parametrize('n', range(12))\n"
         "def test_x(n, backend):\n"
         "    time.sleep(0.05)\n"
         "    print('WORKER', os.environ['PYTEST_XDIST_WORKER'])\n")
-    done = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-v", "-p",
+    env = {name: value for name, value in os.environ.items() if name != "SIMDB_TEST_CITUS_WORKERS"}
+    if citus_workers is not None:
+        env["SIMDB_TEST_CITUS_WORKERS"] = citus_workers
+    done = subprocess.run([sys.executable, "-m", "pytest", "-n", "3", "--dist", "loadgroup", "-v", "-p",
                            "no:cacheprovider", "-s", "test_spread.py"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          timeout=300, env={**env, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     ran = {}
     for line in done.stdout.splitlines():  # "[gw1] [ 12%] PASSED test_spread.py::test_x[3-citus]"
         if line.startswith("[gw") and "PASSED" in line:
             ran[line.split()[-1]] = line.split()[0]
-    assert len(ran) == 16, done.stdout[-3000:]
-    assert len({worker for test, worker in ran.items() if on_citus(test)}) == 1, ran
-    assert len(set(ran.values())) == 2, ran  # the rest are shared out
+    assert len(ran) == 24, done.stdout[-3000:]
+    on_citus_workers = {worker for test, worker in ran.items() if on_citus(test)}
+    assert 1 <= len(on_citus_workers) <= int(citus_workers or 2), ran
+    assert len(set(ran.values())) == 3, ran  # the rest are shared out
 
 
 def test_a_test_is_on_citus_by_its_backend_parameter():
