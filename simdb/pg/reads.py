@@ -189,10 +189,10 @@ def match_many(connection: sa.Connection, index: IndexContext, sketches: Sequenc
     method = index.method
     found: list[dict[int, int]] = [{} for _ in sketches]
     hold_segments(connection)
-    without_jit(connection)
     if index.keyed or connection.exec_driver_sql("SHOW transaction_read_only").scalar_one() == "on":
-        pairs = probe_arrays(connection, index, sketches, max_distance, connections=connections)
+        pairs = probe_arrays(connection, index, sketches, max_distance, connections=connections)  # without JIT too
     else:
+        without_jit(connection)
         keys, values = method.keys(sketches).tolist(), method.stored(sketches)
         columns = [("id", "int8"), index.sql.sketch_column, *((c, "int8") for c in method.key_columns)]
 
