@@ -186,9 +186,10 @@ class IndexSettings:
             raise IncompatibleIndex(f"the index's method decides by the documents' texts ({method.describe()}), "
                                     "yet its settings say it keeps none; the settings were edited by hand")
         count_by = rows.get("count_by") or []  # written before fields were counted: none
-        if not isinstance(count_by, list) or not all(isinstance(name, str) and name for name in count_by):
+        if not isinstance(count_by, list) or not all(isinstance(name, str) and name.strip() for name in count_by) \
+                or len(set(count_by)) != len(count_by):  # a name twice: every chunk would count it twice
             raise IncompatibleIndex(f"the index's settings name the metadata fields it counts by as {count_by!r}, "
-                                    "not a list of field names; the settings were edited by hand")
+                                    "not a list of distinct field names; the settings were edited by hand")
         made = cls(method=method, created_with=created_with, canaries=rows.get("canaries", {}),
                    segmenters=tuple(segmenters), texts=texts, distributed=rows.get("distributed"),
                    count_by=tuple(count_by))

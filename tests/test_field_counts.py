@@ -323,9 +323,14 @@ def test_a_batch_killed_before_its_last_commit_and_resumed_is_counted_once(datab
     assert expected[("source", "copies")] == [10, 10]
 
 
-def test_an_index_whose_fields_counted_were_edited_into_nonsense_does_not_open(database_url, schema, admin_engine):
+@pytest.mark.parametrize("edited", ['"source"', '["source", "source"]', '["source", " "]'],
+                         ids=["not-a-list", "a-name-twice", "a-blank-name"])
+def test_an_index_whose_fields_counted_were_edited_into_nonsense_does_not_open(database_url, schema, admin_engine,
+                                                                              edited):
+    """A name twice would have every chunk count its documents twice; a blank one names no field."""
     Index.create(database_url, schema=schema, count_by=["source"]).close()
     with admin_engine.begin() as connection:
-        connection.exec_driver_sql(f"UPDATE {schema}.settings SET value = '\"source\"' WHERE name = 'count_by'")
+        connection.execute(sa.text(f"UPDATE {schema}.settings SET value = CAST(:value AS jsonb) "
+                                   "WHERE name = 'count_by'"), {"value": edited})
     with pytest.raises(IncompatibleIndex, match="settings were edited by hand"):
         Index.open(database_url, schema=schema)
