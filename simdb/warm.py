@@ -46,7 +46,6 @@ def _serve(path: str):
     import contextlib
     import fcntl
     import importlib
-    import select
     import signal
     import time
 
@@ -108,8 +107,7 @@ def _serve(path: str):
             # a connection is watched for simdb's end; "go" on it is the child's to read: look again in a second
             watched = [connection for pid, connection in running.items()
                        if pid not in abandoned and quiet.get(pid, 0.0) <= now]
-            readable, _, _ = select.select([wake_read, *watched, *([] if stale else [listener])], [], [],
-                                           max(0.0, wait))
+            readable = _readable([wake_read, *watched, *([] if stale else [listener])], max(0.0, wait))
             if wake_read in readable:
                 os.read(wake_read, 4096)
             for pid, connection in running.items():
@@ -163,6 +161,22 @@ def _serve(path: str):
             os.close(wake_write)
             lock.close()
     return None
+
+
+def _readable(watched: list, timeout: float) -> list:
+    """Those of ``watched`` (file descriptors, or objects with ``fileno()``) with something to read, or at their
+    end, after waiting at most ``timeout`` seconds. ``poll``, not ``select``: a process with more than 1,024 files
+    open gets descriptors that ``select`` refuses (ValueError), and the warm process (one connection per running
+    command) or a child forked from it may hold that many."""
+    import select
+
+    poller = select.poll()
+    by_descriptor = {}
+    for item in watched:
+        descriptor = item if isinstance(item, int) else item.fileno()
+        by_descriptor[descriptor] = item
+        poller.register(descriptor, select.POLLIN)
+    return [by_descriptor[descriptor] for descriptor, _ in poller.poll(timeout * 1000)]
 
 
 def _still_there(connection: socket.socket) -> bool | None:
@@ -261,10 +275,8 @@ def _wait_for_go(connection: socket.socket):
     run then (a child that gave up after :data:`GO_TIMEOUT` made it exit 1 without running). A ``simdb`` that
     ends closes its connection (an end of file here, and the warm process sends this child SIGTERM); every
     :data:`GO_TIMEOUT` seconds the child also looks whether the process that connected is still there."""
-    import select
-
     client = int.from_bytes(connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)[:4], sys.byteorder)
-    while not select.select([connection], [], [], GO_TIMEOUT)[0]:
+    while not _readable([connection], GO_TIMEOUT):
         if not _process_exists(client):
             return None
     connection.settimeout(GO_TIMEOUT)  # the message is on its way: a few bytes sent at once

@@ -412,3 +412,30 @@ def test_a_simdb_stopped_before_go_still_runs_its_command(warm):
         client.wait()
     assert (client.returncode, out, err) == outcome(simdb(warm, "fingerprint", "a", mode="0"))
     assert alive(server)
+
+
+def test_a_child_whose_connection_is_a_descriptor_past_1024_still_reads_its_go():
+    """The warm process holds one connection per running command, and its children inherit its table: a
+    connection's descriptor can be past 1,024, where ``select.select`` raises ValueError (the command then
+    failed before running). The child waits on it with ``poll``."""
+    import resource
+    import socket
+
+    from simdb import warm as served
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard <= 1100:
+        pytest.skip(f"this process may open at most {hard} files")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    high = socket.socket(fileno=os.dup2(ours.fileno(), 1100))
+    try:
+        launch.send_message(theirs, ("go", 1))
+        assert served._wait_for_go(high) == ("go", 1)
+        theirs.close()
+        assert served._readable([high], 5) == [high]  # the end of the connection reads as something to read
+    finally:
+        high.close()
+        ours.close()
+        theirs.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
