@@ -232,6 +232,26 @@ def connections_run(server: Server, args, rng: np.random.Generator, counts: list
     print_table(header, rows, args.markdown)
 
 
+def kept_lookups(server: Server, args, rng: np.random.Generator, counts: list[int]) -> None:
+    """``--lookups-only``: the lookups of :func:`lookups` on the kept archive, ``args.lookups_only`` rounds in one
+    process (new probes every time), the load average before each."""
+    with server.admin.connect() as c:
+        found = c.exec_driver_sql(f"SELECT name, documents FROM {SCHEMA}.batches ORDER BY id").all() \
+            if c.exec_driver_sql(f"SELECT to_regclass('{SCHEMA}.batches')").scalar() is not None else []
+    if [tuple(row) for row in found] != [("archive", args.archive)]:
+        raise SystemExit(f"no archive of {args.archive:,} kept in {SCHEMA}: run with --connections --reuse first")
+    stored = kept_fingerprints(server)
+    rows = []
+    for round_ in range(args.lookups_only):
+        load = load_average()
+        result = lookups(server, stored, args.lookups, rng, tuple(counts))
+        rows += [(f"round {round_ + 1} (load {load}): {what}", value, peer, ratio)
+                 for what, value, peer, ratio in lookup_rows(args.archive, result)]
+    header = [machine(server.version(), server.embedded), command_line("bench_segments.py"),
+              f"the kept archive of {args.archive:,} in {SCHEMA}; {os.cpu_count()} cores; load at the end {load_average()}"]
+    print_table(header, rows, args.markdown)
+
+
 def archive(server: Server, args, layout: BlockLayout, rng: np.random.Generator) -> np.ndarray:
     """The archive's fingerprints: bulk-loaded into ``SCHEMA``; with ``--reuse``, the one kept there by an
     earlier run when it holds ``--archive`` documents and nothing else (else loaded and kept)."""
@@ -481,7 +501,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reuse", action="store_true",
                         help="with --connections: keep the bulk-loaded archive (schema simdb_bench_segments_kept_"
                              "ARCHIVE_kK) for the next run, and use the one kept there when it is whole")
+    parser.add_argument("--lookups-only", type=int, metavar="ROUNDS",
+                        help="with --connections and --reuse: only the lookups (p50, simdb_near, the batches over "
+                             "each number of connections) on the archive an earlier run kept, ROUNDS times")
     args = parser.parse_args(argv)
+    if args.lookups_only and not (args.reuse and args.connections):
+        parser.error("--lookups-only measures the archive kept by an earlier --connections --reuse run: give both")
     if args.reuse and not args.connections:
         parser.error("--reuse works with --connections (the full run merges and reopens the archive it measures)")
     rng = np.random.default_rng(args.seed)
@@ -490,6 +515,9 @@ def main(argv: list[str] | None = None) -> None:
         if args.reuse:
             SCHEMA = f"simdb_bench_segments_kept_{args.archive}_k{args.max_distance}"
         with Server(args.database_url) as server:
+            if args.lookups_only:
+                kept_lookups(server, args, rng, counts)
+                return
             server.drop_schemas(EMPTY, *([] if args.reuse else [SCHEMA]))
             connections_run(server, args, rng, counts)
         return

@@ -77,6 +77,8 @@ RUNS = [
                            "--curve-probes", "20", "--connections", "1,2", "--markdown"], False),
     ("bench_probes.py", ["--archive", "30000", "--chunk", "2000", "--repeat", "1", "--oracle", "20",
                           "--staging", "2000"], False),
+    ("bench_key_entries.py", ["--archive", "20000", "--rounds", "1", "--singles", "4", "--oracle", "20",
+                              "--markdown"], False),
     ("bench_minhash.py", ["--limit", "100", "--devset", str(DEVSET)], True),
     ("bench_text.py", ["--documents", "200", "--jieba-documents", "100", "--min-seconds", "0.05",
                        "--jieba-min-seconds", "0.05", "--markdown"], True),
@@ -127,6 +129,11 @@ def test_bench_segments_reuses_the_archive_it_kept(database_url, admin_engine):
                 segments = connection.exec_driver_sql(
                     f"SELECT count(*) FROM pg_inherits WHERE inhparent = '{schema}.documents'::regclass").scalar_one()
             assert [tuple(row) for row in batches] == [("archive", 20000)] and count == 20000 and segments == 1
+        # --lookups-only: the lookups alone, on the archive kept
+        done = subprocess.run([*command, "--lookups-only", "1", "--markdown"], cwd=ROOT, capture_output=True,
+                              text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "| round 1 (load" in done.stdout and "simdb_near p50" in done.stdout, done.stdout[-3000:]
     finally:
         with admin_engine.begin() as connection:
             connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
