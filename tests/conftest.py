@@ -30,7 +30,7 @@ from click.testing import CliRunner
 
 from simdb import Index
 from simdb.cli import cli
-from simdb.pg import citus, migrate
+from simdb.pg import citus, keyed, migrate
 from simdb.pg.database import Database, postgres_url, redact, start_embedded
 from simdb.pg.functions import create_functions, create_views, drop_functions_and_views
 from simdb.settings import IndexSettings
@@ -728,15 +728,47 @@ def stored_max_distance(engine: sa.Engine, schema: str) -> int:
             f"SELECT value FROM {schema}.settings WHERE name = 'max_distance'")).scalar_one())
 
 
-@on_a_local_copy
 def assert_consistent(engine: sa.Engine, schema: str, max_distance: int | None = None
                       ) -> list[tuple[str, str | None]]:
     """Brute-force check of what ingest and removal maintain; returns (external id, duplicate_of's) rows.
 
     Every document's duplicate_of is its earliest stored near-duplicate, the
     stored pairs are exactly the pairs within ``max_distance`` (by default the index's own), and every
-    cluster_id is the smallest id of the document's connected component.
+    cluster_id is the smallest id of the document's connected component; on the keyed distributed layout,
+    its ``keys`` table holds exactly the stored documents' keys (:func:`assert_keys_consistent`).
     """
+    rows = _assert_consistent(engine, schema, max_distance)
+    assert_keys_consistent(engine, schema)
+    return rows
+
+
+def assert_keys_consistent(engine: sa.Engine, schema: str) -> None:
+    """Where the index has the keyed distributed layout: ``keys`` holds one row per stored document and key number,
+    ``(folded key, id, fingerprint)`` computed from the document's fingerprint by the index's block layout, and
+    nothing else (no row of a removed document, of an old layout, or twice); ``key_probes`` is empty."""
+    from simdb.bits import to_unsigned
+    from simdb.pg import catalog
+
+    with engine.begin() as connection:
+        if connection.execute(sa.text("SELECT to_regclass(:t)"), {"t": f"{schema}.keys"}).scalar() is None:
+            return
+        connection.exec_driver_sql(f"SET LOCAL search_path TO {schema}, public")
+        method = catalog.load_settings(connection).method
+        documents = [tuple(row) for row in connection.exec_driver_sql("SELECT id, simhash FROM documents")]
+        stored = [tuple(row) for row in connection.exec_driver_sql("SELECT key, id, fingerprint FROM keys")]
+        probes = connection.exec_driver_sql("SELECT count(*) FROM key_probes").scalar_one()
+    folded = keyed.fold(method.keys([to_unsigned(fingerprint) for _, fingerprint in documents])).tolist() \
+        if documents else []
+    columns = len(method.key_columns)
+    expected = [(key, *documents[i // columns]) for i, key in enumerate(folded)]
+    assert len(stored) == len(expected) and set(stored) == set(expected), \
+        f"keys: {len(stored)} rows, {len(set(stored) - set(expected))} not of a stored document's keys"
+    assert probes == 0
+
+
+@on_a_local_copy
+def _assert_consistent(engine: sa.Engine, schema: str, max_distance: int | None = None
+                       ) -> list[tuple[str, str | None]]:
     if max_distance is None:
         max_distance = stored_max_distance(engine, schema)
     from simdb.bits import to_unsigned

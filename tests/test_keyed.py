@@ -3,8 +3,8 @@
 Its answers are brute force's from the inputs (ingest in several chunks and batches with planted
 near-duplicates, queries, check, removal, an index by id moved to it), its plans are routed (a lookup is at
 most one shard task per key column, a chunk's candidate join is co-located: nothing broadcast or repartitioned;
-a removal's statements are one shard task each), an ingest ships nothing that grows with the archive, and what
-it does not do yet is refused with one clear error.
+a removal's statements are one shard task each), an ingest ships nothing that grows with the archive, a relayout
+rebuilds its keys, and what it does not do yet is refused with one clear error.
 """
 
 from __future__ import annotations
@@ -134,9 +134,6 @@ def test_the_keyed_layout_is_stored_checked_on_open_and_refuses_what_it_does_not
         index.add_many([{"id": "x", "text": "a text of a few words"}], batch="one")
         assert index.stats()["distributed"] == {"shards": CITUS_SHARDS, "layout": "keyed"}
     assert f"distributed: {CITUS_SHARDS} shards per table (Citus), layout keyed" in run("stats").output
-    with Index.open(database_url, schema=schema) as index:
-        with pytest.raises(SimdbError, match="simdb relayout is not available on an index with the keyed"):
-            index.relayout(blocks=7)
     with pytest.raises(IncompatibleIndex, match="distributed_layout: asked 'id', stored 'keyed'"):
         Index.create(database_url, schema=schema, exist_ok=True, distributed=True, distributed_layout="id")
     with pytest.raises(SimdbError, match="keyed distributed layout holds SimHash indexes only"):
@@ -152,6 +149,48 @@ def test_the_keyed_layout_is_stored_checked_on_open_and_refuses_what_it_does_not
                                    "WHERE name = 'distributed'")
     with pytest.raises(IncompatibleIndex, match="layout is 'ring', which this simdb does not know"):
         Index.open(database_url, schema=schema)
+
+
+@on_citus
+def test_a_keyed_index_relaid_out_answers_from_a_keys_table_of_its_new_blocks(database_url, schema, admin_engine):
+    """``simdb relayout --blocks`` on the keyed layout: its probes read ``keys``, which the switch rebuilds from the
+    new key columns; pairs, lookups and later ingests stay brute force's, ``keys`` holds exactly the kept
+    documents' new keys (assert_consistent), and a process that opened the index before is stopped."""
+    rng = random.Random(41)
+    with Index.create(database_url, schema=schema, shards=CITUS_SHARDS, max_distance=3, **KEYED) as index:
+        rows: list[tuple[str, int]] = []
+        for name in ("a", "b"):
+            fingerprints = [flip(rng.choice(rows)[1], rng.sample(range(64), rng.randrange(5))) if rows and
+                            rng.random() < 0.5 else rng.getrandbits(64) for _ in range(150)]
+            index.add_fingerprinted(make_batch(fingerprints, name), batch=name)
+            rows += [(f"{name}-{i}", fp) for i, fp in enumerate(fingerprints)]
+        index.remove(batch="a")  # removed documents' key rows must not come back with the new keys
+        rows = [row for row in rows if not row[0].startswith("a-")]
+        stale = Index.open(database_url, schema=schema)
+        messages: list[str] = []
+        before = len(index.layout.key_columns)
+        index.relayout(5, progress=messages.append)
+        assert index.layout.blocks == 5 and index.layout.key_columns[0] == f"key_{before}"
+        assert f"rebuilt the keys table: {len(rows) * 10:,} key rows" in messages
+        assert_consistent(admin_engine, schema)
+
+        queries = [fp for _, fp in rng.sample(rows, 20)] + [rng.getrandbits(64) for _ in range(5)]
+        for query, found in zip(queries, index.query_fingerprints(queries)):
+            expected = {(name, (fp ^ query).bit_count()) for name, fp in rows if (fp ^ query).bit_count() <= 3}
+            assert {(m.external_id, m.distance) for m in found} == expected
+            assert {(m.external_id, m.distance) for m in index.query_fingerprint(query)} == expected
+        fingerprints = [flip(rng.choice(rows)[1], rng.sample(range(64), rng.randrange(5))) for _ in range(100)]
+        index.add_fingerprinted(make_batch(fingerprints, "c"), batch="c")
+        rows += [(f"c-{i}", fp) for i, fp in enumerate(fingerprints)]
+        expected = {(a, b, (fa ^ fb).bit_count()) for i, (b, fb) in enumerate(rows) for a, fa in rows[:i]
+                    if (fa ^ fb).bit_count() <= 3}
+        assert stored_pairs(index) == expected and len(expected) > 50
+        assert_consistent(admin_engine, schema)
+    with pytest.raises(IncompatibleIndex, match="re-laid out"):  # a writer holding the old keys is stopped
+        stale.add_fingerprinted(make_batch([1], "d"), batch="d")
+    stale.close()
+    with Index.open(database_url, schema=schema) as reopened:  # keys is co-located with key_probes again
+        assert reopened.layout == index.layout
 
 
 @on_citus
