@@ -76,7 +76,11 @@ def test_the_tables_are_sharded_and_co_located_as_designed(database_url, schema)
         assert (row.partmethod, row.attname, row.colocationid, row.shards) == ("h", column, documents, CITUS_SHARDS)
     assert (tables["records"].partmethod, tables["records"].attname) == ("h", "batch_id")
     assert on_coordinator == 0  # the bulk segment was sharded before it was filled: no rows left behind
-    assert index.settings.distributed == {"shards": CITUS_SHARDS}
+    # a SimHash index's default layout is keyed: its keys beside the documents, by key, co-located with the probes
+    assert index.settings.distributed == {"shards": CITUS_SHARDS, "layout": "keyed"}
+    assert [(tables[name].partmethod, tables[name].attname, tables[name].shards) for name in ("keys", "key_probes")
+            ] == [("h", "key", CITUS_SHARDS)] * 2
+    assert tables["keys"].colocationid == tables["key_probes"].colocationid != documents
 
 
 @on_citus

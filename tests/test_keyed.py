@@ -124,6 +124,43 @@ def test_a_keyed_index_of_fingerprints_with_planted_near_duplicates_stores_brute
 
 
 @on_citus
+def test_a_new_distributed_simhash_index_is_keyed_unless_asked_and_a_minhash_one_by_id(database_url, schema,
+                                                                                    admin_engine):
+    """``simdb init --distributed`` without ``--distributed-layout``, in a process of its own (the test's backend
+    names a layout for the indexes the test makes in its process): keyed for SimHash, by id for MinHash (its only
+    layout), and for ``--copy-from`` the default of the copied index's method; ``--distributed-layout id`` still
+    makes the layout by id."""
+    import subprocess
+    import sys
+
+    def init(target: str, *options: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "simdb", "init", "--distributed", "--shards", str(CITUS_SHARDS),
+                               *options, "--database-url", database_url, "--schema", target],
+                              capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    schemas = [f"{schema}_{name}" for name in ("minhash", "by_id", "one", "copy")]
+    try:
+        assert "layout keyed (probes routed by key)" in init(schema)
+        assert "layout id (documents by id)" in init(schemas[0], "--method", "minhash")
+        assert "layout id (documents by id)" in init(schemas[1], "--distributed-layout", "id")
+        with Index.create(database_url, schema=schemas[2], distributed=False) as one:
+            one.add_many([{"id": "a", "text": "a text of a few words to copy"}], batch="a")
+        assert "layout keyed (probes routed by key)" in init(schemas[3], "--copy-from", schemas[2])
+        for name, distributed in [(schema, {"shards": CITUS_SHARDS, "layout": "keyed"}),
+                                  (schemas[0], {"shards": CITUS_SHARDS}), (schemas[1], {"shards": CITUS_SHARDS}),
+                                  (schemas[3], {"shards": CITUS_SHARDS, "layout": "keyed"})]:
+            with Index.open(database_url, schema=name) as index:
+                assert index.settings.distributed == distributed, name
+        assert_consistent(admin_engine, schemas[3])  # the copy's keys table holds its document's keys
+    finally:
+        with admin_engine.begin() as connection:
+            for name in schemas:
+                connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {name} CASCADE")
+
+
+@on_citus
 def test_the_keyed_layout_is_stored_checked_on_open_and_refuses_what_it_does_not_do(database_url, schema,
                                                                                      admin_engine, run):
     result = run("init", "--distributed", "--shards", str(CITUS_SHARDS), "--distributed-layout", "keyed")
