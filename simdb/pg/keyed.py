@@ -84,12 +84,6 @@ def check_layout(layout: str, method: Method) -> str:
     return layout
 
 
-def refuse(operation: str, instead: str) -> SimdbError:
-    """The error for an operation the keyed layout does not do yet."""
-    return SimdbError(f"{operation} is not available on an index with the keyed distributed layout "
-                      f"(simdb init --distributed --distributed-layout keyed) yet; {instead}")
-
-
 def fold(keys: np.ndarray) -> np.ndarray:
     """Stored key values of an (n, key columns) array of key values: ``value << 6 | key number``, wrapping in
     64 bits as BIGINT does; row-major, so row ``i``'s keys are ``[i * columns, (i + 1) * columns)``."""
