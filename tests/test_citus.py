@@ -51,8 +51,8 @@ def test_a_distributed_index_needs_citus_and_says_so(index, database_url, schema
 
 @on_citus
 def test_the_tables_are_sharded_and_co_located_as_designed(database_url, schema):
-    with Index.create(database_url, schema=schema, distributed=True, shards=CITUS_SHARDS, segment_size=1000,
-                      bulk_chunk=100) as index:
+    with Index.create(database_url, schema=schema, distributed=True, distributed_layout="keyed", shards=CITUS_SHARDS,
+                      segment_size=1000, bulk_chunk=100) as index:
         index.add_many(CORPUS[:150], batch="bulk")  # a bulk chunk: a segment of its own
         index.add_many(CORPUS[150:160], batch="small")  # the active segment
         with index.database.engine.connect() as connection:
@@ -76,7 +76,7 @@ def test_the_tables_are_sharded_and_co_located_as_designed(database_url, schema)
         assert (row.partmethod, row.attname, row.colocationid, row.shards) == ("h", column, documents, CITUS_SHARDS)
     assert (tables["records"].partmethod, tables["records"].attname) == ("h", "batch_id")
     assert on_coordinator == 0  # the bulk segment was sharded before it was filled: no rows left behind
-    # a SimHash index's default layout is keyed: its keys beside the documents, by key, co-located with the probes
+    # the keyed layout (a SimHash index's default): its keys beside the documents, by key, co-located with the probes
     assert index.settings.distributed == {"shards": CITUS_SHARDS, "layout": "keyed"}
     assert [(tables[name].partmethod, tables[name].attname, tables[name].shards) for name in ("keys", "key_probes")
             ] == [("h", "key", CITUS_SHARDS)] * 2
