@@ -16,13 +16,17 @@ config = context.config
 
 #: Segments of ``documents`` (revision 0007): partitions simdb creates and merges as the archive grows.
 SEGMENT = re.compile(r"^documents_[0-9]+(_merged)?$")
+#: The keyed distributed layout's tables: made beside the migrated schema when a distributed index is created
+#: or moved to that layout, and checked on every open, as the tables' distribution over Citus is.
+KEYED_LAYOUT_TABLES = {"keys", "key_probes"}
 
 
 def include_name(name, type_, parent_names):
     # The version table lives in the index's own schema, which is also the
     # default schema here, so autogenerate would otherwise report it as extra;
     # segments are described by the partitioned table they belong to.
-    return not (type_ == "table" and (name == "alembic_version" or SEGMENT.match(name)))
+    return not (type_ == "table" and (name == "alembic_version" or SEGMENT.match(name)
+                                      or name in KEYED_LAYOUT_TABLES))
 
 
 context.configure(

@@ -343,14 +343,16 @@ cli.add_command(fingerprint_command, name="fingerprint")
                    "indexed afterwards, which is faster than inserting it into the active segment's indexes "
                    f"[default: {DEFAULT_BULK_CHUNK:,}].")
 @click.option("--distributed", is_flag=True, default=False,
-              help="Create a distributed index on a Citus coordinator: documents sharded by id across the "
-                   "workers, every candidate join run on all of them (docs/scale-out.md).")
+              help="Create a distributed index on a Citus coordinator: its rows sharded across the workers; a "
+                   "SimHash index's probes routed by key, a MinHash index's run on every shard (see "
+                   "--distributed-layout; docs/scale-out.md).")
 @click.option("--shards", type=click.IntRange(1, 4096), default=None,
               help=f"Shards per distributed table, with --distributed [default: {DEFAULT_SHARDS}].")
 @click.option("--distributed-layout", "distributed_layout", type=click.Choice(["id", "keyed"]), default=None,
-              help="With --distributed: where the rows go. id: documents sharded by id, every probe sent to every "
-                   "shard; keyed: a keys table sharded by key beside them, each probe routed to the one shard "
-                   "of its key (SimHash only; docs/scale-out.md) [default: id].")
+              help="With --distributed: where the rows go. keyed: a keys table sharded by key beside the "
+                   "documents (sharded by id), each probe routed to the one shard of its key (SimHash only); id: "
+                   "documents sharded by id, every probe sent to every shard (docs/scale-out.md) [default: keyed "
+                   "for SimHash, id for MinHash, its only layout].")
 @click.option("--copy-from", "copy_from", metavar="SCHEMA", default=None,
               help="With --distributed: make the new index a copy of the index in SCHEMA of the same database "
                    "(settings, batches, documents, pairs, clusters, verdicts), to move an archive onto Citus.")
@@ -382,7 +384,7 @@ def init(database_url, schema, data_dir, max_distance, blocks, tokenizer, jieba_
         simdb init --count-by source --count-by language
         simdb init --distributed --database-url postgresql://coordinator/db
         simdb init --distributed --schema archive_citus --copy-from archive
-        simdb init --distributed --distributed-layout keyed
+        simdb init --distributed --distributed-layout id
     """
     from .index import Index
 

@@ -181,11 +181,12 @@ class Index:
                                                for name, value in storage.items()})
         except ValueError as exc:
             raise SimdbError(f"invalid index settings: {exc}") from None
+        # a new distributed index is keyed where its method can be (SimHash), else by id; the layout by id is not
+        # written: indexes made before layouts were stored have it
+        made = keyed.check_layout(keyed.default_layout(wanted.method) if layout is None else layout, wanted.method)
         wanted = replace(wanted, segments=policy, distributed={
             "shards": citus.check_shards(DEFAULT_SHARDS if shards is None else shards),
-            # the default layout (by document id) is not written: indexes made before layouts were stored have it
-            **({"layout": keyed.check_layout(layout, wanted.method)} if layout not in (None, keyed.BY_ID) else {})}
-            if distributed else None, count_by=count_by)
+            **({"layout": made} if made != keyed.BY_ID else {})} if distributed else None, count_by=count_by)
         database = Database.connect(database_url, schema=schema, data_dir=data_dir)
         try:
             with database.engine.begin() as connection:
@@ -229,14 +230,15 @@ class Index:
         """A new distributed index in ``schema`` of a Citus coordinator's database, holding everything the
         index in schema ``source`` of the same database holds: its settings, batches, documents with their
         ids, segments, pairs, clusters and verdicts, so that it gives the same answers. One transaction;
-        the source's ingests wait for it, and the source is left as it was."""
+        the source's ingests wait for it, and the source is left as it was. ``distributed_layout``: as in
+        :meth:`create` (by default keyed for SimHash, by id for MinHash)."""
         database = Database.connect(database_url, schema=schema, data_dir=data_dir)
         try:
             with database.engine.begin() as connection:
                 catalog.copy_to_distributed(
                     connection, check_schema_name(source), database.schema,
                     citus.check_shards(DEFAULT_SHARDS if shards is None else shards), database.display_url,
-                    distributed_layout or keyed.BY_ID)
+                    distributed_layout)
             index = cls._open(database, {})
             index.created = True
             return index

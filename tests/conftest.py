@@ -30,7 +30,7 @@ from click.testing import CliRunner
 
 from simdb import Index
 from simdb.cli import cli
-from simdb.pg import citus, migrate
+from simdb.pg import citus, keyed, migrate
 from simdb.pg.database import Database, postgres_url, redact, start_embedded
 from simdb.pg.functions import create_functions, create_views, drop_functions_and_views
 from simdb.settings import IndexSettings
@@ -145,6 +145,11 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if not needs_database(item):
             item.add_marker(pytest.mark.unit)
+    # the layout by id's run of a MinHash index is its citus run again (MinHash has that layout only)
+    again = [item for item in items if "citus-id" in _parameters(item.nodeid) and "minhash" in _parameters(item.nodeid)]
+    if again:
+        config.hook.pytest_deselected(items=again)
+        items[:] = [item for item in items if item not in again]
 
     def kind(item: pytest.Item) -> int:
         if item.get_closest_marker("slow"):
@@ -155,8 +160,14 @@ def pytest_collection_modifyitems(config, items):
 
 
 def on_citus(nodeid: str) -> bool:
-    """Whether a test runs on Citus, from its id alone (the ``backend`` parameter's id is ``citus``)."""
-    return nodeid.endswith("]") and "citus" in nodeid[nodeid.rfind("[") + 1:-1].split("-")
+    """Whether a test runs on Citus, from its id alone (the ``backend`` parameter's id is ``citus``, or
+    ``citus-id``)."""
+    return "citus" in _parameters(nodeid).split("-")
+
+
+def _parameters(nodeid: str) -> str:
+    """The parameters' part of a test's id (``k3-citus`` of ``test_x[k3-citus]``), or ""."""
+    return nodeid[nodeid.rfind("[") + 1:-1] if nodeid.endswith("]") else ""
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent without it (-p no:xdist)
@@ -261,9 +272,13 @@ def plpython(admin_engine) -> None:
 CITUS_TOOLS = pathlib.Path(os.environ.get("SIMDB_CITUS", pathlib.Path(__file__).parents[2] / "shared" / "citus"))
 #: Shards per distributed table in the tests: a few, so that every segment's DDL stays quick.
 CITUS_SHARDS = 4
-#: The distributed layout the ``citus`` backend gives the SimHash indexes it makes (SIMDB_TEST_CITUS_LAYOUT=keyed
-#: runs the citus-marked suite on the keyed layout; MinHash indexes keep the layout by id, the only one they have).
-CITUS_LAYOUT = os.environ.get("SIMDB_TEST_CITUS_LAYOUT", "id")
+#: The distributed layout the ``citus`` backend gives the SimHash indexes it makes: keyed, simdb's default
+#: (SIMDB_TEST_CITUS_LAYOUT=id runs the citus-marked suite on the layout by id); MinHash indexes keep the layout by
+#: id, the only one they have. The tests also marked ``citus_by_id`` run a third time, on the layout by id
+#: (backend ``citus-id``), which existing indexes still have.
+CITUS_LAYOUT = os.environ.get("SIMDB_TEST_CITUS_LAYOUT", "keyed")
+#: What the running test's ``citus`` backend gives (read by init_options, also in subprocesses' tests).
+LAYOUT_NOW_ENV = "SIMDB_TEST_CITUS_LAYOUT_NOW"
 
 
 def citus_missing() -> str | None:
@@ -368,31 +383,37 @@ def _stop_citus(directory: str) -> None:
 
 
 def pytest_generate_tests(metafunc):
-    """A test marked ``citus`` runs twice: on the test database, and on a distributed index on Citus."""
+    """A test marked ``citus`` runs twice: on the test database, and on a distributed index on Citus (SimHash
+    indexes with the layout CITUS_LAYOUT); marked ``citus_by_id`` too, a third time, on the layout by id."""
     if metafunc.definition.get_closest_marker("citus"):
-        metafunc.parametrize("backend", ["postgres", "citus"], indirect=True)
+        by_id = metafunc.definition.get_closest_marker("citus_by_id") and CITUS_LAYOUT != "id"
+        metafunc.parametrize("backend", ["postgres", "citus", *(["citus-id"] if by_id else [])], indirect=True)
 
 
 @pytest.fixture
 def backend(request, monkeypatch) -> str:
     """"postgres", or "citus": then the test's database is a Citus coordinator, and every index it creates
-    (Index.create, ``simdb init``) is distributed unless the test says otherwise."""
+    (Index.create, ``simdb init``) is distributed unless the test says otherwise, a SimHash index with the layout
+    CITUS_LAYOUT; the parameter "citus-id" is "citus" with the layout by id."""
     name = getattr(request, "param", "postgres")
-    if name == "citus":
+    if name in ("citus", "citus-id"):
         url, why = _citus()
         if url is None:
             pytest.skip(why)
+        layout = "id" if name == "citus-id" else CITUS_LAYOUT
+        monkeypatch.setenv(LAYOUT_NOW_ENV, layout)
         create = Index.create.__func__
 
         def distributed_create(cls, *args, **kwargs):
             kwargs.setdefault("distributed", True)
             if kwargs["distributed"]:
                 kwargs.setdefault("shards", CITUS_SHARDS)
-                if CITUS_LAYOUT != "id" and kwargs.get("method", "simhash") == "simhash":
-                    kwargs.setdefault("distributed_layout", CITUS_LAYOUT)
+                if kwargs.get("method", "simhash") == "simhash":
+                    kwargs.setdefault("distributed_layout", layout)
             return create(cls, *args, **kwargs)
 
         monkeypatch.setattr(Index, "create", classmethod(distributed_create))
+        return "citus"
     return name
 
 
@@ -401,8 +422,8 @@ def init_options(database_url: str, method: str = "simhash") -> list[str]:
     citus_url = os.environ.get("SIMDB_TEST_CITUS_URL")
     if not citus_url or database_url != citus_url:
         return []
-    return ["--distributed", "--shards", str(CITUS_SHARDS),
-            "--distributed-layout", CITUS_LAYOUT if method == "simhash" else "id"]
+    layout = os.environ.get(LAYOUT_NOW_ENV, CITUS_LAYOUT)
+    return ["--distributed", "--shards", str(CITUS_SHARDS), "--distributed-layout", layout if method == "simhash" else "id"]
 
 
 @pytest.fixture(scope="session")
@@ -508,6 +529,8 @@ def migrated_index(database_url: str, schema: str, settings: IndexSettings) -> N
             if settings.distributed is not None:
                 drop_functions_and_views(connection, schema)
                 citus.distribute(connection, schema, settings.distributed["shards"])
+                if keyed.layout_of(settings.distributed) == keyed.KEYED:  # its keys tables, as simdb makes them
+                    keyed.create(connection, schema, settings.distributed["shards"])
                 create_functions(connection, schema, settings.method, distributed=True)
                 create_views(connection, schema, settings.method, distributed=True)
     finally:
@@ -661,8 +684,8 @@ def empty_index(engine: sa.Engine, schema: str, settings_rows) -> None:
                 "WHERE i.inhparent = CAST(:t AS regclass)"), {"t": f"{schema}.documents"}).scalars().all():
             connection.exec_driver_sql(f'DROP TABLE {schema}."{segment}"')
         if _distributed(engine, schema):
-            keyed = connection.execute(sa.text("SELECT to_regclass(:t)"), {"t": f"{schema}.keys"}).scalar()
-            tables = [*GATHERING_TABLES, *(("keys",) if keyed is not None else ())]  # the keyed layout's keys too
+            has_keys = connection.execute(sa.text("SELECT to_regclass(:t)"), {"t": f"{schema}.keys"}).scalar()
+            tables = [*GATHERING_TABLES, *(("keys",) if has_keys is not None else ())]  # the keyed layout's keys too
             connection.exec_driver_sql(f"TRUNCATE {', '.join(f'{schema}.{t}' for t in tables)} RESTART IDENTITY")
         else:  # what TRUNCATE ... RESTART IDENTITY leaves, in a 20th of its time (0.02 s, not 0.4: no new files)
             delete_rows(connection, schema)
@@ -728,15 +751,47 @@ def stored_max_distance(engine: sa.Engine, schema: str) -> int:
             f"SELECT value FROM {schema}.settings WHERE name = 'max_distance'")).scalar_one())
 
 
-@on_a_local_copy
 def assert_consistent(engine: sa.Engine, schema: str, max_distance: int | None = None
                       ) -> list[tuple[str, str | None]]:
     """Brute-force check of what ingest and removal maintain; returns (external id, duplicate_of's) rows.
 
     Every document's duplicate_of is its earliest stored near-duplicate, the
     stored pairs are exactly the pairs within ``max_distance`` (by default the index's own), and every
-    cluster_id is the smallest id of the document's connected component.
+    cluster_id is the smallest id of the document's connected component; on the keyed distributed layout,
+    its ``keys`` table holds exactly the stored documents' keys (:func:`assert_keys_consistent`).
     """
+    rows = _assert_consistent(engine, schema, max_distance)
+    assert_keys_consistent(engine, schema)
+    return rows
+
+
+def assert_keys_consistent(engine: sa.Engine, schema: str) -> None:
+    """Where the index has the keyed distributed layout: ``keys`` holds one row per stored document and key number,
+    ``(folded key, id, fingerprint)`` computed from the document's fingerprint by the index's block layout, and
+    nothing else (no row of a removed document, of an old layout, or twice); ``key_probes`` is empty."""
+    from simdb.bits import to_unsigned
+    from simdb.pg import catalog
+
+    with engine.begin() as connection:
+        if connection.execute(sa.text("SELECT to_regclass(:t)"), {"t": f"{schema}.keys"}).scalar() is None:
+            return
+        connection.exec_driver_sql(f"SET LOCAL search_path TO {schema}, public")
+        method = catalog.load_settings(connection).method
+        documents = [tuple(row) for row in connection.exec_driver_sql("SELECT id, simhash FROM documents")]
+        stored = [tuple(row) for row in connection.exec_driver_sql("SELECT key, id, fingerprint FROM keys")]
+        probes = connection.exec_driver_sql("SELECT count(*) FROM key_probes").scalar_one()
+    folded = keyed.fold(method.keys([to_unsigned(fingerprint) for _, fingerprint in documents])).tolist() \
+        if documents else []
+    columns = len(method.key_columns)
+    expected = [(key, *documents[i // columns]) for i, key in enumerate(folded)]
+    assert len(stored) == len(expected) and set(stored) == set(expected), \
+        f"keys: {len(stored)} rows, {len(set(stored) - set(expected))} not of a stored document's keys"
+    assert probes == 0
+
+
+@on_a_local_copy
+def _assert_consistent(engine: sa.Engine, schema: str, max_distance: int | None = None
+                       ) -> list[tuple[str, str | None]]:
     if max_distance is None:
         max_distance = stored_max_distance(engine, schema)
     from simdb.bits import to_unsigned

@@ -51,8 +51,8 @@ def test_a_distributed_index_needs_citus_and_says_so(index, database_url, schema
 
 @on_citus
 def test_the_tables_are_sharded_and_co_located_as_designed(database_url, schema):
-    with Index.create(database_url, schema=schema, distributed=True, shards=CITUS_SHARDS, segment_size=1000,
-                      bulk_chunk=100) as index:
+    with Index.create(database_url, schema=schema, distributed=True, distributed_layout="keyed", shards=CITUS_SHARDS,
+                      segment_size=1000, bulk_chunk=100) as index:
         index.add_many(CORPUS[:150], batch="bulk")  # a bulk chunk: a segment of its own
         index.add_many(CORPUS[150:160], batch="small")  # the active segment
         with index.database.engine.connect() as connection:
@@ -76,7 +76,11 @@ def test_the_tables_are_sharded_and_co_located_as_designed(database_url, schema)
         assert (row.partmethod, row.attname, row.colocationid, row.shards) == ("h", column, documents, CITUS_SHARDS)
     assert (tables["records"].partmethod, tables["records"].attname) == ("h", "batch_id")
     assert on_coordinator == 0  # the bulk segment was sharded before it was filled: no rows left behind
-    assert index.settings.distributed == {"shards": CITUS_SHARDS}
+    # the keyed layout (a SimHash index's default): its keys beside the documents, by key, co-located with the probes
+    assert index.settings.distributed == {"shards": CITUS_SHARDS, "layout": "keyed"}
+    assert [(tables[name].partmethod, tables[name].attname, tables[name].shards) for name in ("keys", "key_probes")
+            ] == [("h", "key", CITUS_SHARDS)] * 2
+    assert tables["keys"].colocationid == tables["key_probes"].colocationid != documents
 
 
 @on_citus
@@ -104,7 +108,7 @@ def test_a_chunks_candidate_join_runs_on_every_shard_and_ships_only_the_probes(d
 @pytest.mark.parametrize("layout", ["id", "keyed"])
 def test_every_command_works_on_a_distributed_index(database_url, schema, admin_engine, tmp_path, monkeypatch,
                                                     layout):
-    """Each distributed layout (the keyed one refuses relayout, saying so)."""
+    """Each distributed layout."""
     from click.testing import CliRunner
 
     from simdb.cli import cli
@@ -144,11 +148,7 @@ def test_every_command_works_on_a_distributed_index(database_url, schema, admin_
     assert len(statuses) == len(CORPUS) - 250
     run("report", "--output", str(tmp_path / "report.html"))
     assert (tmp_path / "report.html").stat().st_size > 10_000
-    if layout == "keyed":
-        assert "simdb relayout is not available on an index with the keyed distributed layout" in run(
-            "relayout", "--blocks", "7", exit_code=1)
-    else:
-        run("relayout", "--blocks", "7")
+    assert "relaid out from 6 blocks" in run("relayout", "--blocks", "7")
     assert_consistent(admin_engine, schema)
     assert CORPUS[0]["id"] in run("query", text)
     run("compact", "--full")

@@ -227,6 +227,7 @@ def test_a_rerun_of_the_same_input_stores_nothing_twice(run, tmp_path, admin_eng
 
 
 @pytest.mark.citus
+@pytest.mark.citus_by_id
 @pytest.mark.slow
 def test_concurrent_ingests_find_every_pair(database_url, admin_engine, schema, tmp_path):
     """Three processes at once, their batches sharing near-duplicates: same result as one after another."""

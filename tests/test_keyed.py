@@ -3,8 +3,8 @@
 Its answers are brute force's from the inputs (ingest in several chunks and batches with planted
 near-duplicates, queries, check, removal, an index by id moved to it), its plans are routed (a lookup is at
 most one shard task per key column, a chunk's candidate join is co-located: nothing broadcast or repartitioned;
-a removal's statements are one shard task each), an ingest ships nothing that grows with the archive, and what
-it does not do yet is refused with one clear error.
+a removal's statements are one shard task each), an ingest ships nothing that grows with the archive, a relayout
+rebuilds its keys, and what it does not do yet is refused with one clear error.
 """
 
 from __future__ import annotations
@@ -124,6 +124,43 @@ def test_a_keyed_index_of_fingerprints_with_planted_near_duplicates_stores_brute
 
 
 @on_citus
+def test_a_new_distributed_simhash_index_is_keyed_unless_asked_and_a_minhash_one_by_id(database_url, schema,
+                                                                                    admin_engine):
+    """``simdb init --distributed`` without ``--distributed-layout``, in a process of its own (the test's backend
+    names a layout for the indexes the test makes in its process): keyed for SimHash, by id for MinHash (its only
+    layout), and for ``--copy-from`` the default of the copied index's method; ``--distributed-layout id`` still
+    makes the layout by id."""
+    import subprocess
+    import sys
+
+    def init(target: str, *options: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "simdb", "init", "--distributed", "--shards", str(CITUS_SHARDS),
+                               *options, "--database-url", database_url, "--schema", target],
+                              capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    schemas = [f"{schema}_{name}" for name in ("minhash", "by_id", "one", "copy")]
+    try:
+        assert "layout keyed (probes routed by key)" in init(schema)
+        assert "layout id (documents by id)" in init(schemas[0], "--method", "minhash")
+        assert "layout id (documents by id)" in init(schemas[1], "--distributed-layout", "id")
+        with Index.create(database_url, schema=schemas[2], distributed=False) as one:
+            one.add_many([{"id": "a", "text": "a text of a few words to copy"}], batch="a")
+        assert "layout keyed (probes routed by key)" in init(schemas[3], "--copy-from", schemas[2])
+        for name, distributed in [(schema, {"shards": CITUS_SHARDS, "layout": "keyed"}),
+                                  (schemas[0], {"shards": CITUS_SHARDS}), (schemas[1], {"shards": CITUS_SHARDS}),
+                                  (schemas[3], {"shards": CITUS_SHARDS, "layout": "keyed"})]:
+            with Index.open(database_url, schema=name) as index:
+                assert index.settings.distributed == distributed, name
+        assert_consistent(admin_engine, schemas[3])  # the copy's keys table holds its document's keys
+    finally:
+        with admin_engine.begin() as connection:
+            for name in schemas:
+                connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {name} CASCADE")
+
+
+@on_citus
 def test_the_keyed_layout_is_stored_checked_on_open_and_refuses_what_it_does_not_do(database_url, schema,
                                                                                      admin_engine, run):
     result = run("init", "--distributed", "--shards", str(CITUS_SHARDS), "--distributed-layout", "keyed")
@@ -134,9 +171,6 @@ def test_the_keyed_layout_is_stored_checked_on_open_and_refuses_what_it_does_not
         index.add_many([{"id": "x", "text": "a text of a few words"}], batch="one")
         assert index.stats()["distributed"] == {"shards": CITUS_SHARDS, "layout": "keyed"}
     assert f"distributed: {CITUS_SHARDS} shards per table (Citus), layout keyed" in run("stats").output
-    with Index.open(database_url, schema=schema) as index:
-        with pytest.raises(SimdbError, match="simdb relayout is not available on an index with the keyed"):
-            index.relayout(blocks=7)
     with pytest.raises(IncompatibleIndex, match="distributed_layout: asked 'id', stored 'keyed'"):
         Index.create(database_url, schema=schema, exist_ok=True, distributed=True, distributed_layout="id")
     with pytest.raises(SimdbError, match="keyed distributed layout holds SimHash indexes only"):
@@ -152,6 +186,48 @@ def test_the_keyed_layout_is_stored_checked_on_open_and_refuses_what_it_does_not
                                    "WHERE name = 'distributed'")
     with pytest.raises(IncompatibleIndex, match="layout is 'ring', which this simdb does not know"):
         Index.open(database_url, schema=schema)
+
+
+@on_citus
+def test_a_keyed_index_relaid_out_answers_from_a_keys_table_of_its_new_blocks(database_url, schema, admin_engine):
+    """``simdb relayout --blocks`` on the keyed layout: its probes read ``keys``, which the switch rebuilds from the
+    new key columns; pairs, lookups and later ingests stay brute force's, ``keys`` holds exactly the kept
+    documents' new keys (assert_consistent), and a process that opened the index before is stopped."""
+    rng = random.Random(41)
+    with Index.create(database_url, schema=schema, shards=CITUS_SHARDS, max_distance=3, **KEYED) as index:
+        rows: list[tuple[str, int]] = []
+        for name in ("a", "b"):
+            fingerprints = [flip(rng.choice(rows)[1], rng.sample(range(64), rng.randrange(5))) if rows and
+                            rng.random() < 0.5 else rng.getrandbits(64) for _ in range(150)]
+            index.add_fingerprinted(make_batch(fingerprints, name), batch=name)
+            rows += [(f"{name}-{i}", fp) for i, fp in enumerate(fingerprints)]
+        index.remove(batch="a")  # removed documents' key rows must not come back with the new keys
+        rows = [row for row in rows if not row[0].startswith("a-")]
+        stale = Index.open(database_url, schema=schema)
+        messages: list[str] = []
+        before = len(index.layout.key_columns)
+        index.relayout(5, progress=messages.append)
+        assert index.layout.blocks == 5 and index.layout.key_columns[0] == f"key_{before}"
+        assert f"rebuilt the keys table: {len(rows) * 10:,} key rows" in messages
+        assert_consistent(admin_engine, schema)
+
+        queries = [fp for _, fp in rng.sample(rows, 20)] + [rng.getrandbits(64) for _ in range(5)]
+        for query, found in zip(queries, index.query_fingerprints(queries)):
+            expected = {(name, (fp ^ query).bit_count()) for name, fp in rows if (fp ^ query).bit_count() <= 3}
+            assert {(m.external_id, m.distance) for m in found} == expected
+            assert {(m.external_id, m.distance) for m in index.query_fingerprint(query)} == expected
+        fingerprints = [flip(rng.choice(rows)[1], rng.sample(range(64), rng.randrange(5))) for _ in range(100)]
+        index.add_fingerprinted(make_batch(fingerprints, "c"), batch="c")
+        rows += [(f"c-{i}", fp) for i, fp in enumerate(fingerprints)]
+        expected = {(a, b, (fa ^ fb).bit_count()) for i, (b, fb) in enumerate(rows) for a, fa in rows[:i]
+                    if (fa ^ fb).bit_count() <= 3}
+        assert stored_pairs(index) == expected and len(expected) > 50
+        assert_consistent(admin_engine, schema)
+    with pytest.raises(IncompatibleIndex, match="re-laid out"):  # a writer holding the old keys is stopped
+        stale.add_fingerprinted(make_batch([1], "d"), batch="d")
+    stale.close()
+    with Index.open(database_url, schema=schema) as reopened:  # keys is co-located with key_probes again
+        assert reopened.layout == index.layout
 
 
 @on_citus

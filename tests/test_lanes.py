@@ -50,6 +50,7 @@ def test_the_tests_on_citus_go_to_their_few_workers(tmp_path, citus_workers):
 def test_a_test_is_on_citus_by_its_backend_parameter():
     assert on_citus("tests/test_sql.py::test_views_agree_with_the_tables[citus]")
     assert on_citus("tests/test_x.py::test_y[3-citus]") and on_citus("tests/test_x.py::test_y[citus-a]")
+    assert on_citus("tests/test_index.py::test_pairs_equal_brute_force[citus-id]")  # the layout by id's run
     assert not on_citus("tests/test_sql.py::test_views_agree_with_the_tables[postgres]")
     assert not on_citus("tests/test_scripts.py::test_the_benchmark_runs_and_prints_its_table[bench_citus.py]")
     assert not on_citus("tests/test_citus.py::test_no_parameter")

@@ -32,6 +32,7 @@ def index(database_url, schema):
 
 
 @pytest.mark.citus
+@pytest.mark.citus_by_id
 def test_remove_by_id_repoints_to_the_earliest_remaining(index, admin_engine):
     schema = index.database.schema
     base = 0x0123_4567_89AB_CDEF
@@ -49,6 +50,7 @@ def test_remove_by_id_repoints_to_the_earliest_remaining(index, admin_engine):
 
 
 @pytest.mark.citus
+@pytest.mark.citus_by_id
 def test_remove_a_batch_and_by_age(index, admin_engine):
     schema = index.database.schema
     records = list(corpus())[:120]

@@ -73,6 +73,7 @@ def essentials(verdicts) -> list[tuple]:
 
 
 @pytest.mark.citus
+@pytest.mark.citus_by_id
 @pytest.mark.parametrize("settings", METHODS, ids=["simhash", "minhash"])
 @pytest.mark.parametrize("seed", [1, 2])
 def test_check_and_ingest_give_the_oracles_verdicts(settings, seed, database_url, schema, admin_engine, tmp_path):

@@ -142,16 +142,17 @@ def open_index(connection: sa.Connection, schema: str, where: str) -> IndexSetti
 
 
 def copy_to_distributed(connection: sa.Connection, source: str, target: str, shards: int, where: str,
-                        layout: str = keyed.BY_ID) -> dict[str, int]:
+                        layout: str | None = None) -> dict[str, int]:
     """A new distributed index in ``target`` holding everything the index in ``source`` holds, segments of the
     same id ranges included (see :func:`simdb.pg.citus.copy_rows`), in one transaction, the source's ingests
-    waiting; rows copied per table. The source is left as it was."""
+    waiting; rows copied per table. The source is left as it was. ``layout``: the distributed layout (None:
+    the default for the source's method, :func:`simdb.pg.keyed.default_layout`)."""
     lock(connection, source, "ingest")
     connection.exec_driver_sql(f"SET LOCAL search_path TO {source}, public")
     stored = open_index(connection, source, where)
     ranges = [(s.first_id, s.end_id) for s in list_segments(connection, distributed=stored.distributed is not None)]
     connection.exec_driver_sql(f"SET LOCAL search_path TO {target}, public")
-    keyed.check_layout(layout, stored.method)
+    layout = keyed.check_layout(keyed.default_layout(stored.method) if layout is None else layout, stored.method)
     distributed = {"shards": shards, **({"layout": layout} if layout != keyed.BY_ID else {})}
     if not create_index(connection, target, replace(stored, distributed=distributed), where):
         raise IncompatibleIndex(f"an index already exists in schema {target!r} of {where}; copy into a new schema")

@@ -1,6 +1,6 @@
-"""The keyed distributed layout (``simdb init --distributed --distributed-layout keyed``): each probe goes to one shard.
+"""The keyed distributed layout (a new SimHash index's with ``simdb init --distributed``): each probe goes to one shard.
 
-The default distributed layout (:mod:`simdb.pg.citus`) shards ``documents`` by ``id``, so that a document's
+The layout by id (:mod:`simdb.pg.citus`) shards ``documents`` by ``id``, so that a document's
 15 keys can sit on any shard and every probe is sent to every shard. This layout adds Manku's permuted tables
 as one Citus table distributed by the key value:
 
@@ -15,7 +15,7 @@ as one Citus table distributed by the key value:
   by a co-located ``INSERT ... SELECT`` and deletes them, all in its own transaction (under the ingest lock),
   so no other transaction ever sees them.
 
-Everything else is as in the default layout (``documents`` and its segments by ``id`` with their key
+Everything else is as in the layout by id (``documents`` and its segments by ``id`` with their key
 columns and indexes, pairs, clusters and records): every other operation reads and writes those as before,
 and only the probes (ingest, check, lookups, queries) are routed through ``keys``. Candidates are verified
 by the fingerprint stored with each key row, on the shard, and again in numpy. A fold that loses a wide key's
@@ -26,7 +26,7 @@ A removal deletes its documents' key rows by their keys, one statement routed to
 keyed`` (:func:`simdb.pg.catalog.move_to_keyed`: :func:`create`, then :func:`build`, in one transaction).
 
 SimHash only for now (MinHash's band rows would need their signatures verified from ``documents``: a
-second, id-routed step). ``simdb relayout --blocks`` is refused (it would have to rebuild ``keys``).
+second, id-routed step). ``simdb relayout --blocks`` rebuilds ``keys`` in its switch (:func:`rebuild`).
 """
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ from .copy import copy_in
 from .methods import sql_of
 from .methods.simhash import verified_pairs
 
-#: The distributed layouts: by document id (the default, :mod:`simdb.pg.citus`), or routed by key (this module).
+#: The distributed layouts: by document id (:mod:`simdb.pg.citus`; MinHash's only one, and that of indexes made before
+#: layouts were stored), or routed by key (this module; a new SimHash index's default, :func:`default_layout`).
 BY_ID, KEYED = "id", "keyed"
 LAYOUTS = (BY_ID, KEYED)
 #: Low bits of a stored key that hold its key number (a layout has at most 64 keys).
@@ -67,6 +68,12 @@ def layout_of(distributed: dict | None) -> str | None:
     return layout
 
 
+def default_layout(method: Method) -> str:
+    """The layout of a new distributed index that names none: keyed where ``method`` can have it (SimHash), else
+    the layout by id (MinHash's only one)."""
+    return KEYED if sql_of(method).verified_beside_keys else BY_ID
+
+
 def check_layout(layout: str, method: Method) -> str:
     """``layout`` if a new distributed index of ``method`` can have it, else a clear error."""
     if layout not in LAYOUTS:
@@ -75,12 +82,6 @@ def check_layout(layout: str, method: Method) -> str:
         raise SimdbError(f"the keyed distributed layout holds SimHash indexes only, not {method.title}; "
                          "leave out «distributed_layout» (the layout by document id) for this method")
     return layout
-
-
-def refuse(operation: str, instead: str) -> SimdbError:
-    """The error for an operation the keyed layout does not do yet."""
-    return SimdbError(f"{operation} is not available on an index with the keyed distributed layout "
-                      f"(simdb init --distributed --distributed-layout keyed) yet; {instead}")
 
 
 def fold(keys: np.ndarray) -> np.ndarray:
@@ -126,14 +127,34 @@ def check(connection: sa.Connection, schema: str, layout: str | None) -> None:
                                 "the coordinator that holds it")
 
 
-def build(connection: sa.Connection, method: Method) -> int:
-    """Fill ``keys`` from the stored documents' key columns (an index copied into the keyed layout); rows
-    written. One ``INSERT ... SELECT`` per key column, which Citus repartitions by key."""
+def build(connection: sa.Connection, method: Method, table: str = "keys") -> int:
+    """Fill ``keys`` (or ``table``, a table like it) from the stored documents' key columns (an index copied into
+    the keyed layout); rows written. One ``INSERT ... SELECT`` per key column, which Citus repartitions by key."""
     written = 0
     for number, column in enumerate(method.key_columns):
         written += connection.exec_driver_sql(
-            f"INSERT INTO keys (key, id, fingerprint) SELECT ({column} << {KEY_NUMBER_BITS}) | {number}, id, "
+            f"INSERT INTO {table} (key, id, fingerprint) SELECT ({column} << {KEY_NUMBER_BITS}) | {number}, id, "
             f"{sql_of(method).sketch_column[0]} FROM documents").rowcount
+    return written
+
+
+def rebuild(connection: sa.Connection, method: Method) -> int:
+    """Replace ``keys`` by a table of ``method``'s keys (``simdb relayout --blocks`` on the keyed layout, in its
+    switch: the documents' new key columns are filled, under the migrate and ingest locks); rows written.
+
+    The new table is filled beside ``keys`` (lookups go on reading ``keys`` meanwhile), co-located with it (so
+    ``key_probes`` stays co-located with what replaces it), indexed once filled, and renamed into its place:
+    ``keys`` is locked only from its ``DROP`` to the commit. An interrupted rebuild rolls back whole."""
+    connection.exec_driver_sql("CREATE TABLE keys_relaid (key bigint NOT NULL, id bigint NOT NULL, "
+                               "fingerprint bigint NOT NULL)")
+    connection.execute(sa.text("SELECT create_distributed_table('keys_relaid', 'key', colocate_with => 'keys')"))
+    written = build(connection, method, "keys_relaid")
+    connection.exec_driver_sql("CREATE INDEX keys_relaid_key ON keys_relaid (key) INCLUDE (id, fingerprint)")
+    connection.exec_driver_sql("DROP TABLE keys")
+    connection.exec_driver_sql("ALTER TABLE keys_relaid RENAME TO keys")
+    connection.exec_driver_sql("ALTER INDEX keys_relaid_key RENAME TO keys_key")
+    connection.exec_driver_sql("COMMENT ON TABLE keys IS 'One row per document and key number, distributed by "
+                               "key (key value << 6 | key number): a probe goes to the one shard of its key.'")
     return written
 
 

@@ -77,10 +77,7 @@ def _attach_part(engine: sa.Engine, schema: str, name: str, part: str, attempts:
 def relayout(engine: sa.Engine, schema: str, settings: IndexSettings, blocks: int | None, *,
              rows_per_transaction: int = 200_000, progress: Callable[[str], None] | None = None) -> IndexSettings:
     """Switch the index to ``blocks`` blocks (default: the best for its size); returns the new settings."""
-    if keyed_layout.layout_of(settings.distributed) == keyed_layout.KEYED:  # its keys table would go stale
-        raise keyed_layout.refuse("simdb relayout", "copy the index into a new one with the blocks you want "
-                                  "(simdb init --distributed --distributed-layout keyed --blocks N, then ingest "
-                                  "or export and ingest), or keep its layout")
+    keyed = keyed_layout.layout_of(settings.distributed) == keyed_layout.KEYED
     old = settings.method
     with engine.connect() as connection:
         documents = connection.execute(sa.text("SELECT count(*) FROM documents")).scalar_one()
@@ -94,7 +91,7 @@ def relayout(engine: sa.Engine, schema: str, settings: IndexSettings, blocks: in
     with engine.begin() as connection:
         lock(connection, schema, "migrate")
         lock(connection, schema, "ingest")
-        check_layout(connection, old, keyed_layout=False)
+        check_layout(connection, old, keyed_layout=keyed)
         leftovers = sorted(c for c in document_columns(connection)
                            if c.startswith("key_") and c not in old.key_columns)
         for column in leftovers:  # from an interrupted relayout
@@ -127,13 +124,17 @@ def relayout(engine: sa.Engine, schema: str, settings: IndexSettings, blocks: in
     with engine.begin() as connection:
         lock(connection, schema, "migrate")
         lock(connection, schema, "ingest")
-        check_layout(connection, old, keyed_layout=False)
+        check_layout(connection, old, keyed_layout=keyed)
         connection.execute(sa.text(f"UPDATE documents SET {assignments} WHERE {new.key_columns[0]} IS NULL"))
         for column in new.key_columns:
             connection.exec_driver_sql(f"ALTER TABLE documents ALTER COLUMN {column} SET NOT NULL")
         for column in old.key_columns:
             connection.exec_driver_sql(f"ALTER TABLE documents DROP COLUMN {column}")
         create_functions(connection, schema, new, distributed=settings.distributed is not None)  # the new key columns
+        if keyed:  # the probes read the keys table: it gets the new keys in the same transaction
+            written = keyed_layout.rebuild(connection, new)
         save_method(connection, new)
+    if keyed:
+        say(f"rebuilt the keys table: {written:,} key rows")
     say(f"switched to {new.describe()}")
     return replace(settings, method=new)
