@@ -315,33 +315,56 @@ def _make_citus_dir() -> str:
     return os.environ[CITUS_DIR_ENV]
 
 
-def start_shared_cluster(directory: str) -> str:
-    """The URL of the cluster in ``directory``, started there by the first process of the run that asks (the
-    others wait for it on a lock): every test on Citus uses one cluster, on whichever worker it runs. A start that
-    failed is raised again to every process that asks."""
+#: How many times a run tries to start its cluster on the next free ports, where another run took one of them
+#: between the check and the start.
+CITUS_START_TRIES = 5
+
+
+def start_shared_cluster(directory: str, workers: int = 2) -> str:
+    """The URL of the cluster in ``directory`` (a coordinator and ``workers`` workers), started there by the first
+    process of the run that asks (the others wait for it on a lock): every test on Citus uses one cluster, on
+    whichever worker it runs. A start that failed is raised again to every process that asks. Where a port that was
+    free is taken by the time a server starts on it (another run's cluster, started side by side), the cluster
+    starts again on the next free ports."""
     import fcntl
     import subprocess
 
+    nodes = workers + 1
     folder = pathlib.Path(directory)
     with open(folder / "start.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (folder / "failed").exists():
             raise RuntimeError((folder / "failed").read_text())
         if not (folder / "url").exists():
-            port = free_port(3, start=9800)
-            started = subprocess.run(["bash", str(CITUS_TOOLS / "cluster.sh"), "start", directory, "2", str(port)],
-                                     capture_output=True, text=True)
+            port, started = 9800 - 10, None
+            for _ in range(CITUS_START_TRIES):
+                port = free_port(nodes, start=port + 10)
+                started = subprocess.run(["bash", str(CITUS_TOOLS / "cluster.sh"), "start", directory, str(workers),
+                                          str(port)], capture_output=True, text=True)
+                if started.returncode == 0 or not _port_taken_meanwhile(folder):
+                    break
+                # another run's cluster took a port between free_port and the start (two runs side by side):
+                # what started of this one is stopped and made again on the next free ports
+                subprocess.run(["bash", str(CITUS_TOOLS / "cluster.sh"), "stop", directory], capture_output=True)
+                for node in folder.glob("node*"):
+                    shutil.rmtree(node, ignore_errors=True)
             if started.returncode != 0:
                 (folder / "failed").write_text(f"could not start a Citus cluster in {directory}: "
                                                f"{started.stderr.strip()}")
                 raise RuntimeError((folder / "failed").read_text())
-            for node in range(port, port + 3):
+            for node in range(port, port + nodes):
                 with psycopg.connect(f"postgresql://postgres@127.0.0.1:{node}/postgres", autocommit=True) as server:
                     for name, value in CITUS_TEST_SETTINGS.items():
                         server.execute(f"ALTER SYSTEM SET {name} = '{value}'")
                     server.execute("SELECT pg_reload_conf()")
             (folder / "url").write_text(started.stdout.strip().splitlines()[-1])
         return (folder / "url").read_text()
+
+
+def _port_taken_meanwhile(folder: pathlib.Path) -> bool:
+    """Whether a server of the cluster in ``folder`` failed to start because its port was taken."""
+    return any("could not bind" in log.read_text(errors="replace") and "Address already in use" in
+               log.read_text(errors="replace") for log in folder.glob("node*/log"))
 
 
 def free_port(count: int, start: int = 9850) -> int:
