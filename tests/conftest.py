@@ -172,13 +172,16 @@ def _parameters(nodeid: str) -> str:
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent without it (-p no:xdist)
 def pytest_xdist_make_scheduler(config, log):
-    """Under ``--dist loadgroup`` (scripts/test), the tests on Citus go to 2 workers (SIMDB_TEST_CITUS_WORKERS=N for
-    another number), in turn, sharing the run's one cluster: on one worker they were the floor of the not-slow lane
+    """Under ``--dist loadgroup`` (scripts/test), the tests on Citus go to the first 2 workers (SIMDB_TEST_CITUS_WORKERS=N
+    for another number), sharing the run's one cluster: on one worker they were the floor of the not-slow lane
     (570 s of its 609 with 4 workers, load 6); on two they slow each other down (730 s of test time), and the lane
-    took 557 s (load 7). The groups are the largest scopes, so they are sent first. xdist groups the tests marked
-    ``xdist_group`` by a suffix it writes into their ids, which pytest 9.2 (whose ids live elsewhere) no longer reads
-    back: the tests would spread over every worker. The scheduler groups them by their ids instead; every other
-    test goes where a worker is free, one at a time, in the order of pytest_collection_modifyitems."""
+    took 557 s (load 7). Each of those workers takes the next test on Citus whenever it is nearly free (one test at
+    a time, as every other test is sent), so that the two end together: split between them in turn beforehand, the
+    one that drew the longest tests (a minute, some of them) ran on after the other. Once every test on Citus is
+    sent, they take the other tests; the other workers never take one on Citus. xdist's own grouping (the tests
+    marked ``xdist_group``, by a suffix it writes into their ids) groups nothing under pytest 9.2, whose ids live
+    elsewhere: the tests would spread over every worker. Every other test goes where a worker is free, one at a
+    time, in the order of pytest_collection_modifyitems."""
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadGroupScheduling
@@ -190,13 +193,31 @@ def pytest_xdist_make_scheduler(config, log):
     groups = int(groups)
 
     class CitusOnFewWorkers(LoadGroupScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            if not on_citus(nodeid):
-                return super()._split_scope(nodeid)
-            if not hasattr(self, "_citus_groups"):  # the Citus tests in turn, over ``groups`` workers
-                tests = [test for test in self.collection if on_citus(test)]
-                self._citus_groups = {test: f"citus-{i % groups}" for i, test in enumerate(tests)}
-            return self._citus_groups[nodeid]
+        def _assign_work_unit(self, node) -> bool:
+            """Send ``node`` its next test: a worker of the Citus tests the next of them while any is left, then the
+            others'; another worker the next test not on Citus. False where none is left for it."""
+            on_citus_node = node in self.nodes[:groups]
+            scope = next((scope for scope in self.workqueue if on_citus(scope) == on_citus_node), None)
+            if scope is None and on_citus_node and self.workqueue:
+                scope = next(iter(self.workqueue))
+            if scope is None:
+                return False
+            work_unit = self.workqueue.pop(scope)
+            self.assigned_work.setdefault(node, {})[scope] = work_unit
+            collection = self.registered_collections[node]
+            node.send_runtest_some([collection.index(nodeid) for nodeid, done in work_unit.items() if not done])
+            return True
+
+        def _reschedule(self, node) -> None:
+            if node.shutting_down:
+                return
+            if not self.workqueue:
+                node.shutdown()
+                return
+            if self._pending_of(self.assigned_work[node]) > 2:  # xdist's own heuristic: keep 1-3 tests queued
+                return
+            if not self._assign_work_unit(node) and not self._pending_of(self.assigned_work[node]):
+                node.shutdown()  # only tests on Citus are left, for their workers
 
     return CitusOnFewWorkers(config, log)
 
@@ -330,33 +351,56 @@ def _make_citus_dir() -> str:
     return os.environ[CITUS_DIR_ENV]
 
 
-def start_shared_cluster(directory: str) -> str:
-    """The URL of the cluster in ``directory``, started there by the first process of the run that asks (the
-    others wait for it on a lock): every test on Citus uses one cluster, on whichever worker it runs. A start that
-    failed is raised again to every process that asks."""
+#: How many times a run tries to start its cluster on the next free ports, where another run took one of them
+#: between the check and the start.
+CITUS_START_TRIES = 5
+
+
+def start_shared_cluster(directory: str, workers: int = 2) -> str:
+    """The URL of the cluster in ``directory`` (a coordinator and ``workers`` workers), started there by the first
+    process of the run that asks (the others wait for it on a lock): every test on Citus uses one cluster, on
+    whichever worker it runs. A start that failed is raised again to every process that asks. Where a port that was
+    free is taken by the time a server starts on it (another run's cluster, started side by side), the cluster
+    starts again on the next free ports."""
     import fcntl
     import subprocess
 
+    nodes = workers + 1
     folder = pathlib.Path(directory)
     with open(folder / "start.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (folder / "failed").exists():
             raise RuntimeError((folder / "failed").read_text())
         if not (folder / "url").exists():
-            port = free_port(3, start=9800)
-            started = subprocess.run(["bash", str(CITUS_TOOLS / "cluster.sh"), "start", directory, "2", str(port)],
-                                     capture_output=True, text=True)
+            port, started = 9800 - 10, None
+            for _ in range(CITUS_START_TRIES):
+                port = free_port(nodes, start=port + 10)
+                started = subprocess.run(["bash", str(CITUS_TOOLS / "cluster.sh"), "start", directory, str(workers),
+                                          str(port)], capture_output=True, text=True)
+                if started.returncode == 0 or not _port_taken_meanwhile(folder):
+                    break
+                # another run's cluster took a port between free_port and the start (two runs side by side):
+                # what started of this one is stopped and made again on the next free ports
+                subprocess.run(["bash", str(CITUS_TOOLS / "cluster.sh"), "stop", directory], capture_output=True)
+                for node in folder.glob("node*"):
+                    shutil.rmtree(node, ignore_errors=True)
             if started.returncode != 0:
                 (folder / "failed").write_text(f"could not start a Citus cluster in {directory}: "
                                                f"{started.stderr.strip()}")
                 raise RuntimeError((folder / "failed").read_text())
-            for node in range(port, port + 3):
+            for node in range(port, port + nodes):
                 with psycopg.connect(f"postgresql://postgres@127.0.0.1:{node}/postgres", autocommit=True) as server:
                     for name, value in CITUS_TEST_SETTINGS.items():
                         server.execute(f"ALTER SYSTEM SET {name} = '{value}'")
                     server.execute("SELECT pg_reload_conf()")
             (folder / "url").write_text(started.stdout.strip().splitlines()[-1])
         return (folder / "url").read_text()
+
+
+def _port_taken_meanwhile(folder: pathlib.Path) -> bool:
+    """Whether a server of the cluster in ``folder`` failed to start because its port was taken."""
+    return any("could not bind" in log.read_text(errors="replace") and "Address already in use" in
+               log.read_text(errors="replace") for log in folder.glob("node*/log"))
 
 
 def free_port(count: int, start: int = 9850) -> int:

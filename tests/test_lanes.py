@@ -73,3 +73,40 @@ def test_the_lane_chooses_the_examples(selection, lane):
     """``-m "not slow"`` and ``-m unit`` (the lanes a developer runs) take the quick share, the whole suite (CI)
     the full one."""
     assert examples_of_lane(selection) == lane
+
+
+@pytest.mark.parametrize("backend", ["citus"], indirect=True)  # skipped, saying why, without Citus
+def test_a_cluster_starts_on_the_next_free_ports_where_another_run_took_its_port_meanwhile(backend, monkeypatch):
+    """Two runs side by side (helpers' lanes, CI beside a developer's run) may both find the same ports free and
+    start their clusters there: the one whose server could not bind failed every test on Citus. Here the first
+    ports chosen are taken by a listener before the cluster starts; the cluster starts on others and answers."""
+    import shutil
+    import socket
+    import tempfile
+
+    import psycopg
+
+    from tests import conftest
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    chosen = []
+    free_port = conftest.free_port
+
+    def raced(count: int, start: int = 9850) -> int:  # the first check finds the port free, as a run's did
+        chosen.append(port if not chosen else free_port(count, start))
+        return chosen[-1]
+
+    monkeypatch.setattr(conftest, "free_port", raced)
+    directory = tempfile.mkdtemp(prefix="simdb-test-citus-")
+    try:
+        url = conftest.start_shared_cluster(directory, workers=0)
+        assert chosen[0] == port and len(chosen) == 2 and url.endswith(f":{chosen[1]}/postgres"), (chosen, url)
+        with psycopg.connect(url) as connection:
+            assert connection.execute("SELECT extname FROM pg_extension WHERE extname = 'citus'").fetchone()
+    finally:
+        conftest._stop_citus(directory)
+        shutil.rmtree(directory, ignore_errors=True)
+        taken.close()
