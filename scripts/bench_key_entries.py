@@ -136,6 +136,29 @@ def near_and_random(rng: np.random.Generator, stored: np.ndarray, count: int) ->
     return np.concatenate([stored[rng.integers(0, len(stored), near)] ^ flips, random_u64(rng, count - near)])
 
 
+def one_key_only(rng: np.random.Generator, stored: np.ndarray, layout: BlockLayout, per_key: int
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Probes that only one key can find: for each key in turn, a stored fingerprint with one bit flipped in each
+    of the K blocks outside the key (distance K: only that key's blocks still agree), and ``per_key`` more at
+    distance K + 1 (one more bit in one of those blocks: the key finds a candidate the distance must reject).
+    Returns the probes, the index of the stored fingerprint each came from, and each one's distance to it."""
+    probes, sources, distances = [], [], []
+    for round_ in range(2 * per_key):
+        for key in layout.keys:
+            outside = [b for b in range(layout.blocks) if b not in key]
+            assert len(outside) == K, f"{layout.describe()}: {len(outside)} blocks outside a key, not {K}"
+            source = int(rng.integers(0, len(stored)))
+            bits = [layout.block_ranges[b][0] + int(rng.integers(0, layout.block_ranges[b][1])) for b in outside]
+            if round_ % 2:  # one more bit, in the first block outside the key
+                start, width = layout.block_ranges[outside[0]]
+                bits.append(start + (bits[0] - start + 1 + int(rng.integers(0, width - 1))) % width)
+            flips = sum(1 << bit for bit in bits)
+            probes.append(int(stored[source]) ^ flips)
+            sources.append(source)
+            distances.append(len(bits))
+    return np.array(probes, dtype=np.uint64), np.array(sources), np.array(distances)
+
+
 class Design:
     """One design's batch: its statement, and the pairs (probe row, document id) it verifies."""
 
@@ -268,20 +291,29 @@ def main(argv: list[str] | None = None) -> None:
                                  (f"{SCHEMA}.{d}",)).fetchone()[0] for d in DESIGNS}
         designs = {name: Design(name, layout) for name in DESIGNS}
         # correctness: every design's pairs equal, and equal to brute force for the oracle's probes
-        first = near_and_random(probe_rng, stored, args.batch)
+        # the first batch leads with probes only one key can find (each key in turn, at distance K and K + 1),
+        # so that a key whose probe is wrong loses pairs that no other key finds
+        singled, sources, distances = one_key_only(probe_rng, stored, layout, per_key=2)
+        first = np.concatenate([singled, near_and_random(probe_rng, stored, args.batch)])
         results = {name: design.run(conn, first) for name, design in designs.items()}
-        sample = np.concatenate([np.arange(min(args.oracle // 2, args.batch // 2)),
-                                 args.batch // 2 + np.arange(min(args.oracle // 2, args.batch - args.batch // 2))])
+        ahead, half = len(singled), args.batch // 2
+        sample = np.concatenate([np.arange(ahead), ahead + np.arange(min(args.oracle // 2, half)),
+                                 ahead + half + np.arange(min(args.oracle // 2, args.batch - half))])
         oracle = {(int(i), int(hit) + 1) for i in sample.tolist()
                   for hit in np.flatnonzero(hamming_array(stored, int(first[i])) <= K)}
+        assert oracle, "no sampled probe has a match by brute force: the check would pass any design"
+        for i, (source, distance) in enumerate(zip(sources.tolist(), distances.tolist())):
+            assert ((i, source + 1) in oracle) == (distance <= K), f"probe {i} at distance {distance} of {source}"
         sampled = set(sample.tolist())
         for name, found in results.items():
             mine = {(i, doc) for i, doc in found if i in sampled}
             if mine != oracle or found != results["today"]:
+                missed = sorted({layout.keys[i % len(layout.keys)] for i, _ in oracle - mine if i < ahead})
                 raise SystemExit(f"{name}: pairs differ from brute force or from today's design "
                                  f"({len(mine)} against {len(oracle)} sampled; {len(found)} against "
-                                 f"{len(results['today'])})")
-        log(f"pairs agree: {len(results['today']):,} in the first batch; {len(oracle):,} sampled pairs by brute force")
+                                 f"{len(results['today'])}; pairs only these keys find missed: {missed})")
+        log(f"pairs agree: {len(results['today']):,} in the first batch; {len(oracle):,} sampled pairs by brute force, "
+            f"{ahead} probes that one key alone can find (each key at distance {K} and {K + 1})")
         rates: dict[str, list[float]] = {name: [] for name in DESIGNS}
         singles: dict[str, list[float]] = {name: [] for name in DESIGNS}
         touched: dict[str, tuple[int, int, float]] = {}
