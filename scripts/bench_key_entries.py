@@ -27,8 +27,9 @@ indexes) per document, batch q/s (the median over ``--rounds``, designs in the o
 a single probe's p50, with the batch's shared buffer hits / reads from ``EXPLAIN (ANALYZE, BUFFERS)``.
 
 ``--state`` says what is in memory before each design's batches: ``cached`` (its indexes read into shared
-buffers with ``pg_prewarm``), ``buffers`` (the same, on a server whose shared buffers are smaller than some
-designs' indexes: what does not fit is read from the kernel's page cache), ``evicted`` (as ``buffers``, and
+buffers with ``pg_prewarm``, or by a full index scan of each where the server lacks it), ``buffers`` (the
+same, on a server whose shared buffers are smaller than some designs' indexes: what does not fit is read
+from the kernel's page cache), ``evicted`` (as ``buffers``, and
 before every batch the kernel's page cache of its indexes dropped with ``posix_fadvise(DONTNEED)``, so what
 shared buffers do not hold comes from the disk; needs the server's data directory readable here).
 ``--keep`` leaves the tables for the next run (another ``--state``, or the server restarted with other
@@ -256,9 +257,23 @@ def evict(files: list[str]) -> None:
             os.close(fd)
 
 
+def warm(conn: psycopg.Connection, design: str, columns: int, prewarm: bool) -> None:
+    """Read ``design``'s indexes into shared buffers: with ``pg_prewarm`` where the server has it, else by a full
+    index-only scan of each (its leaf pages and the path to them: what a batch's descents read)."""
+    for j in range(columns):
+        if prewarm:
+            conn.execute("SELECT pg_prewarm(%s::regclass)", (f"{SCHEMA}.{design}_{j}",))
+            continue
+        column = f"{'perm' if design == 'permuted' else 'key'}_{j}"
+        with conn.transaction():
+            for setting in ("enable_seqscan", "enable_sort", "enable_bitmapscan"):
+                conn.execute(f"SET LOCAL {setting} = off")
+            conn.execute(f"SELECT count(*) FROM (SELECT {column} FROM {SCHEMA}.{design} ORDER BY {column}) s")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--database-url", required=True, help="a PostgreSQL 15 server with pg_prewarm")
+    parser.add_argument("--database-url", required=True, help="a PostgreSQL 15 server (with pg_prewarm where it has it)")
     parser.add_argument("--archive", type=int, default=3_000_000)
     parser.add_argument("--batch", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=10, help="batches per design per pass (two passes)")
@@ -275,7 +290,12 @@ def main(argv: list[str] | None = None) -> None:
     probe_rng = np.random.default_rng([args.seed, 1])
     loads = [load_average()]
     with psycopg.connect(args.database_url, autocommit=True) as conn:
-        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_prewarm")
+        prewarm = conn.execute("SELECT 1 FROM pg_available_extensions WHERE name = 'pg_prewarm'"
+                               ).fetchone() is not None
+        if prewarm:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_prewarm")
+        else:
+            log("this server has no pg_prewarm: each design's indexes are read into shared buffers by a full index scan")
         conn.execute("SET jit = off")
         conn.execute("SET enable_bitmapscan = off")  # index(-only) scans, as at scale, also on small tests
         kept = conn.execute(f"SELECT to_regclass('{SCHEMA}.built')").fetchone()[0]
@@ -321,8 +341,7 @@ def main(argv: list[str] | None = None) -> None:
             for name in order:
                 design = designs[name]
                 files = index_files(conn, name) if args.state == "evicted" else []
-                for j in range(len(layout.keys)):
-                    conn.execute("SELECT pg_prewarm(%s::regclass)", (f"{SCHEMA}.{name}_{j}",))
+                warm(conn, name, len(layout.keys), prewarm)
                 loads.append(load_average())
                 for _ in range(args.rounds):
                     batch = near_and_random(probe_rng, stored, args.batch)
@@ -346,7 +365,9 @@ def main(argv: list[str] | None = None) -> None:
     keys = len(layout.keys)
     header = [f"{command_line('bench_key_entries.py')}",
               f"PostgreSQL {settings['server_version']}, shared_buffers {settings['shared_buffers']}; state: "
-              f"{args.state}; {args.archive:,} documents, {layout.describe()}; batches of {args.batch:,} new probes "
+              f"{args.state}; indexes read in before each design's batches by "
+              f"{'pg_prewarm' if prewarm else 'a full index scan (no pg_prewarm on this server)'}; "
+              f"{args.archive:,} documents, {layout.describe()}; batches of {args.batch:,} new probes "
               f"(half 1-bit near copies), {2 * args.rounds} per design; load before each design's batches: "
               + " | ".join(loads)]
     print("\n".join(f"- {line}" for line in header) + "\n")
