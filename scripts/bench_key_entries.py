@@ -30,8 +30,9 @@ a single probe's p50, with the batch's shared buffer hits / reads from ``EXPLAIN
 buffers with ``pg_prewarm``, or by a full index scan of each where the server lacks it), ``buffers`` (the
 same, on a server whose shared buffers are smaller than some designs' indexes: what does not fit is read
 from the kernel's page cache), ``evicted`` (as ``buffers``, and
-before every batch the kernel's page cache of its indexes dropped with ``posix_fadvise(DONTNEED)``, so what
-shared buffers do not hold comes from the disk; needs the server's data directory readable here).
+before every batch the kernel's page cache of its table and indexes dropped with ``posix_fadvise(DONTNEED)``,
+so what shared buffers do not hold comes from the disk, the heap pages that no id and permuted visit for
+their ids included; needs the server's data directory readable here).
 ``--keep`` leaves the tables for the next run (another ``--state``, or the server restarted with other
 shared buffers).
 
@@ -236,15 +237,19 @@ class Design:
         return top.get("Shared Hit Blocks", 0), top.get("Shared Read Blocks", 0), plan[0]["Execution Time"]
 
 
-def index_files(conn: psycopg.Connection, design: str) -> list[str]:
+def relation_files(conn: psycopg.Connection, design: str) -> list[str]:
+    """The files of ``design``'s table and of its indexes: every segment of the main fork, and the visibility
+    map and free space map where they exist. The heap counts: no id and permuted read it for the ids of the
+    verified matches (and every design's scan consults the visibility map)."""
     data = conn.execute("SHOW data_directory").fetchone()[0]
     paths = [row[0] for row in conn.execute(
-        "SELECT pg_relation_filepath(c.oid) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
-        "WHERE i.indrelid = %s::regclass", (f"{SCHEMA}.{design}",))]
+        "SELECT pg_relation_filepath(c.oid) FROM pg_class c WHERE c.oid = %(t)s::regclass OR c.oid IN "
+        "(SELECT indexrelid FROM pg_index WHERE indrelid = %(t)s::regclass)", {"t": f"{SCHEMA}.{design}"})]
     files = []
     for path in paths:
         base = os.path.join(data, path)
-        files += [base] + [f"{base}.{n}" for n in range(1, 1000) if os.path.exists(f"{base}.{n}")]
+        files += [base] + [name for name in (f"{base}_vm", f"{base}_fsm", *(f"{base}.{n}" for n in range(1, 1000)))
+                           if os.path.exists(name)]
     return files
 
 
@@ -340,7 +345,7 @@ def main(argv: list[str] | None = None) -> None:
         for order in (list(DESIGNS), list(reversed(DESIGNS))):
             for name in order:
                 design = designs[name]
-                files = index_files(conn, name) if args.state == "evicted" else []
+                files = relation_files(conn, name) if args.state == "evicted" else []
                 warm(conn, name, len(layout.keys), prewarm)
                 loads.append(load_average())
                 for _ in range(args.rounds):
