@@ -34,7 +34,8 @@ before every batch the kernel's page cache of its table and indexes dropped with
 so what shared buffers do not hold comes from the disk, the heap pages that no id and permuted visit for
 their ids included; needs the server's data directory readable here).
 ``--keep`` leaves the tables for the next run (another ``--state``, or the server restarted with other
-shared buffers).
+shared buffers), which reuses them when they hold its ``--archive`` documents of its ``--seed`` (else
+rebuilds them).
 
 Run::
 
@@ -47,6 +48,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -100,8 +102,9 @@ def binary_copy(columns: list[np.ndarray]) -> bytes:
     return b"PGCOPY\n\xff\r\n\x00" + b"\x00" * 8 + rows.tobytes() + b"\xff\xff"
 
 
-def build(conn: psycopg.Connection, layout: BlockLayout, fps: np.ndarray) -> dict:
-    """The three tables and their indexes, vacuumed; seconds of each design's index builds."""
+def build(conn: psycopg.Connection, layout: BlockLayout, fps: np.ndarray, seed: int) -> dict:
+    """The three tables and their indexes, vacuumed; seconds of each design's index builds. ``built`` records
+    the documents and the ``--seed`` that drew them, for ``--keep``'s next run."""
     n, keys = len(fps), layout.block_keys_array(fps)
     ids, signed = np.arange(1, n + 1, dtype=np.int64), to_signed_array(fps)
     perms = [to_signed_array(permute(layout, fps, order)) for order in permutations(layout)]
@@ -127,8 +130,8 @@ def build(conn: psycopg.Connection, layout: BlockLayout, fps: np.ndarray) -> dic
         seconds[design] = time.perf_counter() - started
         conn.execute(f"VACUUM (ANALYZE) {SCHEMA}.{design}")
         log(f"  {design}: {columns} indexes in {seconds[design]:.1f} s")
-    conn.execute(f"CREATE TABLE {SCHEMA}.built (documents bigint, seconds jsonb)")
-    conn.execute(f"INSERT INTO {SCHEMA}.built VALUES (%s, %s)", (n, json.dumps(seconds)))
+    conn.execute(f"CREATE TABLE {SCHEMA}.built (documents bigint, seed bigint, seconds jsonb)")
+    conn.execute(f"INSERT INTO {SCHEMA}.built VALUES (%s, %s, %s)", (n, seed, json.dumps(seconds)))
     return seconds
 
 
@@ -277,6 +280,7 @@ def warm(conn: psycopg.Connection, design: str, columns: int, prewarm: bool) -> 
 
 
 def main(argv: list[str] | None = None) -> None:
+    global SCHEMA
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--database-url", required=True, help="a PostgreSQL 15 server (with pg_prewarm where it has it)")
     parser.add_argument("--archive", type=int, default=3_000_000)
@@ -285,10 +289,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--singles", type=int, default=300, help="single-probe lookups per design")
     parser.add_argument("--oracle", type=int, default=200, help="probes of the first batch checked by brute force")
     parser.add_argument("--state", choices=["cached", "buffers", "evicted"], default="cached")
-    parser.add_argument("--keep", action="store_true", help="keep the tables (reused when they hold --archive)")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the tables (reused when they hold --archive documents of --seed)")
+    parser.add_argument("--schema", default=SCHEMA, help="the schema of the tables (dropped unless --keep)")
     parser.add_argument("--seed", type=int, default=20261127)
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args(argv)
+    if not re.fullmatch(r"[a-z_][a-z0-9_]*", args.schema):
+        parser.error(f"--schema {args.schema!r}: lower-case letters, digits and _ only")
+    SCHEMA = args.schema
     layout = BlockLayout.for_size(K, args.archive)
     rng = np.random.default_rng(args.seed)
     stored = random_u64(rng, args.archive)
@@ -304,13 +313,20 @@ def main(argv: list[str] | None = None) -> None:
         conn.execute("SET jit = off")
         conn.execute("SET enable_bitmapscan = off")  # index(-only) scans, as at scale, also on small tests
         kept = conn.execute(f"SELECT to_regclass('{SCHEMA}.built')").fetchone()[0]
-        row = conn.execute(f"SELECT documents, seconds FROM {SCHEMA}.built").fetchone() if kept else None
-        if row and row[0] == args.archive:
-            log(f"reusing the tables of {args.archive:,} in {SCHEMA}")
-            seconds = row[1]
+        # kept tables are reused only when they hold this run's fingerprints: --archive and --seed alike (the
+        # seed is not in a kept table of the script's first version: rebuilt)
+        row = conn.execute(f"SELECT documents, (to_jsonb(b) ->> 'seed')::bigint, seconds FROM {SCHEMA}.built b"
+                           ).fetchone() if kept else None
+        if row and row[:2] == (args.archive, args.seed):
+            log(f"reusing the tables of {args.archive:,} (seed {args.seed}) in {SCHEMA}")
+            seconds = row[2]
         else:
+            if row:
+                drawn = f"seed {row[1]}" if row[1] is not None else "no recorded seed"
+                log(f"the tables kept in {SCHEMA} hold {row[0]:,} documents of {drawn}, not {args.archive:,} "
+                    f"of seed {args.seed}: rebuilding them")
             log(f"building {args.archive:,} documents, {layout.describe()}")
-            seconds = build(conn, layout, stored)
+            seconds = build(conn, layout, stored, args.seed)
         settings = {name: conn.execute(f"SHOW {name}").fetchone()[0] for name in ("shared_buffers", "server_version")}
         sizes = {d: conn.execute("SELECT sum(pg_relation_size(indexrelid)) FROM pg_index WHERE indrelid = %s::regclass",
                                  (f"{SCHEMA}.{d}",)).fetchone()[0] for d in DESIGNS}
