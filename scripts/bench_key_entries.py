@@ -21,7 +21,8 @@ keys), each design in its own table so that no design's index serves another's q
 Each design answers the same batches of ``--batch`` new probes (half 1-bit near copies of stored
 fingerprints, half random) with one statement over its fifteen columns (probes as arrays in key order, a
 ``LATERAL`` index probe per probe and column, as simdb's batches run), on one connection without JIT; the
-pair sets must agree between designs and, for ``--oracle`` probes of the first batch, with a numpy brute
+pair sets must agree between designs and, for ``--oracle`` probes of the first batch and the probes it
+leads with that one key alone can find (each key in turn, at distance K and K + 1), with a numpy brute
 force over every stored fingerprint. Reported per design: index bytes (``pg_relation_size`` of its fifteen
 indexes) per document, batch q/s (the median over ``--rounds``, designs in the order A B C, then C B A) and
 a single probe's p50, with the batch's shared buffer hits / reads from ``EXPLAIN (ANALYZE, BUFFERS)``.
