@@ -505,7 +505,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="with --connections and --reuse: only the lookups (p50, simdb_near, the batches over "
                              "each number of connections) on the archive an earlier run kept, ROUNDS times")
     args = parser.parse_args(argv)
-    if args.lookups_only and not (args.reuse and args.connections):
+    if args.lookups_only is not None and args.lookups_only < 1:
+        parser.error(f"--lookups-only {args.lookups_only}: give the number of rounds, 1 or more")
+    if args.lookups_only is not None and not (args.reuse and args.connections):
         parser.error("--lookups-only measures the archive kept by an earlier --connections --reuse run: give both")
     if args.reuse and not args.connections:
         parser.error("--reuse works with --connections (the full run merges and reopens the archive it measures)")
@@ -515,7 +517,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.reuse:
             SCHEMA = f"simdb_bench_segments_kept_{args.archive}_k{args.max_distance}"
         with Server(args.database_url) as server:
-            if args.lookups_only:
+            if args.lookups_only is not None:
                 kept_lookups(server, args, rng, counts)
                 return
             server.drop_schemas(EMPTY, *([] if args.reuse else [SCHEMA]))

@@ -356,3 +356,32 @@ def test_the_nightly_ingest_script_runs(database_url, schema, tmp_path):
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         locked = nightly(write("fourth", records[200:210]), "fourth")
     assert locked.returncode == 75 and "another run holds" in locked.stderr
+
+
+def test_the_documented_key_index_size_counts_every_segment(database_url, schema, admin_engine):
+    """The query that docs/cli.md and docs/performance.md give for sizing shared buffers sums the key indexes of
+    every segment: a bulk chunk's segment and the active one, whose indexes PostgreSQL named itself."""
+    from simdb import Index
+
+    records = list(corpus())
+    with Index.create(database_url, schema=schema, segment_size=1000, bulk_chunk=100) as index:
+        index.add_many(records[:150], batch="bulk")  # a bulk chunk: a segment of its own
+        index.add_many(records[150:160], batch="small")  # the active segment
+    # independently: every index on a segment whose first column is a key column (names not read)
+    independent = """SELECT sum(pg_relation_size(i.indexrelid)), count(DISTINCT h.inhrelid), count(*)
+        FROM pg_inherits h JOIN pg_index i ON i.indrelid = h.inhrelid
+        JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
+        WHERE h.inhparent = CAST(:documents AS regclass) AND a.attname ~ '^key_[0-9]+$'"""
+    with admin_engine.connect() as connection:
+        expected, segments, indexes = connection.execute(sa.text(independent),
+                                                         {"documents": f"{schema}.documents"}).one()
+        keys = connection.execute(sa.text("SELECT count(*) FROM information_schema.columns WHERE table_schema = "
+                                          ":schema AND table_name = 'documents' AND column_name ~ '^key_[0-9]+$'"),
+                                  {"schema": schema}).scalar_one()
+        assert segments == 2 and indexes == 2 * keys and keys >= 10 and expected > 0
+        for name in ("cli.md", "performance.md"):
+            (query,) = [b for b in blocks("sql", DOCS[name]) if "pg_relation_size" in b]
+            pretty = connection.execute(sa.text(query.replace("'simdb'", f"'{schema}'"))).scalar_one()
+            exact = connection.execute(sa.text(query.replace("pg_size_pretty(", "(").replace("'simdb'", f"'{schema}'"))
+                                       ).scalar_one()
+            assert exact == expected and pretty is not None, f"docs/{name}: {exact} bytes, not {expected}"

@@ -139,6 +139,39 @@ def test_bench_segments_reuses_the_archive_it_kept(database_url, admin_engine):
             connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
 
 
+@pytest.mark.slow
+def test_bench_key_entries_reuses_kept_tables_of_its_own_seed_only(database_url, admin_engine):
+    """``--keep``: a run with another ``--seed`` rebuilds the kept tables (it stopped with "pairs differ": the
+    tables held the other seed's fingerprints); a run with the same seed and size reuses them."""
+    schema = "simdb_bench_key_entries_kept_test"
+    command = [sys.executable, str(ROOT / "scripts" / "bench_key_entries.py"), "--database-url", database_url,
+               "--archive", "20000", "--rounds", "1", "--singles", "2", "--oracle", "20", "--keep", "--schema", schema]
+    try:
+        for seed, reused in (("1", False), ("2", False), ("2", True)):
+            done = subprocess.run([*command, "--seed", seed], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                                  env={**os.environ, "PYTHONPATH": str(ROOT)})
+            assert done.returncode == 0, done.stderr[-3000:]
+            assert ("reusing the tables" in done.stderr) == reused and "pairs agree" in done.stderr, \
+                done.stderr[-3000:]
+            rebuilt = "hold 20,000 documents of seed 1, not 20,000 of seed 2: rebuilding them" in done.stderr
+            assert rebuilt == (seed == "2" and not reused), done.stderr[-3000:]
+    finally:
+        with admin_engine.begin() as connection:
+            connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+@pytest.mark.parametrize("rounds", ["0", "-1"])
+def test_bench_segments_lookups_only_wants_a_round_or_more(rounds):
+    """``--lookups-only 0`` ran the whole bench (bulk-loading an archive), a negative count printed an empty
+    table: both stop at the command line, before any connection (the URL here answers nothing)."""
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_segments.py"), "--database-url",
+                           "postgresql://nobody@127.0.0.1:1/none", "--connections", "1", "--reuse",
+                           "--lookups-only", rounds], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 2 and f"--lookups-only {rounds}: give the number of rounds, 1 or more" in done.stderr, \
+        done.stderr[-3000:]
+
+
 def test_every_benchmark_in_scripts_is_run():
     """A benchmark added (bench_ingest was split into parts that each run alone) is run here too."""
     runnable = {path.name for path in (ROOT / "scripts").glob("*.py")
