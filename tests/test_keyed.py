@@ -455,7 +455,8 @@ def test_a_keyed_chunks_check_of_its_external_ids_is_routed_by_them(database_url
 
 
 @on_citus
-def test_concurrent_keyed_ingests_of_the_same_external_ids_store_each_once(database_url, schema, admin_engine):
+def test_concurrent_keyed_ingests_of_the_same_external_ids_store_each_once(database_url, schema, admin_engine,
+                                                                          tmp_path):
     """Two ingests of overlapping ids at once, in small chunks that interleave: every id of the inputs is stored
     exactly once, with the text of one of the ingests that had it; an id that one ingest stores, the other
     finds (as a re-run with the same text, as an error with another); ``external_ids`` follows ``documents``."""
@@ -473,7 +474,8 @@ def test_concurrent_keyed_ingests_of_the_same_external_ids_store_each_once(datab
         def ingest(batch: str) -> None:
             try:
                 with Index.open(database_url, schema=schema) as own:
-                    own.add_many(inputs[batch], batch=batch, chunk_size=15, on_error="skip")
+                    own.add_many(inputs[batch], batch=batch, chunk_size=15, on_error="skip",
+                                 rejects=tmp_path / f"rejects-{batch}.jsonl")
             except BaseException as error:  # re-raised below
                 errors.append(error)
 
@@ -553,3 +555,38 @@ def test_migration_0019_gives_a_keyed_index_its_external_ids(database_url, schem
     assert routed == documents and len(documents) == 80 and left == 0
     with admin_engine.connect() as connection:
         assert connection.exec_driver_sql(f"SELECT version_num FROM {schema}.alembic_version").scalar() == "0019"
+
+
+@on_citus
+def test_a_keyed_batch_of_lookups_reads_shard_by_shard_and_finds_what_brute_force_finds(database_url, schema):
+    """A batch of lookups sends each shard only its own keys (and its own ids when reading the matches): one
+    ``= ANY`` over every key made each of the 32 shards probe all of them. Every statement of the batch's
+    probe and read is one shard task, and the answers are brute force's."""
+    from simdb.pg import keyed
+
+    rng = random.Random(31)
+    with Index.create(database_url, schema=schema, shards=32, **KEYED) as index:
+        k = index.settings.method.max_distance
+        stored = [rng.getrandbits(64) for _ in range(400)]
+        index.add_fingerprinted(make_batch(stored, "a"), batch="a")
+        queries = [flip(fp, rng.sample(range(64), rng.randrange(k + 3))) for fp in rng.sample(stored, 150)]
+        assert len(queries) >= keyed.SHARD_BY_SHARD  # and so do the documents they find: most find their own
+        statements: list[tuple[str, dict]] = []
+
+        def capture(connection, cursor, statement, parameters, context, executemany):
+            if statement.startswith("SELECT") and "= ANY" in statement and "FROM keys" in statement or \
+                    "FROM documents WHERE id = ANY" in statement:
+                statements.append((statement, parameters))
+
+        sa.event.listen(index.database.engine, "before_cursor_execute", capture)
+        try:
+            found = index.query_fingerprints(queries)
+        finally:
+            sa.event.remove(index.database.engine, "before_cursor_execute", capture)
+        with index.database.engine.connect() as connection:
+            for statement, parameters in statements:
+                assert task_count(plan_of(connection, statement, parameters)) == 1, statement
+    assert len(statements) > 2
+    for query, matches in zip(queries, found):
+        assert {(m.external_id, m.distance) for m in matches} == {
+            (f"a-{i}", (fp ^ query).bit_count()) for i, fp in enumerate(stored) if (fp ^ query).bit_count() <= k}

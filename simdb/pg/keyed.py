@@ -297,9 +297,31 @@ def probe(connection: sa.Connection, method: Method, sketches: Sequence, max_dis
     if not len(sketches):
         return
     key_rows = method.keys(sketches) if keys is None else np.asarray(keys, dtype=np.int64)
-    wanted = np.unique(fold(key_rows)).tolist()
-    rows = connection.exec_driver_sql(LOOKUP_SQL, {"keys": wanted}).all()
+    wanted = np.unique(fold(key_rows))
+    if len(sketches) < SHARD_BY_SHARD:
+        rows = connection.exec_driver_sql(LOOKUP_SQL, {"keys": wanted.tolist()}).all()
+    else:  # each shard gets only its keys: one = ANY over all of them makes every shard probe every key
+        rows = []
+        for keys_of_shard in by_shard(connection, "keys", wanted):
+            rows += connection.exec_driver_sql(LOOKUP_SQL, {"keys": keys_of_shard.tolist()}).all()
     yield from _verified(rows, method, sketches, key_rows, max_distance)
+
+
+#: A batch of at least this many sketches probes ``keys`` shard by shard (:func:`probe`).
+SHARD_BY_SHARD = 64
+
+
+def by_shard(connection: sa.Connection, table: str, values: np.ndarray) -> list[np.ndarray]:
+    """``values`` of ``table``'s distribution column grouped by the shard that holds each (Citus's own hash,
+    asked on the coordinator): one array per shard, each routed to that one shard by ``= ANY``."""
+    shards = np.asarray(connection.exec_driver_sql(
+        "SELECT get_shard_id_for_distribution_column(CAST(%(table)s AS regclass), v) "
+        "FROM unnest(CAST(%(values)s AS bigint[])) v", {"table": table, "values": values.tolist()}
+    ).scalars().all(), dtype=np.int64)
+    order = np.argsort(shards, kind="stable")
+    shards, values = shards[order], values[order]
+    starts = np.flatnonzero(np.r_[True, shards[1:] != shards[:-1]])
+    return np.split(values, starts[1:])
 
 
 def _verified(rows: Sequence[tuple], method: Method, sketches: Sequence, key_rows: np.ndarray, max_distance: int
