@@ -541,7 +541,8 @@ class Index:
                 found = [{} for _ in sketches]
                 for query, d, distance in decided.tolist():
                     found[-query - 1][d] = distance
-            rows = reads.documents(connection, method, sorted({d for distances in found for d in distances}))
+            rows = reads.documents(connection, method, sorted({d for distances in found for d in distances}),
+                                   keyed=self.context.keyed)
         return [sorted((self._match(rows[d], distance) for d, distance in distances.items()),
                        key=lambda m: (m.distance, m.external_id)) for distances in found]
 

@@ -863,6 +863,11 @@ def _assert_consistent(engine: sa.Engine, schema: str, max_distance: int | None 
         earlier.append((row.id, row.external_id, fingerprint))
     assert stored_pairs == pairs
     assert {row.id: row.cluster_id for row in rows} == {row.id: forest.find(row.id) for row in rows}
+    with engine.connect() as connection:  # the keyed layout's external ids follow the documents exactly
+        if connection.execute(sa.text("SELECT to_regclass(:t)"), {"t": f"{schema}.external_ids"}).scalar():
+            routed = connection.exec_driver_sql(f"SELECT external_id, id FROM {schema}.external_ids").all()
+            assert sorted(map(tuple, routed)) == sorted((row.external_id, row.id) for row in rows)
+            assert connection.exec_driver_sql(f"SELECT count(*) FROM {schema}.external_id_probes").scalar() == 0
     assert_records_consistent(engine, schema, max_distance)
     return [(row.external_id, row.dup) for row in rows]
 

@@ -474,3 +474,195 @@ def test_a_keyed_removal_deletes_key_rows_by_routed_statements(database_url, sch
 
 def plan_of(connection, statement: str, parameters) -> str:
     return "\n".join(connection.exec_driver_sql("EXPLAIN " + statement, parameters).scalars())
+
+
+def external_id_rows(admin_engine, schema: str) -> tuple[list[tuple[str, int]], list[tuple[str, int]], int]:
+    """(``external_ids`` rows, ``documents``' (external_id, id), rows left in ``external_id_probes``), sorted."""
+    with admin_engine.connect() as connection:
+        routed = sorted(connection.exec_driver_sql(f"SELECT external_id, id FROM {schema}.external_ids").all())
+        stored = sorted(connection.exec_driver_sql(f"SELECT external_id, id FROM {schema}.documents").all())
+        left = connection.exec_driver_sql(f"SELECT count(*) FROM {schema}.external_id_probes").scalar_one()
+    return [tuple(r) for r in routed], [tuple(r) for r in stored], left
+
+
+@on_citus
+def test_a_keyed_chunks_check_of_its_external_ids_is_routed_by_them(database_url, schema, admin_engine):
+    """The check that a chunk's ids are not stored yet is a co-located join of ``external_id_probes`` with
+    ``external_ids`` (one task per shard pair, each id on the one shard of its hash), and no statement of a chunk
+    joins ``documents`` by external id (which sent the chunk's ids to every worker: ``external_id`` is not
+    ``documents``' distribution column); ids stored already are still found."""
+    from simdb.pg import keyed
+
+    shards = 32
+    rng = random.Random(41)
+    with Index.create(database_url, schema=schema, shards=shards, **KEYED) as index:
+        first = make_batch([rng.getrandbits(64) for _ in range(50)], "a")
+        index.add_fingerprinted(first, batch="a")
+        with index.database.engine.begin() as connection:
+            keyed.stage_external_ids(connection, [10**9, 10**9 + 1], ["a-3", "never-stored"])
+            check = plan(connection, keyed.STORED_IDS_SQL)
+            connection.rollback()
+
+        statements: list[str] = []
+
+        def capture(connection, cursor, statement, parameters, context, executemany):
+            statements.append(" ".join(statement.split()))
+
+        second = make_batch([rng.getrandbits(64) for _ in range(300)], "b")
+        for i in range(0, 50, 7):  # some ids stored already, with the same text: skipped as a re-run
+            second.append(first.external_ids[i], first.sketches[i], first.content_hashes[i], 10, {},
+                          first.external_ids[i])
+        sa.event.listen(index.database.engine, "before_cursor_execute", capture)
+        try:
+            summary = index.add_fingerprinted(second, batch="b")
+        finally:
+            sa.event.remove(index.database.engine, "before_cursor_execute", capture)
+        assert summary.already_stored == len(range(0, 50, 7)) and summary.documents == 300
+    assert task_count(check) == shards, check
+    for fallback in ("Distributed Subplan", "MapMergeJob", "repartition", "Broadcast", "intermediate"):
+        assert fallback not in check, check
+    assert "external_ids_" in check and "external_id_probes_" in check
+    assert any(statement == keyed.STORED_IDS_SQL for statement in statements)
+    by_external_id = [statement for statement in statements if "documents" in statement and (
+        "USING (external_id)" in statement or "external_id =" in statement)]
+    assert by_external_id == []
+    routed, stored, left = external_id_rows(admin_engine, schema)
+    assert routed == stored and len(stored) == 350 and left == 0
+
+
+@on_citus
+def test_concurrent_keyed_ingests_of_the_same_external_ids_store_each_once(database_url, schema, admin_engine,
+                                                                          tmp_path):
+    """Two ingests of overlapping ids at once, in small chunks that interleave: every id of the inputs is stored
+    exactly once, with the text of one of the ingests that had it; an id that one ingest stores, the other
+    finds (as a re-run with the same text, as an error with another); ``external_ids`` follows ``documents``."""
+    rng = random.Random(13)
+    texts = {f"s-{i}": " ".join(rng.choices([f"w{j}" for j in range(400)], k=40)) for i in range(240)}
+    changed = set(rng.sample(sorted(texts), 30))
+    inputs = {
+        "left": [{"id": name, "text": text} for name, text in texts.items()][:200],
+        "right": [{"id": name, "text": text + (" changed" if name in changed else "")}
+                  for name, text in reversed(texts.items())][:200],
+    }
+    with Index.create(database_url, schema=schema, shards=CITUS_SHARDS, **KEYED) as index:
+        errors: list[BaseException] = []
+
+        def ingest(batch: str) -> None:
+            try:
+                with Index.open(database_url, schema=schema) as own:
+                    own.add_many(inputs[batch], batch=batch, chunk_size=15, on_error="skip",
+                                 rejects=tmp_path / f"rejects-{batch}.jsonl")
+            except BaseException as error:  # re-raised below
+                errors.append(error)
+
+        threads = [threading.Thread(target=ingest, args=(batch,)) for batch in inputs]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=600)
+        assert not any(thread.is_alive() for thread in threads) and not errors, errors
+        verdicts = {batch: {v.id: v.status for v in index.verdicts(batch)} for batch in inputs}
+        fingerprint = {batch: {r["id"]: index.fingerprint(r["text"]) for r in records}
+                       for batch, records in inputs.items()}
+    from simdb.bits import to_unsigned
+    with admin_engine.connect() as connection:
+        sketches = {name: to_unsigned(fp) for name, fp in connection.exec_driver_sql(
+            f"SELECT external_id, simhash FROM {schema}.documents").all()}
+    expected_ids = {record["id"] for records in inputs.values() for record in records}
+    routed, documents, left = external_id_rows(admin_engine, schema)
+    names = [name for name, _ in documents]
+    assert sorted(set(names)) == sorted(expected_ids) and len(names) == len(expected_ids)  # each stored once
+    assert routed == documents and left == 0
+    for name in expected_ids:  # stored by one ingest; the other one, if it had the id, found it stored
+        statuses = [verdicts[batch].get(name) for batch in inputs if name in verdicts[batch]]
+        kept = [status for status in statuses if status in ("new", "exact", "near")]
+        assert len(kept) == 1, (name, statuses)
+        keeper = next(batch for batch in inputs if verdicts[batch].get(name) == kept[0])
+        assert sketches[name] == fingerprint[keeper][name]  # the text of the ingest that stored it
+        if len(statuses) == 2:
+            assert set(statuses) - {kept[0]} <= ({"rejected"} if name in changed else {"already_stored"}), statuses
+    assert_consistent(admin_engine, schema)
+
+
+@on_citus
+def test_a_keyed_removal_takes_the_external_ids_and_a_re_ingest_stores_them_again(database_url, schema,
+                                                                                    admin_engine):
+    """Removed ids leave ``external_ids``: ingested again they are new documents (with any text), while the
+    ids kept are still found (a re-run is skipped); by id, by batch, and through a sync-like replace."""
+    rng = random.Random(19)
+    fingerprints = [rng.getrandbits(64) for _ in range(120)]
+    with Index.create(database_url, schema=schema, shards=CITUS_SHARDS, **KEYED) as index:
+        index.add_fingerprinted(make_batch(fingerprints[:60], "a"), batch="a")
+        index.add_fingerprinted(make_batch(fingerprints[60:], "b"), batch="b")
+        removed = [f"a-{i}" for i in range(0, 60, 4)]
+        index.remove(ids=removed)
+        index.remove(batch="b")
+        again = make_batch(fingerprints[:60], "a")  # every id of batch a, the removed ones included
+        summary = index.add_fingerprinted(again, batch="a-again")
+        assert summary.already_stored == 60 - len(removed) and summary.documents == len(removed)
+        summary = index.add_fingerprinted(make_batch(fingerprints[60:], "b"), batch="b-again")
+        assert summary.documents == 60 and summary.already_stored == 0
+        statuses = {v.id: v.status for v in index.verdicts("a-again")}
+    assert {name for name, status in statuses.items() if status != "already_stored"} == set(removed)
+    routed, documents, left = external_id_rows(admin_engine, schema)
+    assert routed == documents and left == 0
+    assert sorted(name for name, _ in documents) == sorted([f"a-{i}" for i in range(60)] +
+                                                           [f"b-{i}" for i in range(60)])
+    assert_consistent(admin_engine, schema)
+
+
+@on_citus
+def test_migration_0019_gives_a_keyed_index_its_external_ids(database_url, schema, admin_engine):
+    """A keyed index made before revision 0019 (no ``external_ids``) gets the table, distributed by external id
+    and filled from its documents, when it is opened; then its ingests find the stored ids through it."""
+    from simdb.pg import migrate
+
+    rng = random.Random(29)
+    fingerprints = [rng.getrandbits(64) for _ in range(80)]
+    with Index.create(database_url, schema=schema, shards=CITUS_SHARDS, **KEYED) as index:
+        index.add_fingerprinted(make_batch(fingerprints[:60], "a"), batch="a")
+    with admin_engine.begin() as connection:  # as revision 0018 left it
+        connection.exec_driver_sql(f"DROP TABLE {schema}.external_id_probes, {schema}.external_ids")
+        migrate.stamp(connection, schema, "0018")
+    with Index.open(database_url, schema=schema) as index:
+        summary = index.add_fingerprinted(make_batch(fingerprints, "a"), batch="again")
+        assert summary.already_stored == 60 and summary.documents == 20
+    routed, documents, left = external_id_rows(admin_engine, schema)
+    assert routed == documents and len(documents) == 80 and left == 0
+    with admin_engine.connect() as connection:
+        assert connection.exec_driver_sql(f"SELECT version_num FROM {schema}.alembic_version").scalar() == "0019"
+
+
+@on_citus
+def test_a_keyed_batch_of_lookups_reads_shard_by_shard_and_finds_what_brute_force_finds(database_url, schema):
+    """A batch of lookups sends each shard only its own keys (and its own ids when reading the matches): one
+    ``= ANY`` over every key made each of the 32 shards probe all of them. Every statement of the batch's
+    probe and read is one shard task, and the answers are brute force's."""
+    from simdb.pg import keyed
+
+    rng = random.Random(31)
+    with Index.create(database_url, schema=schema, shards=32, **KEYED) as index:
+        k = index.settings.method.max_distance
+        stored = [rng.getrandbits(64) for _ in range(400)]
+        index.add_fingerprinted(make_batch(stored, "a"), batch="a")
+        queries = [flip(fp, rng.sample(range(64), rng.randrange(k + 3))) for fp in rng.sample(stored, 150)]
+        assert len(queries) >= keyed.SHARD_BY_SHARD  # and so do the documents they find: most find their own
+        statements: list[tuple[str, dict]] = []
+
+        def capture(connection, cursor, statement, parameters, context, executemany):
+            if statement.startswith("SELECT") and "= ANY" in statement and "FROM keys" in statement or \
+                    "FROM documents WHERE id = ANY" in statement:
+                statements.append((statement, parameters))
+
+        sa.event.listen(index.database.engine, "before_cursor_execute", capture)
+        try:
+            found = index.query_fingerprints(queries)
+        finally:
+            sa.event.remove(index.database.engine, "before_cursor_execute", capture)
+        with index.database.engine.connect() as connection:
+            for statement, parameters in statements:
+                assert task_count(plan_of(connection, statement, parameters)) == 1, statement
+    assert len(statements) > 2
+    for query, matches in zip(queries, found):
+        assert {(m.external_id, m.distance) for m in matches} == {
+            (f"a-{i}", (fp ^ query).bit_count()) for i, fp in enumerate(stored) if (fp ^ query).bit_count() <= k}

@@ -124,13 +124,14 @@ def open_index(connection: sa.Connection, schema: str, where: str) -> IndexSetti
     behind = revision != migrate.head_revision()
     if stored.distributed is not None:
         citus.check(connection, schema, where, upgrading=behind)
-        keyed.check(connection, schema, keyed.layout_of(stored.distributed))
         citus.set_session(connection)
     if behind:
         lock(connection, schema, "migrate")
         migrate.upgrade(connection, schema, layout=stored.layout)
         if stored.distributed is not None:  # and the tables the upgrade made are distributed as designed
             citus.check(connection, schema, where)
+    if stored.distributed is not None:  # after the upgrade, which makes the tables of the layout (0019)
+        keyed.check(connection, schema, keyed.layout_of(stored.distributed))
     columns = document_columns(connection)
     if not set(stored.method.key_columns) <= columns:  # a relayout's switch between the two reads: read again
         stored = load_settings(connection)

@@ -126,7 +126,7 @@ def store_chunk(connection: sa.Connection, schema: str, method: Method, chunk, *
                             chunk.content_hashes[i], chunk.lengths[i], chunk.metadata[i] or None,
                             *((texts[i],) if texts is not None else ()), chunk.positions[i]))
 
-    errors, unstored, already = _stored_ids(connection, chunk, ids, None if rereads else batch_id)
+    errors, unstored, already = _stored_ids(connection, chunk, ids, None if rereads else batch_id, keyed=keyed)
     if errors and not skip_errors:
         raise errors[0][1]
     if unstored:
@@ -303,18 +303,23 @@ def stored_column(connection: sa.Connection, column: str | tuple[str, ...], ids:
     return found
 
 
-def _stored_ids(connection: sa.Connection, chunk, ids: np.ndarray, batch_id: int | None
+def _stored_ids(connection: sa.Connection, chunk, ids: np.ndarray, batch_id: int | None, *, keyed: bool
                 ) -> tuple[list[tuple[int, InputError]], list[int], list[tuple[int, int]]]:
     """Staged ids that are already stored: (rejects by input position, every staging id to leave out,
     (chunk index, stored document id) of the ones already stored with the same text).
 
     The same id with the same text in another batch is a re-run: skipped. In this batch (``batch_id``; None:
-    every batch counts as another), or with another text, it is an error.
+    every batch counts as another), or with another text, it is an error. On the keyed layout the check is
+    routed by external id (:func:`simdb.pg.keyed.stage_external_ids`), and only the documents it finds are
+    read, by id.
     """
-    rows = connection.execute(sa.text(
-        "SELECT s.id, d.id AS stored_id, d.batch_id IS NOT DISTINCT FROM :batch AS same_batch, d.content_hash = s.content_hash "
-        "AS same_text, b.name FROM staging s JOIN documents d USING (external_id) JOIN batches b "
-        "ON b.id = d.batch_id ORDER BY s.id"), {"batch": batch_id}).all()
+    if keyed:
+        rows = _stored_by_external_id(connection, chunk, ids, batch_id)
+    else:
+        rows = connection.execute(sa.text(
+            "SELECT s.id, d.id AS stored_id, d.batch_id IS NOT DISTINCT FROM :batch AS same_batch, "
+            "d.content_hash = s.content_hash AS same_text, b.name FROM staging s JOIN documents d USING (external_id) "
+            "JOIN batches b ON b.id = d.batch_id ORDER BY s.id"), {"batch": batch_id}).all()
     errors, unstored, already = [], [], []
     for row in rows:
         i = int(np.searchsorted(ids, row.id))
@@ -329,6 +334,33 @@ def _stored_ids(connection: sa.Connection, chunk, ids: np.ndarray, batch_id: int
             continue
         errors.append((chunk.positions[i], error))
     return errors, unstored, already
+
+
+def _stored_by_external_id(connection: sa.Connection, chunk, ids: np.ndarray, batch_id: int | None) -> list[tuple]:
+    """:func:`_stored_ids`' rows ``(id, stored_id, same_batch, same_text, name)`` on the keyed layout: the chunk's
+    external ids checked on the shards of their hashes, then the stored documents found read by id."""
+    found = keyed_layout.stage_external_ids(connection, ids, chunk.external_ids)
+    if not found:
+        return []
+    stored = {row.id: row for row in connection.execute(sa.text(
+        "SELECT d.id, d.batch_id, d.content_hash, b.name FROM documents d JOIN batches b ON b.id = d.batch_id "
+        "WHERE d.id = ANY(:ids)"), {"ids": [document for _, document in found]})}
+    rows = []
+    for new_id, document in found:
+        row = stored[document]  # external_ids and documents change together: a missing row is a broken index
+        at = int(np.searchsorted(ids, new_id))
+        rows.append(_StoredId(new_id, document, row.batch_id == batch_id,
+                              bytes(row.content_hash) == bytes(chunk.content_hashes[at]), row.name))
+    return rows
+
+
+@dataclass
+class _StoredId:
+    id: int
+    stored_id: int
+    same_batch: bool
+    same_text: bool
+    name: str
 
 
 # -- the whole batch ---------------------------------------------------------------------------------

@@ -21,6 +21,14 @@ and only the probes (ingest, check, lookups, queries) are routed through ``keys`
 by the fingerprint stored with each key row, on the shard, and again in numpy. A fold that loses a wide key's
 top bits only adds candidates, which the distance check drops: the answers are exact.
 
+- ``external_ids (external_id, id)``: every stored document's external id, hash-distributed by the external
+  id, with a unique covering B-tree ``(external_id) INCLUDE (id)``; ``external_id_probes (external_id, probe)``
+  beside it (co-located) holds a chunk's ids while it checks which are stored already: a co-located join, each
+  id sent once, to the shard of its hash (joined with ``documents`` by external id, the chunk's ids went to
+  every worker: about 62 bytes a document per worker). Kept in step with ``documents`` by every ingest chunk
+  (:func:`store_staged`), removal (:func:`remove_external_ids`), and by :func:`build` (``init --copy-from``,
+  the move to this layout); migration 0019 made it for the keyed indexes before it.
+
 A removal deletes its documents' key rows by their keys, one statement routed to each shard that holds some
 (:func:`remove`). An index with the layout by id moves to this one by ``simdb relayout --distributed-layout
 keyed`` (:func:`simdb.pg.catalog.move_to_keyed`: :func:`create`, then :func:`build`, in one transaction).
@@ -52,6 +60,12 @@ LAYOUTS = (BY_ID, KEYED)
 KEY_NUMBER_BITS = 6
 
 TABLES = ("keys", "key_probes")
+#: The tables of the external ids, distributed by external id (their own co-location group).
+ID_TABLES = ("external_ids", "external_id_probes")
+#: Which of a chunk's staged ids are stored already, and as which document: a co-located join, one task per
+#: shard pair, each id on the one shard of its hash (``tests/test_keyed.py`` holds its plan to that).
+STORED_IDS_SQL = ("SELECT p.probe, e.id FROM external_id_probes p JOIN external_ids e "
+                  "ON e.external_id = p.external_id")
 #: A routed probe of ``keys``: the stored rows of the given (folded) keys, on the shards that hold them (in the
 #: driver's parameter style: it is prepared on the driver's connection, see :func:`lookup`).
 LOOKUP_SQL = "SELECT key, id, fingerprint FROM keys WHERE key = ANY(CAST(%(keys)s AS bigint[]))"
@@ -109,6 +123,26 @@ def create(connection: sa.Connection, schema: str, shards: int) -> None:
                                "key (key value << 6 | key number): a probe goes to the one shard of its key.'")
     connection.exec_driver_sql("COMMENT ON TABLE key_probes IS 'An ingest chunk''s probes, co-located with keys; "
                                "written and emptied inside the chunk''s transaction.'")
+    create_external_ids(connection, schema, shards)
+
+
+def create_external_ids(connection: sa.Connection, schema: str, shards: int) -> None:
+    """``external_ids`` and ``external_id_probes``, distributed by external id and co-located (the same SQL as
+    migration 0019, which made them for the keyed indexes made before it)."""
+    connection.exec_driver_sql("CREATE TABLE external_ids (external_id text NOT NULL, id bigint NOT NULL)")
+    connection.exec_driver_sql("CREATE UNIQUE INDEX external_ids_external_id ON external_ids (external_id) "
+                               "INCLUDE (id)")
+    connection.exec_driver_sql("CREATE TABLE external_id_probes (external_id text NOT NULL, probe bigint NOT NULL)")
+    connection.execute(sa.text("SELECT create_distributed_table(CAST(:t AS regclass), 'external_id', "
+                               "shard_count => :n, colocate_with => 'none')"),
+                       {"t": f"{schema}.external_ids", "n": shards})
+    connection.execute(sa.text("SELECT create_distributed_table(CAST(:t AS regclass), 'external_id', "
+                               "colocate_with => :w)"),
+                       {"t": f"{schema}.external_id_probes", "w": f"{schema}.external_ids"})
+    connection.exec_driver_sql("COMMENT ON TABLE external_ids IS 'Every stored document''s external id, "
+                               "distributed by it: a chunk''s check of its ids is routed (0019).'")
+    connection.exec_driver_sql("COMMENT ON TABLE external_id_probes IS 'An ingest chunk''s external ids (or a "
+                               "removal''s), co-located with external_ids; emptied inside its transaction.'")
 
 
 def check(connection: sa.Connection, schema: str, layout: str | None) -> None:
@@ -119,17 +153,22 @@ def check(connection: sa.Connection, schema: str, layout: str | None) -> None:
         "SELECT c.relname, column_to_column_name(p.logicalrelid, p.partkey) || ' ' || p.colocationid "
         "FROM pg_dist_partition p JOIN pg_class c ON c.oid = p.logicalrelid "
         "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = :schema AND c.relname = ANY(:tables)"),
-        {"schema": schema, "tables": list(TABLES)}).all())
-    placements = {rows.get(table, "").split(" ")[0] for table in TABLES}
-    if placements != {"key"} or len({rows[table].split(" ")[1] for table in TABLES}) != 1:
-        raise IncompatibleIndex(f"the index in schema {schema!r} has the keyed distributed layout, yet its tables "
-                                f"{', '.join(TABLES)} are not co-located Citus tables distributed by key; open it on "
-                                "the coordinator that holds it")
+        {"schema": schema, "tables": [*TABLES, *ID_TABLES]}).all())
+    for tables, column in ((TABLES, "key"), (ID_TABLES, "external_id")):
+        placements = {rows.get(table, "").split(" ")[0] for table in tables}
+        if placements != {column} or len({rows[table].split(" ")[1] for table in tables}) != 1:
+            raise IncompatibleIndex(f"the index in schema {schema!r} has the keyed distributed layout, yet its "
+                                    f"tables {', '.join(tables)} are not co-located Citus tables distributed by "
+                                    f"{column}; open it on the coordinator that holds it")
 
 
 def build(connection: sa.Connection, method: Method, table: str = "keys") -> int:
-    """Fill ``keys`` (or ``table``, a table like it) from the stored documents' key columns (an index copied into
-    the keyed layout); rows written. One ``INSERT ... SELECT`` per key column, which Citus repartitions by key."""
+    """Fill ``keys`` from the stored documents' key columns, and ``external_ids`` from their external ids (an
+    index copied or moved into the keyed layout); key rows written. One ``INSERT ... SELECT`` per key column,
+    and one for the external ids, which Citus repartitions by key and by external id. With ``table`` (a table
+    like ``keys``: a relayout's new keys), only that table is filled: the documents' ids stay as they are."""
+    if table == "keys":
+        connection.exec_driver_sql("INSERT INTO external_ids (external_id, id) SELECT external_id, id FROM documents")
     written = 0
     for number, column in enumerate(method.key_columns):
         written += connection.exec_driver_sql(
@@ -160,6 +199,23 @@ def rebuild(connection: sa.Connection, method: Method) -> int:
 
 # -- a chunk of an ingest ----------------------------------------------------------------------------
 
+def stage_external_ids(connection: sa.Connection, ids: Sequence[int], external_ids: Sequence[str]
+                       ) -> list[tuple[int, int]]:
+    """Write a chunk's external ids (with its new document ids) into ``external_id_probes``, each to the shard
+    of its hash, and return ``(new id, stored document id)`` of those stored already (a co-located join,
+    :data:`STORED_IDS_SQL`). Those are taken out of the staged ids again: what stays is stored by
+    :func:`store_staged` with the chunk."""
+    if not len(ids):
+        return []
+    copy_in(connection, "external_id_probes (external_id, probe)", ["text", "int8"],
+            zip(external_ids, np.asarray(ids, dtype=np.int64).tolist()))
+    found = [tuple(row) for row in connection.exec_driver_sql(STORED_IDS_SQL).all()]
+    if found:  # co-located too: each staged id that is stored, on its shard
+        connection.exec_driver_sql("DELETE FROM external_id_probes p USING external_ids e "
+                                   "WHERE e.external_id = p.external_id")
+    return sorted(found)
+
+
 def stage_probes(connection: sa.Connection, ids: np.ndarray, fingerprints: Sequence[int], keys: np.ndarray) -> None:
     """Write a chunk's staged documents (their ids, stored fingerprints and key rows) into ``key_probes``: one
     row per document and key, each to the shard of its key."""
@@ -186,10 +242,14 @@ def candidate_join_sql(max_distance: int, below: int) -> str:
 
 
 def store_staged(connection: sa.Connection) -> None:
-    """Move the chunk's probes into ``keys`` (the chunk's documents are stored): a co-located INSERT ... SELECT,
-    nothing crosses the network; ``key_probes`` is left empty."""
+    """Move the chunk's probes into ``keys`` and its external ids into ``external_ids`` (the chunk's documents
+    are stored): co-located INSERT ... SELECTs, nothing crosses the network; ``key_probes`` and
+    ``external_id_probes`` are left empty."""
     connection.exec_driver_sql("INSERT INTO keys (key, id, fingerprint) SELECT key, probe, fingerprint FROM key_probes")
     connection.exec_driver_sql("DELETE FROM key_probes")
+    connection.exec_driver_sql("INSERT INTO external_ids (external_id, id) SELECT external_id, probe "
+                               "FROM external_id_probes")
+    connection.exec_driver_sql("DELETE FROM external_id_probes")
 
 
 #: Most keys one routed removal statement names (a removal of more documents' keys takes several statements).
@@ -215,6 +275,21 @@ def remove(connection: sa.Connection, method: Method, ids: Sequence[int], stored
             {"keys": folded.tolist()}).scalars().all()
         for statement, params in removal_statements(np.asarray(shards, dtype=np.int64), folded, owner):
             deleted += connection.exec_driver_sql(statement, params).rowcount
+    return deleted
+
+
+def remove_external_ids(connection: sa.Connection, ids: Sequence[int], external_ids: Sequence[str]) -> int:
+    """Drop the removed documents' rows of ``external_ids``: staged into ``external_id_probes`` (each to the
+    shard of its hash), deleted by a co-located join on the external id and the document id, and the staging
+    emptied; rows deleted. A removal runs before a chunk stages anything (a sync run's replacement: see
+    :func:`simdb.pg.sync.remove_changed`), under the ingest lock."""
+    if not len(ids):
+        return 0
+    copy_in(connection, "external_id_probes (external_id, probe)", ["text", "int8"],
+            zip(external_ids, np.asarray(ids, dtype=np.int64).tolist()))
+    deleted = connection.exec_driver_sql("DELETE FROM external_ids e USING external_id_probes p "
+                                         "WHERE e.external_id = p.external_id AND e.id = p.probe").rowcount
+    connection.exec_driver_sql("DELETE FROM external_id_probes")
     return deleted
 
 
@@ -245,9 +320,31 @@ def probe(connection: sa.Connection, method: Method, sketches: Sequence, max_dis
     if not len(sketches):
         return
     key_rows = method.keys(sketches) if keys is None else np.asarray(keys, dtype=np.int64)
-    wanted = np.unique(fold(key_rows)).tolist()
-    rows = connection.exec_driver_sql(LOOKUP_SQL, {"keys": wanted}).all()
+    wanted = np.unique(fold(key_rows))
+    if len(sketches) < SHARD_BY_SHARD:
+        rows = connection.exec_driver_sql(LOOKUP_SQL, {"keys": wanted.tolist()}).all()
+    else:  # each shard gets only its keys: one = ANY over all of them makes every shard probe every key
+        rows = []
+        for keys_of_shard in by_shard(connection, "keys", wanted):
+            rows += connection.exec_driver_sql(LOOKUP_SQL, {"keys": keys_of_shard.tolist()}).all()
     yield from _verified(rows, method, sketches, key_rows, max_distance)
+
+
+#: A batch of at least this many sketches probes ``keys`` shard by shard (:func:`probe`).
+SHARD_BY_SHARD = 64
+
+
+def by_shard(connection: sa.Connection, table: str, values: np.ndarray) -> list[np.ndarray]:
+    """``values`` of ``table``'s distribution column grouped by the shard that holds each (Citus's own hash,
+    asked on the coordinator): one array per shard, each routed to that one shard by ``= ANY``."""
+    shards = np.asarray(connection.exec_driver_sql(
+        "SELECT get_shard_id_for_distribution_column(CAST(%(table)s AS regclass), v) "
+        "FROM unnest(CAST(%(values)s AS bigint[])) v", {"table": table, "values": values.tolist()}
+    ).scalars().all(), dtype=np.int64)
+    order = np.argsort(shards, kind="stable")
+    shards, values = shards[order], values[order]
+    starts = np.flatnonzero(np.r_[True, shards[1:] != shards[:-1]])
+    return np.split(values, starts[1:])
 
 
 def _verified(rows: Sequence[tuple], method: Method, sketches: Sequence, key_rows: np.ndarray, max_distance: int

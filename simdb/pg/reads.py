@@ -92,13 +92,21 @@ def external_ids(connection: sa.Connection, ids: Iterable[int]) -> dict[int, str
                                    {"ids": ids}).all())
 
 
-def documents(connection: sa.Connection, method: Method, ids: Sequence[int]) -> dict[int, sa.Row]:
-    """{id: (id, external_id, sketch, metadata)} of stored documents."""
+def documents(connection: sa.Connection, method: Method, ids: Sequence[int], *, keyed: bool = False
+              ) -> dict[int, sa.Row]:
+    """{id: (id, external_id, sketch, metadata)} of stored documents. On the keyed layout, many ids are read
+    shard by shard (:func:`simdb.pg.keyed.by_shard`): one ``= ANY`` over all of them makes every shard of every
+    segment look up every id."""
     if not ids:
         return {}
-    return {row.id: row for row in connection.execute(sa.text(
-        f"SELECT id, external_id, {sql_of(method).sketch_column[0]} AS sketch, metadata FROM documents "
-        "WHERE id = ANY(:ids)"), {"ids": list(ids)})}
+    statement = sa.text(f"SELECT id, external_id, {sql_of(method).sketch_column[0]} AS sketch, metadata "
+                        "FROM documents WHERE id = ANY(:ids)")
+    if not keyed or len(ids) < keyed_layout.SHARD_BY_SHARD:
+        groups = [list(ids)]
+    else:
+        groups = [group.tolist() for group in keyed_layout.by_shard(connection, "documents",
+                                                                    np.asarray(ids, dtype=np.int64))]
+    return {row.id: row for group in groups for row in connection.execute(statement, {"ids": group})}
 
 
 def stored_document(connection: sa.Connection, method: Method, external_id: str) -> sa.Row:

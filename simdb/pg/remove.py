@@ -111,9 +111,10 @@ def remove(connection: sa.Connection, schema: str, method: Method, *, external_i
     uncount_removal(connection, "removing", "repointed")  # the counts by metadata fields, before the rows go
     if keyed:  # and their key rows, which the keyed layout's probes read: routed by the keys of their sketches
         gone = connection.exec_driver_sql(f"DELETE FROM documents WHERE id IN (SELECT id FROM removing) RETURNING "
-                                          f"id, {sql_of(method).sketch_column[0]}").all()
+                                          f"id, {sql_of(method).sketch_column[0]}, external_id").all()
         removed = len(gone)
         keyed_layout.remove(connection, method, [row[0] for row in gone], [row[1] for row in gone])
+        keyed_layout.remove_external_ids(connection, [row[0] for row in gone], [row[2] for row in gone])
     else:
         removed = connection.execute(sa.text("DELETE FROM documents WHERE id IN (SELECT id FROM removing)")).rowcount
     for removed_batch, count in removed_per_batch:  # what each batch holds: documents - removed
