@@ -18,7 +18,7 @@ config = context.config
 SEGMENT = re.compile(r"^documents_[0-9]+(_merged)?$")
 #: The keyed distributed layout's tables: made beside the migrated schema when a distributed index is created
 #: or moved to that layout, and checked on every open, as the tables' distribution over Citus is.
-KEYED_LAYOUT_TABLES = {"keys", "key_probes"}
+KEYED_LAYOUT_TABLES = {"keys", "key_probes", "external_ids", "external_id_probes"}
 
 
 def include_name(name, type_, parent_names):

@@ -224,7 +224,8 @@ def test_a_new_index_is_exactly_what_the_migrations_make(options, database_url, 
     assert len(created["relations"]) >= 20 and len(created["functions"]) >= 7 and len(created["views"]) == 6
     assert created["alembic_version"] == [(migrate.head_revision(),)]
     assert (len(created["idf_terms"]) > 100) == ("idf" in options)
-    keys_tables = 2 if settings.distributed and settings.distributed.get("layout") == "keyed" else 0  # keys, key_probes
+    # keys, key_probes, external_ids, external_id_probes
+    keys_tables = 4 if settings.distributed and settings.distributed.get("layout") == "keyed" else 0
     assert ("distribution" in created and len(created["distribution"]) == 8 + keys_tables) == (backend == "citus")
 
 

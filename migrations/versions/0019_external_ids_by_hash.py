@@ -8,7 +8,8 @@ one cost that grew with the cluster. An index with the keyed layout (the ``distr
 unique covering index, and ``external_id_probes (external_id, probe)`` co-located beside it for a chunk's ids:
 the check is a co-located join, each id sent once, to the shard of its hash.
 
-Filled here from ``documents``. Every other index (one server, or the layout by id) is left as it was: for
+Filled here from ``documents``, where the keyed layout's ``keys`` table is there: a schema the migrations make
+before it is distributed gets these tables with the others when it is. Every other index (one server, or the layout by id) is left as it was: for
 them this revision changes nothing.
 
 This migration carries its own SQL and imports nothing from simdb.
@@ -43,7 +44,9 @@ def upgrade() -> None:
     schema = context.config.attributes["schema"]
     connection = op.get_bind()
     shards = _keyed_shards(connection)
-    if shards is None or connection.execute(sa.text("SELECT to_regclass('external_ids')")).scalar() is not None:
+    made = connection.execute(sa.text("SELECT to_regclass('keys') IS NOT NULL AND to_regclass('external_ids') IS NULL")
+                              ).scalar()
+    if shards is None or not made:  # not keyed, not distributed yet (its tables come with it), or done
         return
     run = connection.exec_driver_sql
     run("CREATE TABLE external_ids (external_id text NOT NULL, id bigint NOT NULL)")
