@@ -172,10 +172,10 @@ def _parameters(nodeid: str) -> str:
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent without it (-p no:xdist)
 def pytest_xdist_make_scheduler(config, log):
-    """Under ``--dist loadgroup`` (scripts/test), the tests on Citus go to the first 2 workers (SIMDB_TEST_CITUS_WORKERS=N
-    for another number), sharing the run's one cluster: on one worker they were the floor of the not-slow lane
-    (570 s of its 609 with 4 workers, load 6); on two they slow each other down (730 s of test time), and the lane
-    took 557 s (load 7). Each of those workers takes the next test on Citus whenever it is nearly free (one test at
+    """Under ``--dist loadgroup`` (scripts/test), the tests on Citus go to the first 2 workers to report ready
+    (SIMDB_TEST_CITUS_WORKERS=N for another number), sharing the run's one cluster: on one worker they were the floor
+    of the not-slow lane (570 s of its 609 with 4 workers, load 6); on two they slow each other down (730 s of test
+    time), and the lane took 557 s (load 7). Each of those workers takes the next test on Citus whenever it is nearly free (one test at
     a time, as every other test is sent), so that the two end together: split between them in turn beforehand, the
     one that drew the longest tests (a minute, some of them) ran on after the other. Once every test on Citus is
     sent, they take the other tests; the other workers never take one on Citus. xdist's own grouping (the tests
@@ -208,6 +208,12 @@ def pytest_xdist_make_scheduler(config, log):
             node.send_runtest_some([collection.index(nodeid) for nodeid, done in work_unit.items() if not done])
             return True
 
+        def remove_node(self, node):
+            workload = self.assigned_work.get(node, {})
+            for scope in [scope for scope, unit in workload.items() if all(unit.values())]:
+                del workload[scope]  # only what it had not run goes back to the queue
+            return super().remove_node(node)
+
         def _reschedule(self, node) -> None:
             if node.shutting_down:
                 return
@@ -216,7 +222,7 @@ def pytest_xdist_make_scheduler(config, log):
                 return
             if self._pending_of(self.assigned_work[node]) > 2:  # xdist's own heuristic: keep 1-3 tests queued
                 return
-            if not self._assign_work_unit(node) and not self._pending_of(self.assigned_work[node]):
+            if not self._assign_work_unit(node):
                 node.shutdown()  # only tests on Citus are left, for their workers
 
     return CitusOnFewWorkers(config, log)
@@ -639,11 +645,15 @@ def catalog(connection: sa.Connection, schema: str) -> dict[str, list[tuple]]:
            ("settings", "idf_terms", "alembic_version")},
     }
     if citus:
-        found["distribution"] = rows(  # each table's distribution, shards and the first table it is co-located with
+        # each table's distribution, shards and the first table it is co-located with; not for reference tables
+        # (a copy on every node, whatever its group): on the cluster the tests share, one was seen in a group of its
+        # own while other tests made and dropped their schemas, a difference of no consequence
+        found["distribution"] = rows(
             "SELECT c.relname, p.partmethod, column_to_column_name(p.logicalrelid, p.partkey), p.repmodel, "
             "(SELECT count(*) FROM pg_dist_shard s WHERE s.logicalrelid = p.logicalrelid), "
-            "(SELECT min(o.relname) FROM pg_dist_partition q JOIN pg_class o ON o.oid = q.logicalrelid "
-            " WHERE q.colocationid = p.colocationid AND o.relnamespace = c.relnamespace) "
+            "CASE WHEN p.partmethod <> 'n' THEN (SELECT min(o.relname) FROM pg_dist_partition q "
+            " JOIN pg_class o ON o.oid = q.logicalrelid "
+            " WHERE q.colocationid = p.colocationid AND o.relnamespace = c.relnamespace) END "
             f"FROM pg_dist_partition p JOIN pg_class c ON c.oid = p.logicalrelid {in_schema} ORDER BY 1")
     return found
 
