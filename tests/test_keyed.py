@@ -231,6 +231,66 @@ def test_a_keyed_index_relaid_out_answers_from_a_keys_table_of_its_new_blocks(da
 
 
 @on_citus
+def test_lookups_go_on_while_a_keyed_relayout_rebuilds_keys(database_url, schema, monkeypatch):
+    """The switch of ``simdb relayout --blocks`` rebuilds ``keys`` (a scan of documents per key column: it grows
+    with the archive) before it alters ``documents``: a lookup meanwhile reads the old keys and documents. Built
+    after the ALTER TABLEs, every lookup waited for the whole rebuild (found in review)."""
+    from simdb.pg import keyed
+
+    rng = random.Random(43)
+    building, release = threading.Event(), threading.Event()
+    built = keyed.build
+
+    def build_then_wait(connection, method, table="keys"):
+        written = built(connection, method, table)
+        if table != "keys":  # the relayout's new table, filled: hold the switch here
+            building.set()
+            release.wait(120)
+        return written
+
+    with Index.create(database_url, schema=schema, shards=CITUS_SHARDS, max_distance=3, **KEYED) as index:
+        fingerprints = [rng.getrandbits(64) for _ in range(200)]
+        index.add_fingerprinted(make_batch(fingerprints, "a"), batch="a")
+        monkeypatch.setattr(keyed, "build", build_then_wait)
+        failed: list[BaseException] = []
+
+        def relayout():
+            try:
+                index.relayout(5)
+            except BaseException as error:  # noqa: BLE001 - raised again below
+                failed.append(error)
+            finally:
+                building.set()
+
+        switch = threading.Thread(target=relayout)
+        switch.start()
+        found: list = []
+        try:
+            assert building.wait(120)
+            with Index.open(database_url, schema=schema) as reader:
+                def look():
+                    try:
+                        found.append(reader.query_fingerprint(fingerprints[7]))
+                    except BaseException as error:  # noqa: BLE001 - raised again below
+                        failed.append(error)
+
+                lookup = threading.Thread(target=look)
+                lookup.start()
+                lookup.join(60)
+                answered = not lookup.is_alive()
+                release.set()
+                lookup.join(120)
+        finally:
+            release.set()
+            switch.join(300)
+        if failed:
+            raise failed[0]
+        assert answered, "the lookup waited for the relayout's rebuild of keys"
+        assert [(m.external_id, m.distance) for m in found[0]] == [("a-7", 0)]
+        assert index.layout.blocks == 5
+
+
+@on_citus
 def test_a_keyed_lookup_and_a_chunks_candidate_join_are_routed_by_key(database_url, schema):
     """More shards than key columns, so that a plan that fell back to every shard would show it."""
     from simdb.pg import keyed

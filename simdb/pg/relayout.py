@@ -126,13 +126,14 @@ def relayout(engine: sa.Engine, schema: str, settings: IndexSettings, blocks: in
         lock(connection, schema, "ingest")
         check_layout(connection, old, keyed_layout=keyed)
         connection.execute(sa.text(f"UPDATE documents SET {assignments} WHERE {new.key_columns[0]} IS NULL"))
+        if keyed:  # the probes read the keys table: it gets the new keys in the same transaction, built before
+            # the ALTER TABLEs below lock documents, so that lookups go on reading documents and keys meanwhile
+            written = keyed_layout.rebuild(connection, new)
         for column in new.key_columns:
             connection.exec_driver_sql(f"ALTER TABLE documents ALTER COLUMN {column} SET NOT NULL")
         for column in old.key_columns:
             connection.exec_driver_sql(f"ALTER TABLE documents DROP COLUMN {column}")
         create_functions(connection, schema, new, distributed=settings.distributed is not None)  # the new key columns
-        if keyed:  # the probes read the keys table: it gets the new keys in the same transaction
-            written = keyed_layout.rebuild(connection, new)
         save_method(connection, new)
     if keyed:
         say(f"rebuilt the keys table: {written:,} key rows")
