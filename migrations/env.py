@@ -16,9 +16,10 @@ config = context.config
 
 #: Segments of ``documents`` (revision 0007): partitions simdb creates and merges as the archive grows.
 SEGMENT = re.compile(r"^documents_[0-9]+(_merged)?$")
-#: The keyed distributed layout's tables: made beside the migrated schema when a distributed index is created
-#: or moved to that layout, and checked on every open, as the tables' distribution over Citus is.
-KEYED_LAYOUT_TABLES = {"keys", "key_probes", "external_ids", "external_id_probes"}
+#: The keyed distributed layout's tables (its keys table named after its layout's first key column, 0020): made
+#: beside the migrated schema when a distributed index is created or moved to that layout, and checked on every
+#: open, as the tables' distribution over Citus is.
+KEYED_LAYOUT_TABLES = re.compile(r"^(keys_[0-9]+|key_probes|external_ids|external_id_probes)$")
 
 
 def include_name(name, type_, parent_names):
@@ -26,7 +27,7 @@ def include_name(name, type_, parent_names):
     # default schema here, so autogenerate would otherwise report it as extra;
     # segments are described by the partitioned table they belong to.
     return not (type_ == "table" and (name == "alembic_version" or SEGMENT.match(name)
-                                      or name in KEYED_LAYOUT_TABLES))
+                                      or KEYED_LAYOUT_TABLES.match(name)))
 
 
 context.configure(

@@ -260,7 +260,7 @@ def keyed_join_traffic(index: Index, fingerprints: np.ndarray, worker_ports: lis
         found["bytes_sent"] = bytes_since(before, worker_ports)  # coordinator to workers
         found["rows_sent"] = connection.exec_driver_sql("SELECT count(*) FROM key_probes").scalar_one()
         plan = connection.exec_driver_sql("EXPLAIN (ANALYZE, FORMAT TEXT) "
-                                          + keyed.candidate_join_sql(method.max_distance, 10**12)).scalars().all()
+                                          + keyed.candidate_join_sql(method, method.max_distance, 10**12)).scalars().all()
         for position, line in enumerate(plan):
             size = _SIZE.search(line)
             if size:
@@ -275,7 +275,7 @@ def keyed_lookup_tasks(index: Index, probe: int) -> int:
 
     method = index.sketcher
     with index.database.engine.connect() as connection:
-        plan = connection.exec_driver_sql("EXPLAIN " + keyed.LOOKUP_SQL,
+        plan = connection.exec_driver_sql("EXPLAIN " + keyed.lookup_sql(method),
                                           {"keys": keyed.fold(method.keys([probe])).tolist()}).scalars().all()
     return sum(int(line.split(":")[1]) for line in plan if "Task Count:" in line)
 
@@ -295,7 +295,9 @@ def stored_bytes(index: Index, *, distributed: bool) -> dict[str, int]:
                 "SELECT c.relname, pg_total_relation_size(c.oid) FROM pg_class c JOIN pg_namespace n ON "
                 "n.oid = c.relnamespace WHERE n.nspname = :schema AND c.relkind = 'r'"),
                 {"schema": index.database.schema}).all()
-    keys = sum(int(size) for name, size in rows if name in ("keys", "key_probes"))
+    from simdb.pg import keyed
+
+    keys = sum(int(size) for name, size in rows if name in (keyed.table(index.sketcher), keyed.PROBES))
     return {"keys": keys, "rest": sum(int(size) for _, size in rows) - keys}
 
 
@@ -303,8 +305,10 @@ def stored_rows(index: Index) -> int:
     """Rows in the tables an ingest writes (each sent once, to the worker that keeps it)."""
     with index.database.engine.connect() as connection:
         tables = ["documents", "records", "near_duplicates", "clusters"]
-        if connection.exec_driver_sql("SELECT to_regclass('keys')").scalar() is not None:
-            tables.append("keys")
+        if index.context.keyed:
+            from simdb.pg import keyed
+
+            tables.append(keyed.table(index.sketcher))
         return sum(connection.exec_driver_sql(f"SELECT count(*) FROM {table}").scalar_one() for table in tables)
 
 

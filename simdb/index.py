@@ -123,9 +123,18 @@ def _url(args: tuple, kwargs: dict):
     return kwargs.get("database_url") or (args[1] if len(args) > 1 else None) or os.environ.get("SIMDB_DATABASE_URL")
 
 
+def _relaid_out(args: tuple, kwargs: dict, error: BaseException) -> SimdbError | None:
+    """An open index's statement that names a key column or keys table its layout no longer has: the index was
+    re-laid out since this process opened it (:func:`simdb.pg.catalog.relaid_out`)."""
+    if args and isinstance(args[0], Index):
+        return catalog.relaid_out(args[0].database.engine, args[0].settings.method, error)
+    return None
+
+
 def _at_the_boundary(cls: type) -> type:
     """Every public method (and classmethod) of ``cls`` raises simdb's errors, never the database's: the one
-    place where a database error becomes a :class:`SimdbError` subclass (:func:`simdb.pg.database.translate`).
+    place where a database error becomes a :class:`SimdbError` subclass (:func:`simdb.pg.database.translate`;
+    a statement of an index opened before a relayout on the old layout's keys, :func:`_relaid_out`).
     ``tests/test_boundary.py`` holds every public method to it."""
     for name, member in list(vars(cls).items()):
         if name.startswith("_"):
@@ -133,7 +142,7 @@ def _at_the_boundary(cls: type) -> type:
         if isinstance(member, classmethod):
             setattr(cls, name, classmethod(translating(_url)(member.__func__)))
         elif inspect.isfunction(member):
-            setattr(cls, name, translating(_url)(member))
+            setattr(cls, name, translating(_url, _relaid_out)(member))
     return cls
 
 

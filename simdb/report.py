@@ -38,7 +38,7 @@ from typing import BinaryIO
 from .charts import chart_style, new_figure
 from .diff import Change, changed_characters, changes, diff, elided
 from .methods import Method
-from .pg import reads
+from .pg import catalog, reads
 from .pg.database import translating
 
 #: Documents whose candidates are measured for the distance histogram, and its most bars.
@@ -585,7 +585,9 @@ def _notes(lines: list[str]) -> str:
     return "".join(f'<p class="note" role="note">{line}</p>' for line in lines)
 
 
-@translating(lambda args, kwargs: args[0].database.engine.url)  # it reads the index's tables itself
+# it reads the index's tables itself (and their key columns: an index opened before a relayout is told so)
+@translating(lambda args, kwargs: args[0].database.engine.url,
+             lambda args, kwargs, error: catalog.relaid_out(args[0].database.engine, args[0].settings.method, error))
 def build_report(index, batch: str | None = None, *, by: str | None = None, clusters_csv: BinaryIO | None = None,
                  clusters_link: str | None = None, warn: Warn | None = None) -> str:
     """The report on ``index`` (optionally focused on one batch; with ``by``, the duplicate rate by that metadata

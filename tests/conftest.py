@@ -580,7 +580,7 @@ def migrated_index(database_url: str, schema: str, settings: IndexSettings) -> N
                 drop_functions_and_views(connection, schema)
                 citus.distribute(connection, schema, settings.distributed["shards"])
                 if keyed.layout_of(settings.distributed) == keyed.KEYED:  # its keys tables, as simdb makes them
-                    keyed.create(connection, schema, settings.distributed["shards"])
+                    keyed.create(connection, schema, settings.distributed["shards"], settings.method)
                 create_functions(connection, schema, settings.method, distributed=True)
                 create_views(connection, schema, settings.method, distributed=True)
     finally:
@@ -738,8 +738,8 @@ def empty_index(engine: sa.Engine, schema: str, settings_rows) -> None:
                 "WHERE i.inhparent = CAST(:t AS regclass)"), {"t": f"{schema}.documents"}).scalars().all():
             connection.exec_driver_sql(f'DROP TABLE {schema}."{segment}"')
         if _distributed(engine, schema):
-            has_keys = connection.execute(sa.text("SELECT to_regclass(:t)"), {"t": f"{schema}.keys"}).scalar()
-            tables = [*GATHERING_TABLES, *(("keys",) if has_keys is not None else ())]  # the keyed layout's keys too
+            keys = keys_table(connection, schema)
+            tables = [*GATHERING_TABLES, *((keys,) if keys is not None else ())]  # the keyed layout's keys too
             connection.exec_driver_sql(f"TRUNCATE {', '.join(f'{schema}.{t}' for t in tables)} RESTART IDENTITY")
         else:  # what TRUNCATE ... RESTART IDENTITY leaves, in a 20th of its time (0.02 s, not 0.4: no new files)
             delete_rows(connection, schema)
@@ -819,6 +819,16 @@ def assert_consistent(engine: sa.Engine, schema: str, max_distance: int | None =
     return rows
 
 
+def keys_table(connection: sa.Connection, schema: str) -> str | None:
+    """The keyed layout's keys table in ``schema`` (the one named ``keys_<n>``, :func:`simdb.pg.keyed.table`), or
+    None where the index has none; two are an error (a relayout leaves one)."""
+    tables = connection.execute(sa.text(
+        "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = :s "
+        "AND c.relkind = 'r' AND c.relname ~ '^keys_[0-9]+$'"), {"s": schema}).scalars().all()
+    assert len(tables) <= 1, f"keys tables {tables} in {schema}"
+    return tables[0] if tables else None
+
+
 def assert_keys_consistent(engine: sa.Engine, schema: str) -> None:
     """Where the index has the keyed distributed layout: ``keys`` holds one row per stored document and key number,
     ``(folded key, id, fingerprint)`` computed from the document's fingerprint by the index's block layout, and
@@ -827,12 +837,14 @@ def assert_keys_consistent(engine: sa.Engine, schema: str) -> None:
     from simdb.pg import catalog
 
     with engine.begin() as connection:
-        if connection.execute(sa.text("SELECT to_regclass(:t)"), {"t": f"{schema}.keys"}).scalar() is None:
+        keys = keys_table(connection, schema)
+        if keys is None:
             return
         connection.exec_driver_sql(f"SET LOCAL search_path TO {schema}, public")
         method = catalog.load_settings(connection).method
+        assert keys == keyed.table(method), f"the keys table is {keys}, not that of the index's layout"
         documents = [tuple(row) for row in connection.exec_driver_sql("SELECT id, simhash FROM documents")]
-        stored = [tuple(row) for row in connection.exec_driver_sql("SELECT key, id, fingerprint FROM keys")]
+        stored = [tuple(row) for row in connection.exec_driver_sql(f"SELECT key, id, fingerprint FROM {keys}")]
         probes = connection.exec_driver_sql("SELECT count(*) FROM key_probes").scalar_one()
     folded = keyed.fold(method.keys([to_unsigned(fingerprint) for _, fingerprint in documents])).tolist() \
         if documents else []

@@ -13,6 +13,7 @@ import pytest
 import sqlalchemy as sa
 
 from simdb import Index, IncompatibleIndex, SimdbError
+from simdb.pg import keyed
 from simdb.samples import corpus
 from tests.conftest import CITUS_SHARDS, assert_consistent
 from tests.maintained import assert_field_counts
@@ -78,9 +79,10 @@ def test_the_tables_are_sharded_and_co_located_as_designed(database_url, schema)
     assert on_coordinator == 0  # the bulk segment was sharded before it was filled: no rows left behind
     # the keyed layout (a SimHash index's default): its keys beside the documents, by key, co-located with the probes
     assert index.settings.distributed == {"shards": CITUS_SHARDS, "layout": "keyed"}
-    assert [(tables[name].partmethod, tables[name].attname, tables[name].shards) for name in ("keys", "key_probes")
+    keys = keyed.table(index.settings.method)  # keys_0: named after the layout's first key column
+    assert [(tables[name].partmethod, tables[name].attname, tables[name].shards) for name in (keys, "key_probes")
             ] == [("h", "key", CITUS_SHARDS)] * 2
-    assert tables["keys"].colocationid == tables["key_probes"].colocationid != documents
+    assert tables[keys].colocationid == tables["key_probes"].colocationid != documents
 
 
 @on_citus

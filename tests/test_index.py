@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from simdb import BatchError, IncompatibleIndex, Index, IndexNotFound, InputError, fingerprint
 from simdb.bits import hamming_array, to_signed
 from simdb.matches import ProbeKeys, key_matches, shared_key_candidates, shared_key_pairs
+from simdb.pg import keyed
 from simdb.text import content_hash
 from simdb.ingest import FingerprintedBatch, IngestOptions
 from simdb.inputs import Document
@@ -214,7 +215,7 @@ def test_a_lookup_is_planned_once_per_connection(index):
     assert [(m.external_id, m.distance) for m in first] == [("p-7", 2)]
     with index.database.engine.connect() as connection:
         prepared = connection.exec_driver_sql("SELECT statement FROM pg_prepared_statements").scalars().all()
-    lookup = "FROM keys WHERE key = ANY" if index.context.keyed else "c JOIN documents d ON d.id = c.document_id"
+    lookup = f"FROM {keyed.table(index.settings.method)} WHERE key = ANY" if index.context.keyed else "c JOIN documents d ON d.id = c.document_id"
     assert [s for s in prepared if lookup in s], prepared
     assert index.query_fingerprint(flip(fingerprints[7], [1, 40])) == first
 

@@ -17,7 +17,8 @@ import pytest
 import sqlalchemy as sa
 
 from simdb import IncompatibleIndex, Index, SimdbError
-from tests.conftest import CITUS_SHARDS, assert_consistent
+from simdb.pg import keyed
+from tests.conftest import CITUS_SHARDS, assert_consistent, keys_table
 from tests.test_index import flip, make_batch
 
 #: The test runs on a Citus coordinator (skipped, saying why, where Citus is not installed).
@@ -58,8 +59,10 @@ def stored_pairs(index: Index) -> set:
 
 
 def key_rows(admin_engine, schema: str) -> tuple[int, int]:
+    """(rows of the keys table, of key_probes)."""
     with admin_engine.connect() as connection:
-        return (connection.exec_driver_sql(f"SELECT count(*) FROM {schema}.keys").scalar_one(),
+        return (connection.exec_driver_sql(f"SELECT count(*) FROM {schema}.{keys_table(connection, schema)}"
+                                           ).scalar_one(),
                 connection.exec_driver_sql(f"SELECT count(*) FROM {schema}.key_probes").scalar_one())
 
 
@@ -241,11 +244,10 @@ def test_lookups_go_on_while_a_keyed_relayout_rebuilds_keys(database_url, schema
     building, release = threading.Event(), threading.Event()
     built = keyed.build
 
-    def build_then_wait(connection, method, table="keys"):
-        written = built(connection, method, table)
-        if table != "keys":  # the relayout's new table, filled: hold the switch here
-            building.set()
-            release.wait(120)
+    def build_then_wait(connection, method):  # only the relayout builds a keys table here: hold its switch
+        written = built(connection, method)
+        building.set()
+        release.wait(120)
         return written
 
     with Index.create(database_url, schema=schema, shards=CITUS_SHARDS, max_distance=3, **KEYED) as index:
@@ -293,8 +295,6 @@ def test_lookups_go_on_while_a_keyed_relayout_rebuilds_keys(database_url, schema
 @on_citus
 def test_a_keyed_lookup_and_a_chunks_candidate_join_are_routed_by_key(database_url, schema):
     """More shards than key columns, so that a plan that fell back to every shard would show it."""
-    from simdb.pg import keyed
-
     shards = 32
     rng = random.Random(5)
     with Index.create(database_url, schema=schema, shards=shards, **KEYED) as index:
@@ -305,11 +305,11 @@ def test_a_keyed_lookup_and_a_chunks_candidate_join_are_routed_by_key(database_u
         sketch = rng.getrandbits(64)
         folded = keyed.fold(method.keys([sketch])).tolist()
         with index.database.engine.begin() as connection:
-            lookup = "\n".join(connection.exec_driver_sql("EXPLAIN " + keyed.LOOKUP_SQL, {"keys": folded}).scalars())
+            lookup = "\n".join(connection.exec_driver_sql("EXPLAIN " + keyed.lookup_sql(method),
+                                                          {"keys": folded}).scalars())
             keyed.stage_probes(connection, [10**9], method.stored([sketch]), method.keys([sketch]))
-            join = plan(connection, keyed.candidate_join_sql(method.max_distance, 10**9))
-            store = plan(connection, "INSERT INTO keys (key, id, fingerprint) "
-                                     "SELECT key, probe, fingerprint FROM key_probes")
+            join = plan(connection, keyed.candidate_join_sql(method, method.max_distance, 10**9))
+            store = plan(connection, keyed.store_staged_sql(method))
             connection.rollback()
     tasks = task_count(lookup)
     assert 1 <= tasks <= columns, lookup  # pruned to the shards of the sketch's keys, not all 32
@@ -333,7 +333,7 @@ def test_a_keyed_index_matches_through_its_keys_table_alone(database_url, schema
         index.add_fingerprinted(make_batch(fingerprints, "a"), batch="a")
         assert [m.external_id for m in index.query_fingerprint(fingerprints[4])] == ["a-4"]
         with admin_engine.begin() as connection:
-            connection.exec_driver_sql(f"DELETE FROM {schema}.keys")
+            connection.exec_driver_sql(f"DELETE FROM {schema}.{keyed.table(index.settings.method)}")
         assert index.query_fingerprint(fingerprints[4]) == []
         assert index.query_fingerprints([fingerprints[4]]) == [[]]
         index.add_fingerprinted(make_batch([flip(fingerprints[4], [0])], "b"), batch="b")
@@ -382,7 +382,7 @@ def test_an_index_by_id_moves_to_the_keyed_layout_whole_or_not_at_all(database_u
         assert len(errors) == 1 and "terminat" in str(errors[0]), errors
         assert index.settings.distributed == {"shards": CITUS_SHARDS}
         with admin_engine.connect() as connection:
-            assert connection.exec_driver_sql(f"SELECT to_regclass('{schema}.keys')").scalar() is None
+            assert keys_table(connection, schema) is None
     with Index.open(database_url, schema=schema) as index:
         assert index.settings.distributed == {"shards": CITUS_SHARDS}  # the layout by id, working
         batch = planted_texts(rng, "b", 60, records)
@@ -398,6 +398,15 @@ def test_an_index_by_id_moves_to_the_keyed_layout_whole_or_not_at_all(database_u
         assert f"distributed: {CITUS_SHARDS} shards per table (Citus), layout keyed" in result.output
         with pytest.raises(IncompatibleIndex, match="moved to another distributed layout while this process"):
             stale.add_many(planted_texts(rng, "x", 5, records), batch="x")
+        # its lookups read the documents' key columns, which the move keeps: still brute force's answers
+        stored = {record["id"]: stale.fingerprint(record["text"]) for record in records}
+        probes = [records[i]["text"] for i in rng.sample(range(len(records)), 12)]
+        for text, found in zip(probes, stale.query_many(probes)):
+            fingerprint = stale.fingerprint(text)
+            expected = {(name, (fp ^ fingerprint).bit_count()) for name, fp in stored.items()
+                        if (fp ^ fingerprint).bit_count() <= k}
+            assert {(m.external_id, m.distance) for m in found} == expected
+            assert {(m.external_id, m.distance) for m in stale.query(text)} == expected
     finally:
         stale.close()
     again = run("relayout", "--distributed-layout", "keyed")
@@ -483,8 +492,6 @@ def test_a_keyed_removal_deletes_key_rows_by_routed_statements(database_url, sch
     """Removing documents deletes their key rows by their keys, each statement routed to one shard (``keys`` has
     no index on id: a DELETE by id scans every shard), and leaves exactly the kept documents' key rows; in
     rounds of documents and statements of a few keys (made small here so that both happen)."""
-    from simdb.pg import keyed
-
     monkeypatch.setattr(keyed, "REMOVAL_DOCUMENTS", 3)
     monkeypatch.setattr(keyed, "REMOVAL_KEYS", 2)
 
@@ -503,7 +510,7 @@ def test_a_keyed_removal_deletes_key_rows_by_routed_statements(database_url, sch
         removals: list[tuple[str, dict]] = []
 
         def capture(connection, cursor, statement, parameters, context, executemany):
-            if statement.startswith("DELETE FROM keys"):
+            if statement.startswith(f"DELETE FROM {keyed.table(method)} "):
                 removals.append((statement, parameters))
 
         removed = {"a-3", "a-7", "b-1", "b-40"}
@@ -522,7 +529,7 @@ def test_a_keyed_removal_deletes_key_rows_by_routed_statements(database_url, sch
         with admin_engine.connect() as connection:
             names = dict(connection.exec_driver_sql(f"SELECT id, external_id FROM {schema}.documents").all())
             stored = {(key, names[document]) for key, document in
-                      connection.exec_driver_sql(f"SELECT key, id FROM {schema}.keys").all()}
+                      connection.exec_driver_sql(f"SELECT key, id FROM {schema}.{keyed.table(method)}").all()}
         expected = {(key, name) for name, fp in kept.items()
                     for key in keyed.fold(method.keys([fp])).tolist()}
         assert stored == expected  # the removed documents' rows are gone, every kept one's is there
@@ -683,6 +690,8 @@ def test_migration_0019_gives_a_keyed_index_its_external_ids(database_url, schem
         index.add_fingerprinted(make_batch(fingerprints[:60], "a"), batch="a")
     with admin_engine.begin() as connection:  # as revision 0018 left it
         connection.exec_driver_sql(f"DROP TABLE {schema}.external_id_probes, {schema}.external_ids")
+        connection.exec_driver_sql(f"ALTER TABLE {schema}.keys_0 RENAME TO keys")  # named so before 0020
+        connection.exec_driver_sql(f"ALTER INDEX {schema}.keys_0_key RENAME TO keys_key")
         migrate.stamp(connection, schema, "0018")
     with Index.open(database_url, schema=schema) as index:
         summary = index.add_fingerprinted(make_batch(fingerprints, "a"), batch="again")
@@ -690,7 +699,8 @@ def test_migration_0019_gives_a_keyed_index_its_external_ids(database_url, schem
     routed, documents, left = external_id_rows(admin_engine, schema)
     assert routed == documents and len(documents) == 80 and left == 0
     with admin_engine.connect() as connection:
-        assert connection.exec_driver_sql(f"SELECT version_num FROM {schema}.alembic_version").scalar() == "0019"
+        assert connection.exec_driver_sql(f"SELECT version_num FROM {schema}.alembic_version").scalar() == \
+            migrate.head_revision()
 
 
 @on_citus

@@ -2,6 +2,7 @@
 the head revision directly, is exactly what the migrations make."""
 
 import os
+import random
 import subprocess
 import sys
 import uuid
@@ -16,7 +17,8 @@ from simdb import Index
 from simdb.pg import migrate
 from simdb.pg.database import Database
 from simdb.settings import IndexSettings
-from tests.conftest import catalog, migrated_index
+from tests.conftest import CITUS_SHARDS, assert_consistent, catalog, keys_table, migrated_index
+from tests.test_index import flip, make_batch
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -350,3 +352,36 @@ def test_0017_fills_the_batch_each_verdict_named_even_when_it_was_removed(option
         index.add_many([{"id": "again", "text": records[2]["text"]}], batch="five")
         index.remove(ids=[records[2]["id"]])
     assert_maintained(admin_engine, schema, batches={**batches, "again": "five"})
+
+
+@pytest.mark.parametrize("backend", ["citus"], indirect=True)
+def test_0020_names_a_keyed_index_keys_table_after_its_layout(database_url, schema, admin_engine):
+    """A keyed index at revision 0018 held its keys in ``keys`` whatever its layout (here one relaid out, whose key
+    columns start at ``key_4``); opening it upgrades it to exactly what a keyed index of that layout is today,
+    its table ``keys_4``: lookups and ingests go on giving brute force's answers, and ``keys_4`` holds exactly the
+    documents' keys. Down, 0018's names again."""
+    rng = random.Random(20)
+    with Index.create(database_url, schema=schema, shards=CITUS_SHARDS, max_distance=3, distributed=True,
+                      distributed_layout="keyed") as index:
+        rows = [(f"a-{i}", rng.getrandbits(64)) for i in range(200)]
+        rows += [(f"b-{i}", flip(rng.choice(rows)[1], rng.sample(range(64), rng.randrange(5)))) for i in range(100)]
+        index.add_fingerprinted(make_batch([fp for name, fp in rows if name[0] == "a"], "a"), batch="a")
+        index.add_fingerprinted(make_batch([fp for name, fp in rows if name[0] == "b"], "b"), batch="b")
+        index.relayout(5)
+    with admin_engine.begin() as connection:
+        head = catalog(connection, schema)
+        assert keys_table(connection, schema) == "keys_4"
+        connection.exec_driver_sql(f"SET LOCAL search_path TO {schema}")
+        migrate.downgrade(connection, schema, "0018")
+        assert keys_table(connection, schema) is None
+        assert connection.exec_driver_sql(f"SELECT to_regclass('{schema}.keys_key')").scalar() is not None
+    with Index.open(database_url, schema=schema) as upgraded:
+        with admin_engine.begin() as connection:
+            assert catalog(connection, schema) == head
+        queries = [fp for _, fp in rng.sample(rows, 20)] + [rng.getrandbits(64) for _ in range(5)]
+        for query, found in zip(queries, upgraded.query_fingerprints(queries)):
+            expected = {(name, (fp ^ query).bit_count()) for name, fp in rows if (fp ^ query).bit_count() <= 3}
+            assert {(m.external_id, m.distance) for m in found} == expected
+            assert {(m.external_id, m.distance) for m in upgraded.query_fingerprint(query)} == expected
+        upgraded.add_fingerprinted(make_batch([flip(fp, [9]) for _, fp in rows[:20]], "c"), batch="c")
+    assert_consistent(admin_engine, schema)

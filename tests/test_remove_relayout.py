@@ -13,6 +13,7 @@ from alembic import command
 from simdb import Document, IncompatibleIndex, Index, SimdbError
 from simdb.ingest import IngestOptions
 from simdb.pg import migrate
+from simdb.report import build_report
 from simdb.samples import corpus
 from tests.conftest import Concurrently, assert_consistent, count_rows
 from tests.maintained import assert_maintained
@@ -441,3 +442,87 @@ def test_an_index_opened_while_a_relayout_switches_opens_with_the_new_layout(dat
     monkeypatch.setattr(catalog, "load_settings", read_before_the_switch)
     with Index.open(database_url, schema=schema) as reopened:
         assert reopened.layout.blocks == 5 and len(calls) == 2
+
+
+def planted_records(rng: random.Random, count: int, earlier: list[dict], prefix: str) -> list[dict]:
+    """``count`` texts of 200 words, half of them one of ``earlier`` with a word changed (near copies)."""
+    words = [f"w{i}" for i in range(400)]
+    records: list[dict] = []
+    for i in range(count):
+        if earlier and i % 2:
+            text = rng.choice(earlier)["text"].split()
+            at = rng.randrange(len(text))
+            text[at] = rng.choice([word for word in words if word != text[at]])
+            text = " ".join(text)
+        else:
+            text = " ".join(rng.choices(words, k=200))
+        records.append({"id": f"{prefix}-{i}", "text": text})
+    return records
+
+
+@pytest.mark.citus
+@pytest.mark.citus_by_id
+def test_an_index_opened_before_a_relayout_answers_as_brute_force_or_says_to_open_it_again(database_url, schema):
+    """A process that opened the index before another relaid it out still computes the old layout's keys. Each of
+    its lookups (one, a batch over two connections, query_many, check) gives brute force's answer or the one clear
+    error that says to open the index again: never fewer matches. On the keyed layout its probes of the rebuilt
+    keys table (renamed into the old one's place) found almost nothing; by id a batch failed on a dropped key
+    column with PostgreSQL's message."""
+    rng = random.Random(43)
+    stored = planted_records(rng, 60, [], "a")
+    stored += planted_records(rng, 60, stored, "b")
+    checked = planted_records(rng, 40, stored, "c")
+    with Index.create(database_url, schema=schema, max_distance=3) as index:
+        index.add_many(stored, batch="a")
+        fingerprints = {record["id"]: index.fingerprint(record["text"]) for record in stored + checked}
+
+    def near(text: str, among: list[dict] = stored) -> list[tuple[str, int]]:
+        """[(id, distance)] of the records ``among`` within 3 of ``text``, in their order: by brute force."""
+        fingerprint = index.fingerprint(text)
+        return [(record["id"], (fingerprints[record["id"]] ^ fingerprint).bit_count()) for record in among
+                if (fingerprints[record["id"]] ^ fingerprint).bit_count() <= 3]
+
+    queries = [record["text"] for record in rng.sample(stored, 30)] + [record["text"] for record in checked]
+    expected = [set(near(text)) for text in queries]
+    assert sum(len(found) for found in expected) > 35  # each stored text finds itself, and near copies
+    verdicts = []
+    for i, record in enumerate(checked):  # the earliest match: stored ones first, then the input's earlier ones
+        found = near(record["text"], stored + checked[:i])
+        verdicts.append(("near", *found[0]) if found else ("new", None, None))
+    assert sum(status == "near" for status, _, _ in verdicts) > 5
+
+    stale = Index.open(database_url, schema=schema)
+    assert [{(m.external_id, m.distance) for m in stale.query(text)} for text in queries] == expected  # prepared
+    with Index.open(database_url, schema=schema) as other:
+        other.relayout(5)
+    lookups = {
+        "query": lambda: [{(m.external_id, m.distance) for m in stale.query(text)} for text in queries],
+        "query_fingerprint": lambda: [{(m.external_id, m.distance) for m in stale.query_fingerprint(
+            stale.fingerprint(text))} for text in queries],
+        "query_many": lambda: [{(m.external_id, m.distance) for m in found} for found in stale.query_many(queries)],
+        "query_fingerprints over 2 connections": lambda: [
+            {(m.external_id, m.distance) for m in found}
+            for found in stale.query_fingerprints([stale.fingerprint(text) for text in queries], connections=2)],
+        "check": lambda: [(v.status, v.duplicate_of, v.distance) for v in stale.check_many(checked)],
+    }
+    outcomes = {}
+    for name, lookup in lookups.items():
+        try:
+            answers = lookup()
+        except IncompatibleIndex as error:
+            assert str(error) == ("the index was re-laid out since this process opened it (blocks 4 -> 5): "
+                                  "open it again"), name
+            outcomes[name] = "open it again"
+            continue
+        assert answers == (verdicts if name == "check" else expected), name
+        outcomes[name] = "exact"
+    for name, read in {"stats": stale.stats, "report": lambda: build_report(stale)}.items():  # key columns too
+        with pytest.raises(IncompatibleIndex) as raised:
+            read()
+        assert str(raised.value) == ("the index was re-laid out since this process opened it (blocks 4 -> 5): "
+                                     "open it again"), name
+    stale.close()
+    assert outcomes["query_many"] == outcomes["check"] == "open it again"  # they read the old key columns
+    with Index.open(database_url, schema=schema) as reopened:  # opened again, it answers
+        assert [{(m.external_id, m.distance) for m in found} for found in reopened.query_many(queries)] == expected
+        assert [(v.status, v.duplicate_of, v.distance) for v in reopened.check_many(checked)] == verdicts

@@ -42,15 +42,53 @@ def check_layout(connection: sa.Connection, method: Method, *, keyed_layout: boo
     """Under the ingest lock: refuse to write keys of a layout the index no longer has (its key columns, and
     whether its probes read a ``keys`` table: a process that opened it before ``simdb relayout
     --distributed-layout keyed`` would store documents without their key rows)."""
-    stored = dict(connection.execute(sa.text("SELECT name, value FROM settings WHERE name = ANY(:names)"),
-                                     {"names": [*_LAYOUT_ROWS, "distributed"]}).all())
-    mine = method.to_rows()
-    if [stored.get(name, 0) for name in _LAYOUT_ROWS] != [mine.get(name, 0) for name in _LAYOUT_ROWS]:
-        raise IncompatibleIndex("the index was re-laid out while this process had it open; open it again (an "
-                                "interrupted ingest can then be resumed)")
+    stored = _layout_rows(connection)
+    relaid = _relaid_out(stored, method)
+    if relaid is not None:
+        raise IncompatibleIndex(f"{relaid} (an interrupted ingest can then be resumed)")
     if (keyed.layout_of(stored.get("distributed")) == keyed.KEYED) != keyed_layout:
         raise IncompatibleIndex("the index was moved to another distributed layout while this process had it "
                                 "open; open it again (an interrupted ingest can then be resumed)")
+
+
+def _layout_rows(connection: sa.Connection) -> dict[str, object]:
+    return dict(connection.execute(sa.text("SELECT name, value FROM settings WHERE name = ANY(:names)"),
+                                   {"names": [*_LAYOUT_ROWS, "blocks", "distributed"]}).all())
+
+
+def _relaid_out(stored: dict[str, object], method: Method) -> str | None:
+    """What to tell a process whose ``method`` holds a key layout other than the ``stored`` settings rows', or
+    None where it holds the index's."""
+    mine = method.to_rows()
+    if [stored.get(name, 0) for name in _LAYOUT_ROWS] == [mine.get(name, 0) for name in _LAYOUT_ROWS]:
+        return None
+    return (f"the index was re-laid out since this process opened it (blocks {mine.get('blocks')} -> "
+            f"{stored.get('blocks')}): open it again")
+
+
+#: SQLSTATEs of a statement that names a relation or column the schema does not have (any longer).
+_UNDEFINED = {"42P01", "42703"}
+
+
+def relaid_out(engine: sa.Engine, method: Method, error: BaseException) -> IncompatibleIndex | None:
+    """The error to raise instead of ``error`` where ``error`` is a statement's ``undefined table`` or ``undefined
+    column`` and the index was re-laid out since the process that holds ``method`` opened it; else None.
+
+    Such a process computes the old layout's keys; it reads the key columns (``key_<n>``) and, on the keyed
+    distributed layout, the keys table (``keys_<n>``) of that layout, named so that a relayout drops them, never
+    a table or column of the new layout under the old name: its lookups fail instead of answering wrongly, at
+    no cost to the lookups, and this turns the failure into what to do (one read of ``settings`` once a
+    statement has failed)."""
+    state = getattr(getattr(error, "orig", error), "sqlstate", None)
+    if state not in _UNDEFINED:
+        return None
+    try:
+        with engine.connect() as connection:
+            stored = _layout_rows(connection)
+    except sa.exc.DBAPIError:  # the settings cannot be read either: the original error says more
+        return None
+    relaid = _relaid_out(stored, method)
+    return IncompatibleIndex(relaid) if relaid is not None else None
 
 
 def save_rows(connection: sa.Connection, rows: dict[str, object]) -> None:
@@ -103,7 +141,7 @@ def create_index(connection: sa.Connection, schema: str, settings: IndexSettings
     if settings.distributed is not None:
         citus.distribute(connection, schema, settings.distributed["shards"])
         if keyed.layout_of(settings.distributed) == keyed.KEYED:
-            keyed.create(connection, schema, settings.distributed["shards"])
+            keyed.create(connection, schema, settings.distributed["shards"], settings.method)
     distributed = settings.distributed is not None
     create_functions(connection, schema, settings.method, distributed=distributed)
     create_views(connection, schema, settings.method, distributed=distributed)
@@ -130,8 +168,6 @@ def open_index(connection: sa.Connection, schema: str, where: str) -> IndexSetti
         migrate.upgrade(connection, schema, layout=stored.layout)
         if stored.distributed is not None:  # and the tables the upgrade made are distributed as designed
             citus.check(connection, schema, where)
-    if stored.distributed is not None:  # after the upgrade, which makes the tables of the layout (0019)
-        keyed.check(connection, schema, keyed.layout_of(stored.distributed))
     columns = document_columns(connection)
     if not set(stored.method.key_columns) <= columns:  # a relayout's switch between the two reads: read again
         stored = load_settings(connection)
@@ -139,6 +175,8 @@ def open_index(connection: sa.Connection, schema: str, where: str) -> IndexSetti
     if missing:
         raise IncompatibleIndex(f"the documents table lacks key columns {sorted(missing)} that its layout "
                                 "needs; the schema was changed by hand")
+    if stored.distributed is not None:  # after the upgrade, which makes the layout's tables as today's (0019, 0020)
+        keyed.check(connection, schema, keyed.layout_of(stored.distributed), stored.method)
     return stored
 
 
@@ -163,6 +201,7 @@ def copy_to_distributed(connection: sa.Connection, source: str, target: str, sha
     counts = citus.copy_rows(connection, source, target)
     if layout == keyed.KEYED:
         counts["keys"] = keyed.build(connection, stored.method)
+        keyed.build_external_ids(connection)
     return counts
 
 
@@ -183,8 +222,9 @@ def move_to_keyed(connection: sa.Connection, schema: str, settings: IndexSetting
         raise IncompatibleIndex(f"the index in schema {schema!r} has the keyed distributed layout already")
     check_layout(connection, settings.method, keyed_layout=False)
     keyed.check_layout(keyed.KEYED, stored.method)
-    keyed.create(connection, schema, stored.distributed["shards"])
+    keyed.create(connection, schema, stored.distributed["shards"], stored.method)
     written = keyed.build(connection, stored.method)
+    keyed.build_external_ids(connection)
     distributed = {**stored.distributed, "layout": keyed.KEYED}
     connection.execute(sa.text(  # the layout's one change after creation (the tests watch for this statement)
         "UPDATE settings SET value = CAST(:value AS jsonb) WHERE name = :name"),

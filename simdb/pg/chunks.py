@@ -138,7 +138,7 @@ def store_chunk(connection: sa.Connection, schema: str, method: Method, chunk, *
     staged_ids, staged_sketches, staged_keys = ids[staged], _kept(stored_sketches, staged), keys[staged]
     if keyed:  # the probes go to the shards of their keys, joined there (simdb.pg.keyed)
         keyed_layout.stage_probes(connection, staged_ids, staged_sketches, staged_keys)
-        archive_pairs = keyed_layout.chunk_pairs(connection, wide, below=int(ids[0]) if count else 1)
+        archive_pairs = keyed_layout.chunk_pairs(connection, method, wide, below=int(ids[0]) if count else 1)
     else:
         archive_pairs = segment_pairs(connection, method, "staging", count - len(unstored), wide,
                                       below=int(ids[0]) if count else 1, distributed=distributed,
@@ -175,7 +175,7 @@ def store_chunk(connection: sa.Connection, schema: str, method: Method, chunk, *
         index_bare(connection, bulk_segment, int(ids[0]), int(ids[-1]) + 1)
         attach_indexed(connection, bulk_segment, int(ids[0]), int(ids[-1]) + 1)
     if keyed:  # the chunk's key rows join the archive's, on the shards they were staged on
-        keyed_layout.store_staged(connection)
+        keyed_layout.store_staged(connection, method)
     if len(pairs):  # the clusters the chunk's documents made, joined or merged
         merge_cluster_rows(connection, batch_id, method, schema, distributed=distributed)
     seal(connection, sealed)

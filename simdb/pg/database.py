@@ -400,31 +400,39 @@ def translate(error: sa.exc.DBAPIError | psycopg.Error, url: str | URL | None = 
 
 #: Where a translated error's redaction and role come from: the URL a call used, from its arguments.
 UrlOf = Callable[[tuple, dict], "str | URL | None"]
+#: What a call's database error means where the call knows better than its SQLSTATE (from the call's arguments and
+#: the error; None: :func:`translate` says it).
+Explain = Callable[[tuple, dict, BaseException], "SimdbError | None"]
 
 
-def translating(url_of: UrlOf) -> Callable[[Callable], Callable]:
+def translating(url_of: UrlOf, explain: Explain | None = None) -> Callable[[Callable], Callable]:
     """A decorator for the library's boundary: a database error the function raises, or the iterator it returns
     raises while it is read, becomes :func:`translate`'s :class:`SimdbError` (the original kept as its
-    ``__cause__``); simdb's own errors pass as they are. ``url_of(args, kwargs)`` names the URL the call used."""
+    ``__cause__``), or ``explain``'s where it has one; simdb's own errors pass as they are. ``url_of(args,
+    kwargs)`` names the URL the call used."""
     def decorate(function: Callable) -> Callable:
+        def translated_error(error: BaseException, args: tuple, kwargs: dict) -> SimdbError:
+            return (explain(args, kwargs, error) if explain is not None else None) or \
+                translate(error, url_of(args, kwargs))
+
         @functools.wraps(function)
         def translated(*args, **kwargs):
             try:
                 result = function(*args, **kwargs)
             except (sa.exc.DBAPIError, psycopg.Error) as error:
-                raise translate(error, url_of(args, kwargs)) from error
-            return _translated_items(result, lambda: url_of(args, kwargs)) if isinstance(result, Iterator) \
-                else result
+                raise translated_error(error, args, kwargs) from error
+            return _translated_items(result, lambda error: translated_error(error, args, kwargs)) \
+                if isinstance(result, Iterator) else result
         translated.translates_database_errors = True
         return translated
     return decorate
 
 
-def _translated_items(items: Iterator, url: Callable[[], "str | URL | None"]) -> Iterator:
+def _translated_items(items: Iterator, translated: Callable[[BaseException], SimdbError]) -> Iterator:
     try:
         yield from items
     except (sa.exc.DBAPIError, psycopg.Error) as error:
-        raise translate(error, url()) from error
+        raise translated(error) from error
 
 
 LOCAL_SERVER = "postgresql://postgres@127.0.0.1:5432/test"

@@ -4,8 +4,11 @@ The layout by id (:mod:`simdb.pg.citus`) shards ``documents`` by ``id``, so that
 15 keys can sit on any shard and every probe is sent to every shard. This layout adds Manku's permuted tables
 as one Citus table distributed by the key value:
 
-- ``keys (key, id, fingerprint)``: one row per (document, key number), hash-distributed by ``key``, with a
-  covering B-tree ``(key) INCLUDE (id, fingerprint)``. ``key`` folds the key number into the key value
+- ``keys_<n> (key, id, fingerprint)``: one row per (document, key number), hash-distributed by ``key``, with a
+  covering B-tree ``(key) INCLUDE (id, fingerprint)``; named after the layout's first key column ``key_<n>``
+  (:func:`table`), as the key columns are numbered afresh by each relayout, so that a process that opened the
+  index before a relayout probes a table that is gone (and says so, :func:`simdb.pg.catalog.relaid_out`)
+  instead of the new layout's table with the old layout's keys. ``key`` folds the key number into the key value
   (:func:`fold`: ``value << 6 | key_no``), so that one ``key = ANY(...)`` finds a probe's matches on every key
   column at once and Citus prunes it to the shards that hold those values: a lookup is at most as many
   shard tasks as there are key columns, whatever the shard count.
@@ -34,7 +37,8 @@ A removal deletes its documents' key rows by their keys, one statement routed to
 keyed`` (:func:`simdb.pg.catalog.move_to_keyed`: :func:`create`, then :func:`build`, in one transaction).
 
 SimHash only for now (MinHash's band rows would need their signatures verified from ``documents``: a
-second, id-routed step). ``simdb relayout --blocks`` rebuilds ``keys`` in its switch (:func:`rebuild`).
+second, id-routed step). ``simdb relayout --blocks`` builds the new layout's keys table in its switch and drops
+the old one (:func:`rebuild`). Below, ``keys`` names the keys table of the index's layout.
 """
 
 from __future__ import annotations
@@ -59,16 +63,25 @@ LAYOUTS = (BY_ID, KEYED)
 #: Low bits of a stored key that hold its key number (a layout has at most 64 keys).
 KEY_NUMBER_BITS = 6
 
-TABLES = ("keys", "key_probes")
+PROBES = "key_probes"
 #: The tables of the external ids, distributed by external id (their own co-location group).
 ID_TABLES = ("external_ids", "external_id_probes")
 #: Which of a chunk's staged ids are stored already, and as which document: a co-located join, one task per
 #: shard pair, each id on the one shard of its hash (``tests/test_keyed.py`` holds its plan to that).
 STORED_IDS_SQL = ("SELECT p.probe, e.id FROM external_id_probes p JOIN external_ids e "
                   "ON e.external_id = p.external_id")
-#: A routed probe of ``keys``: the stored rows of the given (folded) keys, on the shards that hold them (in the
-#: driver's parameter style: it is prepared on the driver's connection, see :func:`lookup`).
-LOOKUP_SQL = "SELECT key, id, fingerprint FROM keys WHERE key = ANY(CAST(%(keys)s AS bigint[]))"
+
+
+def table(method: Method) -> str:
+    """The keys table of ``method``'s key layout: ``keys_<n>``, after its first key column ``key_<n>``. Every
+    statement and test names it through this function."""
+    return "keys_" + method.key_columns[0].removeprefix("key_")
+
+
+def lookup_sql(method: Method) -> str:
+    """A routed probe of ``keys``: the stored rows of the given (folded) keys, on the shards that hold them (in
+    the driver's parameter style: it is prepared on the driver's connection, see :func:`lookup`)."""
+    return f"SELECT key, id, fingerprint FROM {table(method)} WHERE key = ANY(CAST(%(keys)s AS bigint[]))"
 
 
 def layout_of(distributed: dict | None) -> str | None:
@@ -108,20 +121,20 @@ def fold(keys: np.ndarray) -> np.ndarray:
 
 # -- creating and checking -------------------------------------------------------------------------------
 
-def create(connection: sa.Connection, schema: str, shards: int) -> None:
-    """The keyed layout's tables of a new distributed index, distributed by key (see the module's docstring)."""
-    connection.exec_driver_sql("CREATE TABLE keys (key bigint NOT NULL, id bigint NOT NULL, "
-                               "fingerprint bigint NOT NULL)")
-    connection.exec_driver_sql("CREATE INDEX keys_key ON keys (key) INCLUDE (id, fingerprint)")
-    connection.exec_driver_sql("CREATE TABLE key_probes (key bigint NOT NULL, probe bigint NOT NULL, "
+def create(connection: sa.Connection, schema: str, shards: int, method: Method) -> None:
+    """The keyed layout's tables of a new distributed index of ``method``, distributed by key (see the module's
+    docstring)."""
+    keys = table(method)
+    _create_keys(connection, keys)
+    connection.exec_driver_sql("CREATE INDEX {0}_key ON {0} (key) INCLUDE (id, fingerprint)".format(keys))
+    connection.exec_driver_sql(f"CREATE TABLE {PROBES} (key bigint NOT NULL, probe bigint NOT NULL, "
                                "fingerprint bigint NOT NULL)")
     connection.execute(sa.text("SELECT create_distributed_table(CAST(:t AS regclass), 'key', shard_count => :n, "
-                               "colocate_with => 'none')"), {"t": f"{schema}.keys", "n": shards})
+                               "colocate_with => 'none')"), {"t": f"{schema}.{keys}", "n": shards})
     connection.execute(sa.text("SELECT create_distributed_table(CAST(:t AS regclass), 'key', colocate_with => :w)"),
-                       {"t": f"{schema}.key_probes", "w": f"{schema}.keys"})
-    connection.exec_driver_sql("COMMENT ON TABLE keys IS 'One row per document and key number, distributed by "
-                               "key (key value << 6 | key number): a probe goes to the one shard of its key.'")
-    connection.exec_driver_sql("COMMENT ON TABLE key_probes IS 'An ingest chunk''s probes, co-located with keys; "
+                       {"t": f"{schema}.{PROBES}", "w": f"{schema}.{keys}"})
+    _comment_keys(connection, keys)
+    connection.exec_driver_sql(f"COMMENT ON TABLE {PROBES} IS 'An ingest chunk''s probes, co-located with keys; "
                                "written and emptied inside the chunk''s transaction.'")
     create_external_ids(connection, schema, shards)
 
@@ -145,55 +158,73 @@ def create_external_ids(connection: sa.Connection, schema: str, shards: int) -> 
                                "removal''s), co-located with external_ids; emptied inside its transaction.'")
 
 
-def check(connection: sa.Connection, schema: str, layout: str | None) -> None:
-    """On opening a keyed index: its key tables are distributed by key and co-located."""
+def _create_keys(connection: sa.Connection, keys: str) -> None:
+    connection.exec_driver_sql(f"CREATE TABLE {keys} (key bigint NOT NULL, id bigint NOT NULL, "
+                               "fingerprint bigint NOT NULL)")
+
+
+def _comment_keys(connection: sa.Connection, keys: str) -> None:
+    connection.exec_driver_sql(f"COMMENT ON TABLE {keys} IS 'One row per document and key number, distributed by "
+                               "key (key value << 6 | key number): a probe goes to the one shard of its key. Named "
+                               "after the first key column of the layout it holds.'")
+
+
+def check(connection: sa.Connection, schema: str, layout: str | None, method: Method) -> None:
+    """On opening a keyed index: its key tables (those of ``method``'s layout) are distributed by key and
+    co-located."""
     if layout != KEYED:
         return
+    tables = (table(method), PROBES)
     rows = dict(connection.execute(sa.text(
         "SELECT c.relname, column_to_column_name(p.logicalrelid, p.partkey) || ' ' || p.colocationid "
         "FROM pg_dist_partition p JOIN pg_class c ON c.oid = p.logicalrelid "
         "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = :schema AND c.relname = ANY(:tables)"),
-        {"schema": schema, "tables": [*TABLES, *ID_TABLES]}).all())
-    for tables, column in ((TABLES, "key"), (ID_TABLES, "external_id")):
-        placements = {rows.get(table, "").split(" ")[0] for table in tables}
-        if placements != {column} or len({rows[table].split(" ")[1] for table in tables}) != 1:
+        {"schema": schema, "tables": [*tables, *ID_TABLES]}).all())
+    for names, column in ((tables, "key"), (ID_TABLES, "external_id")):
+        placements = {rows.get(name, "").split(" ")[0] for name in names}
+        if placements != {column} or len({rows[name].split(" ")[1] for name in names}) != 1:
             raise IncompatibleIndex(f"the index in schema {schema!r} has the keyed distributed layout, yet its "
-                                    f"tables {', '.join(tables)} are not co-located Citus tables distributed by "
+                                    f"tables {', '.join(names)} are not co-located Citus tables distributed by "
                                     f"{column}; open it on the coordinator that holds it")
 
 
-def build(connection: sa.Connection, method: Method, table: str = "keys") -> int:
-    """Fill ``keys`` from the stored documents' key columns, and ``external_ids`` from their external ids (an
-    index copied or moved into the keyed layout); key rows written. One ``INSERT ... SELECT`` per key column,
-    and one for the external ids, which Citus repartitions by key and by external id. With ``table`` (a table
-    like ``keys``: a relayout's new keys), only that table is filled: the documents' ids stay as they are."""
-    if table == "keys":
-        connection.exec_driver_sql("INSERT INTO external_ids (external_id, id) SELECT external_id, id FROM documents")
+def build(connection: sa.Connection, method: Method) -> int:
+    """Fill ``method``'s keys table from the stored documents' key columns (an index copied or moved into the
+    keyed layout, or relaid out); rows written. One ``INSERT ... SELECT`` per key column, which Citus
+    repartitions by key."""
     written = 0
     for number, column in enumerate(method.key_columns):
         written += connection.exec_driver_sql(
-            f"INSERT INTO {table} (key, id, fingerprint) SELECT ({column} << {KEY_NUMBER_BITS}) | {number}, id, "
+            f"INSERT INTO {table(method)} (key, id, fingerprint) SELECT ({column} << {KEY_NUMBER_BITS}) | {number}, id, "
             f"{sql_of(method).sketch_column[0]} FROM documents").rowcount
     return written
 
 
-def rebuild(connection: sa.Connection, method: Method) -> int:
-    """Replace ``keys`` by a table of ``method``'s keys (``simdb relayout --blocks`` on the keyed layout, in its
-    switch: the documents' new key columns are filled, under the migrate and ingest locks); rows written.
+def build_external_ids(connection: sa.Connection) -> int:
+    """Fill ``external_ids`` from the stored documents (an index copied or moved into the keyed layout); rows
+    written, in one ``INSERT ... SELECT`` that Citus repartitions by external id."""
+    return connection.exec_driver_sql("INSERT INTO external_ids (external_id, id) "
+                                      "SELECT external_id, id FROM documents").rowcount
 
-    The new table is filled beside ``keys`` (lookups go on reading ``keys`` meanwhile), co-located with it (so
-    ``key_probes`` stays co-located with what replaces it), indexed once filled, and renamed into its place:
-    ``keys`` is locked only from its ``DROP`` to the commit. An interrupted rebuild rolls back whole."""
-    connection.exec_driver_sql("CREATE TABLE keys_relaid (key bigint NOT NULL, id bigint NOT NULL, "
-                               "fingerprint bigint NOT NULL)")
-    connection.execute(sa.text("SELECT create_distributed_table('keys_relaid', 'key', colocate_with => 'keys')"))
-    written = build(connection, method, "keys_relaid")
-    connection.exec_driver_sql("CREATE INDEX keys_relaid_key ON keys_relaid (key) INCLUDE (id, fingerprint)")
-    connection.exec_driver_sql("DROP TABLE keys")
-    connection.exec_driver_sql("ALTER TABLE keys_relaid RENAME TO keys")
-    connection.exec_driver_sql("ALTER INDEX keys_relaid_key RENAME TO keys_key")
-    connection.exec_driver_sql("COMMENT ON TABLE keys IS 'One row per document and key number, distributed by "
-                               "key (key value << 6 | key number): a probe goes to the one shard of its key.'")
+
+def rebuild(connection: sa.Connection, old: Method, new: Method) -> int:
+    """Replace the keys table of ``old``'s layout by one of ``new``'s (``simdb relayout --blocks`` on the keyed
+    layout, in its switch: the documents' new key columns are filled, under the migrate and ingest locks); rows
+    written.
+
+    The new table, named after the new first key column (:func:`table`), is filled beside the old one (lookups
+    go on reading that meanwhile), co-located with it (so ``key_probes`` stays co-located with what replaces
+    it) and indexed once filled; the old one is dropped, locked only from its ``DROP`` to the commit. A process
+    that still holds the old layout then finds no table of its keys, rather than the new one (whose keys are
+    not those it computes). An interrupted rebuild rolls back whole."""
+    keys = table(new)
+    _create_keys(connection, keys)
+    connection.execute(sa.text("SELECT create_distributed_table(CAST(:t AS regclass), 'key', colocate_with => :w)"),
+                       {"t": keys, "w": table(old)})
+    written = build(connection, new)
+    connection.exec_driver_sql("CREATE INDEX {0}_key ON {0} (key) INCLUDE (id, fingerprint)".format(keys))
+    connection.exec_driver_sql(f"DROP TABLE {table(old)}")
+    _comment_keys(connection, keys)
     return written
 
 
@@ -216,7 +247,8 @@ def stage_external_ids(connection: sa.Connection, ids: Sequence[int], external_i
     return sorted(found)
 
 
-def stage_probes(connection: sa.Connection, ids: np.ndarray, fingerprints: Sequence[int], keys: np.ndarray) -> None:
+def stage_probes(connection: sa.Connection, ids: np.ndarray, fingerprints: Sequence[int], keys: np.ndarray
+                 ) -> None:
     """Write a chunk's staged documents (their ids, stored fingerprints and key rows) into ``key_probes``: one
     row per document and key, each to the shard of its key."""
     if not len(ids):
@@ -225,31 +257,35 @@ def stage_probes(connection: sa.Connection, ids: np.ndarray, fingerprints: Seque
     folded = fold(keys).tolist()
     probe = np.repeat(np.asarray(ids, dtype=np.int64), columns).tolist()
     stored = np.repeat(np.asarray(fingerprints, dtype=np.int64), columns).tolist()
-    copy_in(connection, "key_probes (key, probe, fingerprint)", ["int8", "int8", "int8"], zip(folded, probe, stored))
+    copy_in(connection, f"{PROBES} (key, probe, fingerprint)", ["int8", "int8", "int8"], zip(folded, probe, stored))
 
 
-def chunk_pairs(connection: sa.Connection, max_distance: int, below: int) -> Iterator[np.ndarray]:
+def chunk_pairs(connection: sa.Connection, method: Method, max_distance: int, below: int) -> Iterator[np.ndarray]:
     """Verified ``(probe id, document id, distance)`` rows of the staged probes against every stored document
     (ids below ``below``): a co-located join of ``key_probes`` with ``keys``, verified on the shards. A pair
     that shares several keys comes back once per key."""
-    yield from verified_pairs(connection, candidate_join_sql(max_distance, below), max_distance)
+    yield from verified_pairs(connection, candidate_join_sql(method, max_distance, below), max_distance)
 
 
-def candidate_join_sql(max_distance: int, below: int) -> str:
+def candidate_join_sql(method: Method, max_distance: int, below: int) -> str:
     """The chunk's candidate join (a co-located join: ``tests/test_keyed.py`` holds its plan to that)."""
-    return ("SELECT p.probe, k.id, p.fingerprint, k.fingerprint FROM key_probes p JOIN keys k ON k.key = p.key "
-            f"WHERE k.id < {int(below)} AND bit_count((p.fingerprint # k.fingerprint)::bit(64)) <= {int(max_distance)}")
+    return (f"SELECT p.probe, k.id, p.fingerprint, k.fingerprint FROM {PROBES} p JOIN {table(method)} k "
+            f"ON k.key = p.key WHERE k.id < {int(below)} AND bit_count((p.fingerprint # k.fingerprint)::bit(64)) <= {int(max_distance)}")
 
 
-def store_staged(connection: sa.Connection) -> None:
+def store_staged(connection: sa.Connection, method: Method) -> None:
     """Move the chunk's probes into ``keys`` and its external ids into ``external_ids`` (the chunk's documents
     are stored): co-located INSERT ... SELECTs, nothing crosses the network; ``key_probes`` and
     ``external_id_probes`` are left empty."""
-    connection.exec_driver_sql("INSERT INTO keys (key, id, fingerprint) SELECT key, probe, fingerprint FROM key_probes")
-    connection.exec_driver_sql("DELETE FROM key_probes")
+    connection.exec_driver_sql(store_staged_sql(method))
+    connection.exec_driver_sql(f"DELETE FROM {PROBES}")
     connection.exec_driver_sql("INSERT INTO external_ids (external_id, id) SELECT external_id, probe "
                                "FROM external_id_probes")
     connection.exec_driver_sql("DELETE FROM external_id_probes")
+
+
+def store_staged_sql(method: Method) -> str:
+    return f"INSERT INTO {table(method)} (key, id, fingerprint) SELECT key, probe, fingerprint FROM {PROBES}"
 
 
 #: Most keys one routed removal statement names (a removal of more documents' keys takes several statements).
@@ -271,9 +307,10 @@ def remove(connection: sa.Connection, method: Method, ids: Sequence[int], stored
         folded = fold(key_rows)
         owner = np.repeat(np.asarray(ids[start:end], dtype=np.int64), key_rows.shape[1])
         shards = connection.exec_driver_sql(
-            "SELECT get_shard_id_for_distribution_column('keys', key) FROM unnest(CAST(%(keys)s AS bigint[])) key",
-            {"keys": folded.tolist()}).scalars().all()
-        for statement, params in removal_statements(np.asarray(shards, dtype=np.int64), folded, owner):
+            "SELECT get_shard_id_for_distribution_column(CAST(%(table)s AS regclass), key) "
+            "FROM unnest(CAST(%(keys)s AS bigint[])) key", {"table": table(method), "keys": folded.tolist()}
+        ).scalars().all()
+        for statement, params in removal_statements(method, np.asarray(shards, dtype=np.int64), folded, owner):
             deleted += connection.exec_driver_sql(statement, params).rowcount
     return deleted
 
@@ -293,20 +330,19 @@ def remove_external_ids(connection: sa.Connection, ids: Sequence[int], external_
     return deleted
 
 
-REMOVE_SQL = ("DELETE FROM keys WHERE key = ANY(CAST(%(keys)s AS bigint[])) "
-              "AND id = ANY(CAST(%(ids)s AS bigint[]))")
-
-
-def removal_statements(shards: np.ndarray, folded: np.ndarray, owner: np.ndarray) -> Iterator[tuple[str, dict]]:
+def removal_statements(method: Method, shards: np.ndarray, folded: np.ndarray, owner: np.ndarray
+                       ) -> Iterator[tuple[str, dict]]:
     """The routed ``DELETE`` statements of :func:`remove`: the (shard, folded key, document id) rows grouped by
     shard, at most :data:`REMOVAL_KEYS` keys a statement, each statement naming keys of one shard only."""
+    statement = (f"DELETE FROM {table(method)} WHERE key = ANY(CAST(%(keys)s AS bigint[])) "
+                 "AND id = ANY(CAST(%(ids)s AS bigint[]))")
     order = np.lexsort((folded, shards))
     shards, folded, owner = shards[order], folded[order], owner[order]
     starts = np.flatnonzero(np.r_[True, shards[1:] != shards[:-1]])
     for start, end in zip(starts, np.r_[starts[1:], len(shards)]):
         for first in range(start, end, REMOVAL_KEYS):
             last = min(first + REMOVAL_KEYS, end)
-            yield REMOVE_SQL, {"keys": np.unique(folded[first:last]).tolist(),
+            yield statement, {"keys": np.unique(folded[first:last]).tolist(),
                                "ids": np.unique(owner[first:last]).tolist()}
 
 
@@ -321,12 +357,13 @@ def probe(connection: sa.Connection, method: Method, sketches: Sequence, max_dis
         return
     key_rows = method.keys(sketches) if keys is None else np.asarray(keys, dtype=np.int64)
     wanted = np.unique(fold(key_rows))
+    lookup = lookup_sql(method)
     if len(sketches) < SHARD_BY_SHARD:
-        rows = connection.exec_driver_sql(LOOKUP_SQL, {"keys": wanted.tolist()}).all()
+        rows = connection.exec_driver_sql(lookup, {"keys": wanted.tolist()}).all()
     else:  # each shard gets only its keys: one = ANY over all of them makes every shard probe every key
         rows = []
-        for keys_of_shard in by_shard(connection, "keys", wanted):
-            rows += connection.exec_driver_sql(LOOKUP_SQL, {"keys": keys_of_shard.tolist()}).all()
+        for keys_of_shard in by_shard(connection, table(method), wanted):
+            rows += connection.exec_driver_sql(lookup, {"keys": keys_of_shard.tolist()}).all()
     yield from _verified(rows, method, sketches, key_rows, max_distance)
 
 
@@ -380,7 +417,7 @@ def lookup(connection: sa.Connection, method: Method, sketch, max_distance: int)
     driver = connection.connection.driver_connection
     prepare = True if driver.prepare_threshold is not None else None
     key_rows = method.keys([sketch])
-    rows = driver.cursor().execute(LOOKUP_SQL, {"keys": np.unique(fold(key_rows)).tolist()}, prepare=prepare
+    rows = driver.cursor().execute(lookup_sql(method), {"keys": np.unique(fold(key_rows)).tolist()}, prepare=prepare
                                    ).fetchall()
     distances = {document: distance for _, document, distance in
                  _verified(rows, method, [sketch], key_rows, max_distance)}

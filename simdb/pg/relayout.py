@@ -6,7 +6,9 @@ bounded transactions from the stored sketches (by the method's SQL for its keys)
 ``CREATE INDEX CONCURRENTLY``, and switched to in one short transaction that also fills the rows
 ingested meanwhile, drops the old columns and rewrites the layout in ``settings``. Lookups and
 ingests go on using the old keys until the switch; a process that still holds the old layout
-afterwards fails on the missing columns instead of answering wrongly.
+afterwards fails on the missing columns (on the keyed layout, on the old layout's keys table, which the switch
+drops: :func:`simdb.pg.keyed.rebuild`) instead of answering wrongly, and is told to open the index again
+(:func:`simdb.pg.catalog.relaid_out`; its ingests and removals are refused under the ingest lock first).
 
 An interrupted relayout leaves the index as it was, plus unused columns that the next relayout
 removes first.
@@ -128,7 +130,7 @@ def relayout(engine: sa.Engine, schema: str, settings: IndexSettings, blocks: in
         connection.execute(sa.text(f"UPDATE documents SET {assignments} WHERE {new.key_columns[0]} IS NULL"))
         if keyed:  # the probes read the keys table: it gets the new keys in the same transaction, built before
             # the ALTER TABLEs below lock documents, so that lookups go on reading documents and keys meanwhile
-            written = keyed_layout.rebuild(connection, new)
+            written = keyed_layout.rebuild(connection, old, new)
         for column in new.key_columns:
             connection.exec_driver_sql(f"ALTER TABLE documents ALTER COLUMN {column} SET NOT NULL")
         for column in old.key_columns:
