@@ -88,6 +88,7 @@ def test_a_bad_policy_is_refused(size, factor):
 # -- ingest over segments ----------------------------------------------------------------------------
 
 @pytest.mark.citus
+@pytest.mark.citus_by_id  # the layout by id's candidate join over segments
 def test_ingest_creates_segments_as_ids_advance_and_finds_every_pair(database_url, schema, admin_engine):
     rng = random.Random(7)
     base = [rng.getrandbits(64) for _ in range(40)]
@@ -190,6 +191,7 @@ def test_a_failed_bulk_chunk_leaves_no_table_behind(database_url, schema, admin_
 
 
 @pytest.mark.citus
+@pytest.mark.citus_by_id  # the layout by id's candidate join over segments
 def test_ingest_merges_between_its_chunks(database_url, schema, admin_engine):
     from simdb import Document
     from simdb.ingest import IngestOptions

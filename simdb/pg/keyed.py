@@ -197,14 +197,17 @@ def build(connection: sa.Connection, method: Method) -> int:
         written += connection.exec_driver_sql(
             f"INSERT INTO {table(method)} (key, id, fingerprint) SELECT ({column} << {KEY_NUMBER_BITS}) | {number}, id, "
             f"{sql_of(method).sketch_column[0]} FROM documents").rowcount
+    connection.exec_driver_sql(f"ANALYZE {table(method)}")  # the first chunks' joins are planned on its statistics
     return written
 
 
 def build_external_ids(connection: sa.Connection) -> int:
     """Fill ``external_ids`` from the stored documents (an index copied or moved into the keyed layout); rows
     written, in one ``INSERT ... SELECT`` that Citus repartitions by external id."""
-    return connection.exec_driver_sql("INSERT INTO external_ids (external_id, id) "
-                                      "SELECT external_id, id FROM documents").rowcount
+    written = connection.exec_driver_sql("INSERT INTO external_ids (external_id, id) "
+                                         "SELECT external_id, id FROM documents").rowcount
+    connection.exec_driver_sql("ANALYZE external_ids")
+    return written
 
 
 def rebuild(connection: sa.Connection, old: Method, new: Method) -> int:
