@@ -357,8 +357,9 @@ def test_0017_fills_the_batch_each_verdict_named_even_when_it_was_removed(option
 def test_0021_routes_simdb_neighbours_on_citus_and_goes_down_to_the_view_reader(options, database_url, schema,
                                                                                 admin_engine, backend):
     """Revision 0021 rewrites simdb_neighbours of a distributed index into routed statements (a repartition join
-    before) and leaves one server's alone; down, it gives back the function that read the view, and up again
-    exactly what today's code makes, with the same answers as the view both ways."""
+    before) and leaves one server's alone, and the exact MinHash lookup's read of a stored document's pairs into
+    one statement (everywhere); down, it gives back the function that read the view and the two-statement
+    lookup, and up again exactly what today's code makes, with the same answers as the view both ways."""
     from simdb.samples import corpus
 
     records = list(corpus())[:120]
@@ -393,8 +394,13 @@ def test_0021_routes_simdb_neighbours_on_citus_and_goes_down_to_the_view_reader(
         assert neighbours["down"][0][2:] == neighbours["head"][0][2:]  # its comment and grants kept
     else:
         assert neighbours["down"] == neighbours["head"]
-    others = [row for row in head["functions"] if not str(row[0]).startswith("simdb_neighbours(")]
-    assert [row for row in down["functions"] if not str(row[0]).startswith("simdb_neighbours(")] == others
+    rewritten = ("simdb_neighbours(", "simdb_lookup(") if options.get("verify") == "exact" else ("simdb_neighbours(",)
+    others = [row for row in head["functions"] if not str(row[0]).startswith(rewritten)]
+    assert [row for row in down["functions"] if not str(row[0]).startswith(rewritten)] == others
+    if options.get("verify") == "exact":  # a stored document's pairs: one statement, two before
+        lookup = {part: next(row[1] for row in rows if str(row[0]).startswith("simdb_lookup("))
+                  for part, rows in (("head", head["functions"]), ("down", down["functions"]))}
+        assert "OR p.b_id = stored_id" in lookup["head"] and "UNION ALL SELECT p.b_id" in lookup["down"]
     assert down["alembic_version"] == [("0018",)] and up["alembic_version"] == head["alembic_version"]
     for part in head:
         assert up[part] == head[part], part

@@ -1,4 +1,5 @@
-"""``simdb_neighbours`` on a distributed index: one routed statement a step instead of a repartition join.
+"""``simdb_neighbours`` on a distributed index: one routed statement a step instead of a repartition join; the exact
+MinHash lookup reads a stored document's pairs in one statement.
 
 On Citus, ``simdb_neighbours(external_id)`` read the ``document_neighbours`` view, which joins each pair with
 both its documents; ``documents`` is distributed by ``id`` and a pair lives on its later document's shard, so
@@ -7,6 +8,10 @@ index's size; and it failed unless the session had ``citus.multi_shard_modify_mo
 distributed index it now runs a statement a step, each sent to the shards it reads: the document by its
 external id, its pairs from both sides, its neighbours by id; the rows are matched on the coordinator. The
 answers are the same rows. On one server nothing changes (it reads the view, through the indexes).
+
+On a MinHash index deciding exactly, ``simdb_lookup`` answers a stored document's signature with its stored
+pairs: a ``UNION ALL`` of the two sides, which Citus ran as two subplans whose results it gathered; it reads
+them in one statement now, by either side (on every index of that kind, one server's too: the same rows).
 
 This migration carries its own SQL and imports nothing from simdb. The coordinator renumbers it at merge:
 written after 0018 (0019 and 0020 are taken by other branches).
@@ -86,6 +91,34 @@ RETURN QUERY SELECT * FROM {schema}.document_neighbours n WHERE n.external_id = 
 END $$"""
 
 
+PAIRS_BEFORE = """                RETURN QUERY SELECT stored_id, 0
+                UNION ALL SELECT p.b_id, p.distance::integer FROM {schema}.near_duplicates p
+                          WHERE p.a_id = stored_id AND p.distance <= max_distance
+                UNION ALL SELECT p.a_id, p.distance::integer FROM {schema}.near_duplicates p
+                          WHERE p.b_id = stored_id AND p.distance <= max_distance;"""
+PAIRS_NOW = """                RETURN QUERY SELECT stored_id, 0;
+                RETURN QUERY SELECT CASE WHEN p.a_id = stored_id THEN p.b_id ELSE p.a_id END, p.distance::integer
+                FROM {schema}.near_duplicates p
+                WHERE (p.a_id = stored_id OR p.b_id = stored_id) AND p.distance <= max_distance;"""
+
+
+def _rewrite_exact_lookup(schema: str, before: str, now: str) -> None:
+    """On a MinHash index deciding exactly, ``simdb_lookup``'s read of a stored document's pairs, ``before`` ->
+    ``now``, the rest of the function (its band lookups) kept as the index has it."""
+    connection = op.get_bind()
+    rows = dict(connection.execute(sa.text("SELECT name, value FROM settings")).all())
+    if rows.get("method") != "minhash" or rows["minhash"].get("verify") != "exact":
+        return
+    definition = connection.execute(sa.text("SELECT pg_get_functiondef(CAST(:f AS regprocedure))"),
+                                    {"f": f"{schema}.simdb_lookup(bytea, integer)"}).scalar_one()
+    before, now = before.format(schema=schema), now.format(schema=schema)
+    if definition.count(before) != 1:  # stop before changing anything
+        raise RuntimeError(f"migration 0021 cannot find the read of a stored document's pairs in simdb_lookup, so "
+                           f"the migration is rolled back and the index left as it was; report it with the "
+                           f"definition:\n{definition}")
+    _run(definition.replace(before, now))
+
+
 def _distributed(schema: str) -> bool:
     connection = op.get_bind()
     if connection.execute(sa.text("SELECT to_regclass('pg_catalog.pg_dist_partition')")).scalar_one() is None:
@@ -112,9 +145,11 @@ def upgrade() -> None:
     if _distributed(schema):  # on one server the function reads the view through the indexes, as it did
         scale = _scale()
         _run(ROUTED.format(schema=schema, similarity=f"(({scale} - pair_distances[i])::double precision / {scale})"))
+    _rewrite_exact_lookup(schema, PAIRS_BEFORE, PAIRS_NOW)
 
 
 def downgrade() -> None:
     schema = context.config.attributes["schema"]
     if _distributed(schema):
         _run(VIEW_READER.format(schema=schema))
+    _rewrite_exact_lookup(schema, PAIRS_NOW, PAIRS_BEFORE)
