@@ -385,3 +385,59 @@ def test_0020_names_a_keyed_index_keys_table_after_its_layout(database_url, sche
             assert {(m.external_id, m.distance) for m in upgraded.query_fingerprint(query)} == expected
         upgraded.add_fingerprinted(make_batch([flip(fp, [9]) for _, fp in rows[:20]], "c"), batch="c")
     assert_consistent(admin_engine, schema)
+
+
+@pytest.mark.citus
+@pytest.mark.parametrize("options", [{"store_text": True}, {"method": "minhash", "verify": "exact"}],
+                         ids=["simhash", "minhash-exact"])
+def test_0021_routes_simdb_neighbours_on_citus_and_goes_down_to_the_view_reader(options, database_url, schema,
+                                                                                admin_engine, backend):
+    """Revision 0021 rewrites simdb_neighbours of a distributed index into routed statements (a repartition join
+    before) and leaves one server's alone, and the exact MinHash lookup's read of a stored document's pairs into
+    one statement (everywhere); down, it gives back the function that read the view and the two-statement
+    lookup, and up again exactly what today's code makes, with the same answers as the view both ways."""
+    from simdb.samples import corpus
+
+    records = list(corpus())[:120]
+    before = migrate.revision_chain()["0021"]  # the revision 0021 follows (renumbered at merge)
+    with Index.create(database_url, schema=schema, **options) as index:
+        index.add_many(records, batch="one")
+        layout = index.settings.layout
+        with index.database.engine.connect() as connection:  # simdb's sessions: Citus's settings on
+            connection.exec_driver_sql(f"SET search_path TO {schema}")
+            names = connection.exec_driver_sql("SELECT DISTINCT external_id FROM document_neighbours").scalars().all()
+            view = sorted(connection.exec_driver_sql("SELECT * FROM document_neighbours").all())
+
+            def answers():
+                return sorted(row for name in names for row in connection.execute(
+                    sa.text("SELECT * FROM simdb_neighbours(:n)"), {"n": name}).all())
+
+            with admin_engine.begin() as admin:
+                head = catalog(admin, schema)
+                admin.exec_driver_sql(f"SET LOCAL search_path TO {schema}")
+                migrate.downgrade(admin, schema, before)
+                down = catalog(admin, schema)
+            assert answers() == view and len(view) > 10
+            with admin_engine.begin() as admin:
+                admin.exec_driver_sql(f"SET LOCAL search_path TO {schema}")
+                migrate.upgrade(admin, schema, layout=layout)
+                up = catalog(admin, schema)
+            assert answers() == view
+    neighbours = {part: [row for row in rows if str(row[0]).startswith("simdb_neighbours(")]
+                  for part, rows in (("head", head["functions"]), ("down", down["functions"]))}
+    if backend == "citus":
+        assert "ANY(pair_neighbours)" in neighbours["head"][0][1]
+        assert "document_neighbours n WHERE n.external_id" in neighbours["down"][0][1]
+        assert neighbours["down"][0][2:] == neighbours["head"][0][2:]  # its comment and grants kept
+    else:
+        assert neighbours["down"] == neighbours["head"]
+    rewritten = ("simdb_neighbours(", "simdb_lookup(") if options.get("verify") == "exact" else ("simdb_neighbours(",)
+    others = [row for row in head["functions"] if not str(row[0]).startswith(rewritten)]
+    assert [row for row in down["functions"] if not str(row[0]).startswith(rewritten)] == others
+    if options.get("verify") == "exact":  # a stored document's pairs: one statement, two before
+        lookup = {part: next(row[1] for row in rows if str(row[0]).startswith("simdb_lookup("))
+                  for part, rows in (("head", head["functions"]), ("down", down["functions"]))}
+        assert "OR p.b_id = stored_id" in lookup["head"] and "UNION ALL SELECT p.b_id" in lookup["down"]
+    assert down["alembic_version"] == [(before,)] and up["alembic_version"] == head["alembic_version"]
+    for part in head:
+        assert up[part] == head[part], part

@@ -48,15 +48,79 @@ def _run(connection: sa.Connection, statement: str) -> None:
     connection.connection.dbapi_connection.execute(statement)
 
 
-def neighbours_function(schema: str) -> tuple[str, str, str]:
-    """``simdb_neighbours(external_id)``, the same for every method (it reads the ``document_neighbours`` view)."""
-    return ("simdb_neighbours(text)",
-            f"""CREATE OR REPLACE FUNCTION {schema}.simdb_neighbours(external_id text)
+def neighbours_function(schema: str, similarity: str, distributed: bool) -> tuple[str, str, str]:
+    """``simdb_neighbours(external_id)``, the same for every method: the ``document_neighbours`` view's rows of one
+    document. ``similarity`` is the SQL of the similarity of a pair whose distance is ``pair_distances[i]``.
+
+    On one server it reads the view, through the indexes. On a distributed index Citus planned that query as a
+    repartition join of the pairs with both their documents (0.5-5 s a call on a test cluster of 4 shards,
+    whatever the index's size): there it runs one statement per step, each of which Citus sends to the shards
+    it reads, with no repartition or broadcast (0021): the document by its external id (an index probe per
+    shard, as ``documents`` is distributed by ``id``), its pairs from both sides (by ``b_id``, their
+    distribution column, and by the primary key's ``a_id``), its neighbours by ``id`` (the shards that hold
+    them), and the rows joined from those values on the coordinator."""
+    comment = "The near-duplicates of one document (by its external id), earlier and later, with both batches."
+    if not distributed:
+        return ("simdb_neighbours(text)",
+                f"""CREATE OR REPLACE FUNCTION {schema}.simdb_neighbours(external_id text)
             RETURNS SETOF {schema}.document_neighbours
             LANGUAGE sql STABLE PARALLEL SAFE AS $$
             SELECT * FROM {schema}.document_neighbours n WHERE n.external_id = simdb_neighbours.external_id
-            $$""",
-            "The near-duplicates of one document (by its external id), earlier and later, with both batches.")
+            $$""", comment)
+    return ("simdb_neighbours(text)", ROUTED_NEIGHBOURS.format(schema=schema, similarity=similarity), comment)
+
+
+#: ``simdb_neighbours`` of a distributed index (see :func:`neighbours_function`); migration 0021 writes the same.
+ROUTED_NEIGHBOURS = """CREATE OR REPLACE FUNCTION {schema}.simdb_neighbours(external_id text)
+            RETURNS SETOF {schema}.document_neighbours
+            LANGUAGE plpgsql STABLE PARALLEL SAFE AS $$
+            DECLARE
+                me record;
+                pair record;
+                neighbour record;
+                found {schema}.document_neighbours;
+                pair_neighbours bigint[];
+                pair_distances smallint[];
+                pair_found timestamptz[];
+                i integer;
+            BEGIN
+                -- one statement a step, each sent to the shards it reads, rows and no aggregate back: no repartition
+                -- join (0021). A document's pairs and its neighbours come in the order of the neighbours' ids, and
+                -- are matched walking both (every neighbour is one of the pairs').
+                FOR me IN SELECT d.id, d.external_id, b.name AS batch
+                          FROM {schema}.documents d JOIN {schema}.batches b ON b.id = d.batch_id
+                          WHERE d.external_id = simdb_neighbours.external_id LOOP
+                    pair_neighbours := '{{}}'; pair_distances := '{{}}'; pair_found := '{{}}';
+                    FOR pair IN SELECT CASE WHEN p.b_id = me.id THEN p.a_id ELSE p.b_id END AS neighbour,
+                                       p.distance, p.found_at
+                                FROM {schema}.near_duplicates p WHERE p.b_id = me.id OR p.a_id = me.id
+                                ORDER BY 1 LOOP
+                        pair_neighbours := pair_neighbours || pair.neighbour;
+                        pair_distances := pair_distances || pair.distance;
+                        pair_found := pair_found || pair.found_at;
+                    END LOOP;
+                    CONTINUE WHEN cardinality(pair_neighbours) = 0;
+                    i := 1;
+                    FOR neighbour IN SELECT o.id, o.external_id, ob.name AS batch
+                                     FROM {schema}.documents o JOIN {schema}.batches ob ON ob.id = o.batch_id
+                                     WHERE o.id = ANY(pair_neighbours) ORDER BY o.id LOOP
+                        WHILE pair_neighbours[i] < neighbour.id LOOP
+                            i := i + 1;
+                        END LOOP;
+                        found.document_id := me.id;
+                        found.external_id := me.external_id;
+                        found.batch := me.batch;
+                        found.neighbour_id := neighbour.id;
+                        found.neighbour_external_id := neighbour.external_id;
+                        found.neighbour_batch := neighbour.batch;
+                        found.neighbour_is_earlier := neighbour.id < me.id;
+                        found.distance := pair_distances[i];
+                        found.similarity := {similarity};
+                        found.found_at := pair_found[i];
+                        RETURN NEXT found;
+                    END LOOP;
+                END LOOP;
+            END $$"""
 
 
 _SQL_BODY = re.compile(r"LANGUAGE sql STABLE PARALLEL SAFE AS \$\$(.*)\$\$\s*$", re.S)
@@ -168,7 +232,8 @@ def create_views(connection: sa.Connection, schema: str, method: Method, *, dist
                b.within_batch, b.already_stored, b.rejected
         FROM {schema}.batches b""")
     _run(connection, SOURCE_VERDICTS.format(schema=schema))
-    _create_function(connection, schema, neighbours_function(schema),  # it returns a view's rows: after the views
+    _create_function(connection, schema,  # it returns a view's rows: after the views
+                     neighbours_function(schema, sql_of(method).similarity_sql("pair_distances[i]"), distributed),
                      distributed)
     for view, comment in {
         "near_duplicate_pairs": "Every near-duplicate pair found at ingest (a stored first), with both documents' "

@@ -82,7 +82,8 @@ def function_statements(schema: str, settings: MinHashSettings, one_statement: b
     stored pairs, whose distances ingest computed from the two texts' shingle sets (every pair within the
     index's maximum distance is stored), so that a pair's similarity is the same number in every function and
     view; a signature no stored document has cannot be decided by its text, which SQL does not have, and is
-    answered by the estimate, with a NOTICE."""
+    answered by the estimate, with a NOTICE. A stored document's pairs are read in one statement, by either
+    side (a ``UNION ALL`` of the two sides was, on Citus, two subplans and their results gathered, 0021)."""
     n, k, scale = settings.num_perm, settings.max_distance, settings.scale
     # the parameter qualified by the function's name: a bare ``signature`` here is the documents column, which
     # made every band "match" its own row and every lookup a scan of the table
@@ -121,11 +122,10 @@ def function_statements(schema: str, settings: MinHashSettings, one_statement: b
                                  'the earliest one''s (id %); simdb_neighbours(external_id) gives each one''s',
                                  stored_texts, stored_id;
                 END IF;
-                RETURN QUERY SELECT stored_id, 0
-                UNION ALL SELECT p.b_id, p.distance::integer FROM {schema}.near_duplicates p
-                          WHERE p.a_id = stored_id AND p.distance <= max_distance
-                UNION ALL SELECT p.a_id, p.distance::integer FROM {schema}.near_duplicates p
-                          WHERE p.b_id = stored_id AND p.distance <= max_distance;
+                RETURN QUERY SELECT stored_id, 0;
+                RETURN QUERY SELECT CASE WHEN p.a_id = stored_id THEN p.b_id ELSE p.a_id END, p.distance::integer
+                FROM {schema}.near_duplicates p
+                WHERE (p.a_id = stored_id OR p.b_id = stored_id) AND p.distance <= max_distance;
             END $$"""
         beyond = ("a stored document's pairs are stored only up to it, and other signatures find fewer candidates "
                   "beyond it")
