@@ -224,3 +224,39 @@ def test_the_bit_sums_hold_blas_to_one_thread(monkeypatch):
     texts = ["数据库索引的近似重复检测", "near duplicate detection in a text archive", "第三个文本"]
     assert fingerprints(texts, FingerprintSettings()) == [fingerprint(t) for t in texts]
     assert _Recorded.threads and set(_Recorded.threads) == {1}
+
+
+def test_threads_fingerprinting_at_once_each_get_their_texts_own_fingerprints(monkeypatch):
+    """The process's vocabulary (token ids, their hashes and kinds) is shared by every thread: two ingests in one
+    process fingerprint at once, and the compiled sums run without the GIL. One thread's new tokens (or the
+    vocabulary starting again when full) between another's lookup of its ids and its sums gave that thread ids
+    outside its arrays ("a token id outside the vocabulary", seen in a run of concurrent keyed ingests), or ids
+    of another vocabulary: fingerprints of other tokens, silently. Oracle: each text's definition, alone."""
+    import random
+    import threading
+
+    recipe = FingerprintSettings(seed=11)
+    shared = fingerprint_module._Vocabulary(recipe.seed, limit=400)  # starts again often
+    monkeypatch.setattr(fingerprint_module, "_vocabulary", lambda seed: shared)
+    rng = random.Random(3)
+    per_thread = [[" ".join(f"t{rng.randrange(3000)}" for _ in range(30)) for _ in range(40)] for _ in range(4)]
+    expected = [[_fingerprint_by_the_definition(text, recipe) for text in texts] for texts in per_thread]
+    failed: list[BaseException] = []
+    wrong: list[int] = []
+
+    def run(number: int) -> None:
+        try:
+            for _ in range(15):
+                if fingerprints(per_thread[number], recipe) != expected[number]:
+                    wrong.append(number)
+        except BaseException as error:  # noqa: BLE001 - raised again below
+            failed.append(error)
+
+    threads = [threading.Thread(target=run, args=(number,)) for number in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(300)
+    if failed:
+        raise failed[0]
+    assert not wrong and not any(thread.is_alive() for thread in threads)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -390,6 +391,10 @@ class _Vocabulary:
 
     def __init__(self, seed: int, limit: int | None = VOCABULARY_LIMIT) -> None:
         self.seed = seed
+        #: Held from a batch's first lookup to the end of its sums: the ids, hashes and kinds change together as
+        #: another thread adds tokens (or starts the vocabulary again), and a batch's ids must stay those of the
+        #: arrays it sums with (re-entrant: a batch too large for its keys is summed in halves)
+        self.lock = threading.RLock()
         self.limit = limit  # None: never starts again (one text's vocabulary, whose ids must all stay valid)
         self.ids: dict[str, int] = {}
         self.hashes = np.empty(0, dtype="<u8")
@@ -451,7 +456,9 @@ def simhashes_of_tokens(token_lists: Sequence[list[str]], settings: FingerprintS
     texts = len(token_lists)
     if not texts:
         return []
-    return _batch_simhashes(_vocabulary(settings.seed), token_lists, settings)
+    vocabulary = _vocabulary(settings.seed)
+    with vocabulary.lock:
+        return _batch_simhashes(vocabulary, token_lists, settings)
 
 
 def _simhashes_in_numpy(vocabulary: _Vocabulary, token_lists: Sequence[list[str]],
