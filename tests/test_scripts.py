@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 from tests.conftest import CITUS_TOOLS, DEVSET, citus_missing, free_port
 
@@ -176,7 +177,7 @@ def test_every_benchmark_in_scripts_is_run():
     """A benchmark added (bench_ingest was split into parts that each run alone) is run here too."""
     runnable = {path.name for path in (ROOT / "scripts").glob("*.py")
                 if 'if __name__ == "__main__":' in path.read_text(encoding="utf-8")}
-    assert runnable == {run[0] for run in RUNS} | {"bench_citus.py"}
+    assert runnable == {run[0] for run in RUNS} | {"bench_citus.py", "bench_neighbours.py"}
 
 
 def test_the_scripts_sample_processes_with_psutil_not_proc():
@@ -223,6 +224,22 @@ def test_the_sampler_names_what_it_found(tmp_path):
     assert run.cpu_main > 0 and len(run.quarters) == 4
     with pytest.raises(RuntimeError, match="exited with 3"):
         run_cli([sys.executable, "-c", "import sys; print('no'); sys.exit(3)"], str(tmp_path / "log"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["citus"], indirect=True)
+def test_the_neighbours_benchmark_runs_on_a_coordinator_and_prints_its_table(database_url):
+    """bench_neighbours times simdb_neighbours beside the view reader it replaced, on a Citus coordinator (the run's
+    cluster here): a row for each of its three indexes, and its schemas dropped at the end."""
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_neighbours.py"), "--database-url",
+                           database_url, "--calls", "2"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    for title in ("simhash, keyed", "simhash, by id", "minhash exact, by id"):
+        assert f"| {title} |" in done.stdout, done.stdout[-3000:]
+    with sa.create_engine(database_url).connect() as connection:
+        assert connection.execute(sa.text("SELECT count(*) FROM pg_namespace WHERE starts_with(nspname, :p)"),
+                                  {"p": "simdb_bench_neighbours_"}).scalar() == 0
 
 
 @pytest.mark.slow
