@@ -309,11 +309,8 @@ def remove(connection: sa.Connection, method: Method, ids: Sequence[int], stored
         key_rows = np.asarray(method.stored_keys(np.asarray(stored[start:end], dtype=np.int64)), dtype=np.int64)
         folded = fold(key_rows)
         owner = np.repeat(np.asarray(ids[start:end], dtype=np.int64), key_rows.shape[1])
-        shards = connection.exec_driver_sql(
-            "SELECT get_shard_id_for_distribution_column(CAST(%(table)s AS regclass), key) "
-            "FROM unnest(CAST(%(keys)s AS bigint[])) key", {"table": table(method), "keys": folded.tolist()}
-        ).scalars().all()
-        for statement, params in removal_statements(method, np.asarray(shards, dtype=np.int64), folded, owner):
+        shards = shard_ids(connection, table(method), folded)
+        for statement, params in removal_statements(method, shards, folded, owner):
             deleted += connection.exec_driver_sql(statement, params).rowcount
     return deleted
 
@@ -374,13 +371,19 @@ def probe(connection: sa.Connection, method: Method, sketches: Sequence, max_dis
 SHARD_BY_SHARD = 64
 
 
+def shard_ids(connection: sa.Connection, table: str, values: np.ndarray) -> np.ndarray:
+    """The shard of ``table`` that holds each of ``values`` (of its distribution column, bigint): Citus's own
+    hash, asked on the coordinator in one statement."""
+    return np.asarray(connection.exec_driver_sql(
+        "SELECT get_shard_id_for_distribution_column(CAST(%(table)s AS regclass), v) "
+        "FROM unnest(CAST(%(values)s AS bigint[])) v", {"table": table, "values": np.asarray(values).tolist()}
+    ).scalars().all(), dtype=np.int64)
+
+
 def by_shard(connection: sa.Connection, table: str, values: np.ndarray) -> list[np.ndarray]:
     """``values`` of ``table``'s distribution column grouped by the shard that holds each (Citus's own hash,
     asked on the coordinator): one array per shard, each routed to that one shard by ``= ANY``."""
-    shards = np.asarray(connection.exec_driver_sql(
-        "SELECT get_shard_id_for_distribution_column(CAST(%(table)s AS regclass), v) "
-        "FROM unnest(CAST(%(values)s AS bigint[])) v", {"table": table, "values": values.tolist()}
-    ).scalars().all(), dtype=np.int64)
+    shards = shard_ids(connection, table, values)
     order = np.argsort(shards, kind="stable")
     shards, values = shards[order], values[order]
     starts = np.flatnonzero(np.r_[True, shards[1:] != shards[:-1]])
