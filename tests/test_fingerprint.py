@@ -13,7 +13,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from simdb import InputError, fingerprint, hamming
-from tests.conftest import examples, use_python_twins
+from tests.conftest import Concurrently, examples, use_python_twins
 import simdb.methods.simhash.fingerprint as fingerprint_module
 from simdb.methods.simhash.fingerprint import (FingerprintSettings, feature_vector, fingerprints, simhash,
                                               simhash_of_hashes, tokens_for, weighted_features)
@@ -233,7 +233,6 @@ def test_threads_fingerprinting_at_once_each_get_their_texts_own_fingerprints(mo
     outside its arrays ("a token id outside the vocabulary", seen in a run of concurrent keyed ingests), or ids
     of another vocabulary: fingerprints of other tokens, silently. Oracle: each text's definition, alone."""
     import random
-    import threading
 
     recipe = FingerprintSettings(seed=11)
     shared = fingerprint_module._Vocabulary(recipe.seed, limit=400)  # starts again often
@@ -241,22 +240,15 @@ def test_threads_fingerprinting_at_once_each_get_their_texts_own_fingerprints(mo
     rng = random.Random(3)
     per_thread = [[" ".join(f"t{rng.randrange(3000)}" for _ in range(30)) for _ in range(40)] for _ in range(4)]
     expected = [[_fingerprint_by_the_definition(text, recipe) for text in texts] for texts in per_thread]
-    failed: list[BaseException] = []
     wrong: list[int] = []
 
     def run(number: int) -> None:
-        try:
-            for _ in range(15):
-                if fingerprints(per_thread[number], recipe) != expected[number]:
-                    wrong.append(number)
-        except BaseException as error:  # noqa: BLE001 - raised again below
-            failed.append(error)
+        for _ in range(15):
+            if fingerprints(per_thread[number], recipe) != expected[number]:
+                wrong.append(number)
 
-    threads = [threading.Thread(target=run, args=(number,)) for number in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(300)
-    if failed:
-        raise failed[0]
-    assert not wrong and not any(thread.is_alive() for thread in threads)
+    with Concurrently() as threads:  # re-raises any thread's error
+        for number in range(4):
+            threads.start(run, number)
+        threads.results()
+    assert not wrong

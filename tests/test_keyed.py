@@ -18,7 +18,7 @@ import sqlalchemy as sa
 
 from simdb import IncompatibleIndex, Index, SimdbError
 from simdb.pg import keyed
-from tests.conftest import CITUS_SHARDS, assert_consistent, keys_table
+from tests.conftest import CITUS_SHARDS, Concurrently, assert_consistent, keys_table
 from tests.test_index import flip, make_batch
 
 #: The test runs on a Citus coordinator (skipped, saying why, where Citus is not installed).
@@ -612,22 +612,15 @@ def test_concurrent_keyed_ingests_of_the_same_external_ids_store_each_once(datab
                   for name, text in reversed(texts.items())][:200],
     }
     with Index.create(database_url, schema=schema, shards=CITUS_SHARDS, **KEYED) as index:
-        errors: list[BaseException] = []
-
         def ingest(batch: str) -> None:
-            try:
-                with Index.open(database_url, schema=schema) as own:
-                    own.add_many(inputs[batch], batch=batch, chunk_size=15, on_error="skip",
-                                 rejects=tmp_path / f"rejects-{batch}.jsonl")
-            except BaseException as error:  # re-raised below
-                errors.append(error)
+            with Index.open(database_url, schema=schema) as own:
+                own.add_many(inputs[batch], batch=batch, chunk_size=15, on_error="skip",
+                             rejects=tmp_path / f"rejects-{batch}.jsonl")
 
-        threads = [threading.Thread(target=ingest, args=(batch,)) for batch in inputs]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=600)
-        assert not any(thread.is_alive() for thread in threads) and not errors, errors
+        with Concurrently() as threads:  # re-raises either ingest's error
+            for batch in inputs:
+                threads.start(ingest, batch)
+            threads.results(timeout=600)
         verdicts = {batch: {v.id: v.status for v in index.verdicts(batch)} for batch in inputs}
         fingerprint = {batch: {r["id"]: index.fingerprint(r["text"]) for r in records}
                        for batch, records in inputs.items()}
