@@ -19,18 +19,22 @@ from pathlib import Path
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
 #: One file per kernel and the module that puts them together (simdb/csrc/module.c).
-SOURCES = ("simdb/csrc/module.c", "simdb/csrc/text.c", "simdb/csrc/simhashes.c", "simdb/csrc/minhashes.c")
+SOURCES = ("simdb/csrc/module.c", "simdb/csrc/text.c", "simdb/csrc/simhashes.c", "simdb/csrc/minhashes.c",
+           "simdb/csrc/bandkeys.c")
 SOURCE = "simdb/csrc"
 
 
-def compile_native(root: Path, build_dir: Path) -> Path:
+def compile_native(root: Path, build_dir: Path, openssl: bool = True) -> Path:
     """Compiles the extension with setuptools' ``build_ext`` (the platform's compiler and flags); returns the
-    built file."""
+    built file. ``openssl``: with the MinHash band keys, linked to OpenSSL's libcrypto (Debian: libssl-dev);
+    without, the module lacks ``band_keys`` and their Python twin runs."""
     from setuptools import Distribution, Extension
     from setuptools.command.build_ext import build_ext
 
     extension = Extension("simdb._native", [str(root / source) for source in SOURCES],
                           depends=[str(root / SOURCE / "native.h")],
+                          libraries=["crypto"] if openssl else [],
+                          define_macros=[] if openssl else [("SIMDB_WITHOUT_OPENSSL", "1")],
                           extra_compile_args=[] if sys.platform == "win32" else ["-O3", "-std=c99"])
     command = build_ext(Distribution({"name": "simdb", "ext_modules": [extension]}))
     command.build_lib = str(build_dir / "lib")
@@ -53,12 +57,22 @@ class NativeBuildHook(BuildHookInterface):
         root = Path(self.root)
         build_dir = Path(tempfile.mkdtemp(prefix="simdb-native-"))
         try:
-            built = compile_native(root, build_dir)
+            try:
+                built = compile_native(root, build_dir)
+            except Exception as exc:  # noqa: BLE001 -- no OpenSSL headers or library: the rest still helps
+                if asked == "required":
+                    raise
+                print(f"simdb: WARNING: could not compile {SOURCE} with OpenSSL's libcrypto ({exc}); building it "
+                      "without the compiled MinHash band keys (install libssl-dev for them)", file=sys.stderr)
+                shutil.rmtree(build_dir, ignore_errors=True)
+                build_dir = Path(tempfile.mkdtemp(prefix="simdb-native-"))
+                built = compile_native(root, build_dir, openssl=False)
         except Exception as exc:  # noqa: BLE001 -- any failure to compile leaves the pure-Python paths
             shutil.rmtree(build_dir, ignore_errors=True)
             if asked == "required":
                 raise RuntimeError(f"simdb: SIMDB_NATIVE=required and {SOURCE} did not compile ({exc}): install a "
-                                   "C compiler and Python's headers (Debian: apt-get install gcc python3-dev), or "
+                                   "C compiler, Python's and OpenSSL's headers (Debian: apt-get install gcc "
+                                   "python3-dev libssl-dev), or "
                                    "unset SIMDB_NATIVE to build without the compiled fast paths") from exc
             # on standard error, where `pip install -v` shows it (hatchling's warnings went unseen)
             print(f"simdb: WARNING: could not compile {SOURCE} ({exc}); building simdb WITHOUT its compiled fast "

@@ -14,7 +14,11 @@ tests hold the two equal over the devset and over generated text:
 ``_native.token_ids``      :meth:`simdb.methods.simhash.fingerprint._Vocabulary.lookup`
 ``_native.simhashes``      :func:`simdb.methods.simhash.fingerprint.simhashes_of_tokens`
 ``_native.minhashes``      :func:`simdb.methods.minhash.signature._signatures_in_numpy`
+``_native.band_keys``      :func:`simdb.methods.minhash.signature._band_keys_in_python`
 =========================  ==================================================================
+
+``band_keys`` is compiled only where OpenSSL's libcrypto and its headers were at hand (``hatch_build.py``);
+a module built without them runs its Python twin, unless ``SIMDB_NATIVE=required``, which then fails.
 
 ``SIMDB_NATIVE`` in the environment chooses: unset (or ``auto``), the compiled paths where the module was
 built (``hatch_build.py``), else the Python twins (the same fingerprints, slower); ``required``, the
@@ -40,8 +44,8 @@ __all__ = ["MODES", "NATIVE_ENV", "PYTHON_TWINS", "any_marked", "auto_runs", "ch
 #: The environment variable that chooses (see above), and its values.
 NATIVE_ENV = "SIMDB_NATIVE"
 MODES = ("auto", "required", "off")
-BUILD_HINT = ("build it with a C compiler and Python's headers at hand (Debian: apt-get install gcc "
-              "python3-dev), then `pip install -e .` (-v shows the compile)")
+BUILD_HINT = ("build it with a C compiler, Python's and OpenSSL's headers at hand (Debian: apt-get install gcc "
+              "python3-dev libssl-dev), then `pip install -e .` (-v shows the compile)")
 
 
 def mode() -> str:
@@ -100,6 +104,11 @@ def chosen(fast: str | Callable, twin: Callable) -> Callable:
     Python function that takes the compiled module as its first argument) where the compiled paths are on,
     else ``twin``. Bound once, at the caller's import."""
     if _compiled is None:
+        return twin
+    if isinstance(fast, str) and not hasattr(_compiled, fast):  # built without what it needs (OpenSSL)
+        if mode() == "required":
+            raise ImportError(f"{NATIVE_ENV}=required, and simdb's compiled module lacks {fast} (built without "
+                              f"what it needs): {BUILD_HINT}")
         return twin
     return getattr(_compiled, fast) if isinstance(fast, str) else functools.partial(fast, _compiled)
 

@@ -274,6 +274,7 @@ def use_python_twins(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(fingerprint, "_sums_of_ids", fingerprint._simhashes_of_ids)
     monkeypatch.setattr(fingerprint, "_batch_simhashes", fingerprint._simhashes_in_numpy)
     monkeypatch.setattr(signature, "_minhashes", signature._signatures_in_numpy)
+    monkeypatch.setattr(signature, "_band_keys", signature._band_keys_in_python)
 
 
 @pytest.fixture

@@ -107,6 +107,29 @@ def test_band_keys_are_stable_functions_of_the_bands(values):
     assert minhash.band_keys_array(np.stack([signature, changed]), SETTINGS).tolist() == [list(keys), list(other)]
 
 
+@pytest.mark.parametrize("layout", [SETTINGS, minhash.MinHashSettings(threshold=0.5, num_perm=16),
+                                    minhash.MinHashSettings(threshold=0.95, num_perm=1024)],
+                         ids=lambda layout: f"{layout.bands}x{layout.rows}")
+def test_band_keys_are_postgresqls_md5_keys_in_every_path(admin_engine, layout, monkeypatch):
+    """The keys ingest stores (the compiled path where built, and its hashlib twin) are those SQL computes with
+    md5() (band_key_sql: simdb_band_keys and simdb_lookup), for thousands of random signatures and the extremes."""
+    from simdb.pg.methods.minhash import band_key_sql
+    from tests.conftest import use_python_twins
+
+    rng = np.random.default_rng(36)
+    rows = rng.integers(0, 2**32, (3000, layout.num_perm), dtype=np.uint32)
+    rows[0], rows[1] = 0, 2**32 - 1
+    with admin_engine.connect() as connection:
+        in_sql = connection.execute(sa.text(
+            f"SELECT ARRAY[{', '.join(band_key_sql(layout, band) for band in range(layout.bands))}] "
+            "FROM unnest(CAST(:signatures AS bytea[])) WITH ORDINALITY AS s(signature, n) ORDER BY n"),
+            {"signatures": [minhash.to_bytes(row) for row in rows]}).scalars().all()
+    assert minhash.band_keys_array(rows, layout).tolist() == in_sql
+    with monkeypatch.context() as m:
+        use_python_twins(m)
+        assert minhash.band_keys_array(rows, layout).tolist() == in_sql
+
+
 def _documents(count=300):
     return [{"id": r["id"], "text": r["text"]} for r in list(corpus())[:count]]
 

@@ -309,6 +309,39 @@ def test_devset_signatures_are_those_of_numpy(devset_texts, monkeypatch):
 
 
 @needs_native
+@settings(max_examples=examples(100), deadline=None)
+@given(st.integers(0, 50), st.sampled_from([16, 128, 1024]), st.floats(0.3, 0.95), st.integers(0, 2**32))
+def test_band_keys_agree_with_hashlib(texts, num_perm, threshold, seed):
+    """Every layout's bands (1 to 64 of them, a row up to whole signatures), signatures of random values and
+    of the extremes (0, 2**32 - 1): the keys PostgreSQL's md5() gives too (tests/test_minhash.py)."""
+    settings_ = MinHashSettings(num_perm=num_perm, threshold=threshold)
+    rng = np.random.default_rng(seed)
+    rows = rng.integers(0, 2**32, (texts, num_perm), dtype=np.uint32)
+    rows[: texts // 4] = rng.choice(np.array([0, 2**32 - 1], dtype=np.uint32), (texts // 4, num_perm))
+    expected = np.full((texts, settings_.bands), 7, dtype=np.int64)
+    minhash_signature._band_keys_in_python(rows, num_perm, settings_.rows, expected)
+    out = np.full((texts, settings_.bands), 7, dtype=np.int64)
+    assert compiled.band_keys(rows, num_perm, settings_.rows, out) is None
+    assert out.tolist() == expected.tolist()
+    assert minhash_signature.band_keys_array(rows, settings_).tolist() == expected.tolist()
+    assert [list(minhash_signature.band_keys(row, settings_)) for row in rows] == expected.tolist()
+
+
+@needs_native
+def test_band_keys_of_a_slice_and_of_another_byte_order_are_those_of_the_stored_bytes():
+    """A strided view and big-endian values are the stored little-endian bytes' keys (band_keys_array makes
+    them contiguous little-endian; the compiled function takes only C-contiguous 4-byte items)."""
+    settings_ = MinHashSettings()
+    rows = np.random.default_rng(3).integers(0, 2**32, (40, 256), dtype=np.uint32)
+    view = rows[::2, ::2]
+    expected = [list(minhash_signature.band_keys(row, settings_)) for row in view]
+    assert minhash_signature.band_keys_array(view, settings_).tolist() == expected
+    assert minhash_signature.band_keys_array(view.astype(">u4"), settings_).tolist() == expected
+    with pytest.raises(ValueError):
+        compiled.band_keys(view, 128, settings_.rows, np.empty((20, settings_.bands), dtype=np.int64))
+
+
+@needs_native
 def test_bad_arguments_are_errors_not_crashes():
     ids = np.zeros(3, dtype=np.int64)
     with pytest.raises(ValueError, match="shorter"):
@@ -347,6 +380,23 @@ def test_bad_arguments_are_errors_not_crashes():
         compiled.minhashes(one, np.array([4], dtype=np.int64), one, one, four, 7)
     with pytest.raises(ValueError, match="items of 4 bytes"):
         compiled.minhashes(one, np.array([4], dtype=np.int64), one, one, np.empty(4, dtype=np.uint64))
+    signatures, keys = np.zeros((2, 16), dtype=np.uint32), np.empty((2, 4), dtype=np.int64)
+    with pytest.raises(ValueError, match="whole rows"):
+        compiled.band_keys(signatures, 24, 4, keys)
+    with pytest.raises(ValueError, match="whole rows"):
+        compiled.band_keys(signatures, 16, 17, keys)
+    with pytest.raises(ValueError, match="whole rows"):
+        compiled.band_keys(signatures, 16, 0, keys)
+    with pytest.raises(ValueError, match="texts x bands"):
+        compiled.band_keys(signatures, 16, 4, np.empty(7, dtype=np.int64))
+    with pytest.raises(ValueError, match="within the signature"):
+        compiled.band_keys(signatures, 16, 5, keys)
+    with pytest.raises(ValueError, match="items of 8 bytes"):
+        compiled.band_keys(signatures, 16, 4, np.empty((2, 4), dtype=np.int32))
+    with pytest.raises(ValueError, match="items of 4 bytes"):
+        compiled.band_keys(signatures.view(np.uint8), 16, 4, keys)
+    with pytest.raises(BufferError):
+        compiled.band_keys(signatures, 16, 4, bytes(64))  # read-only
 
 
 @needs_native

@@ -69,6 +69,7 @@ OFF_CHOICES = textwrap.dedent("""
     assert fingerprint._sums_of_ids is fingerprint._simhashes_of_ids
     assert fingerprint._batch_simhashes is fingerprint._simhashes_in_numpy
     assert signature._minhashes is signature._signatures_in_numpy
+    assert signature._band_keys is signature._band_keys_in_python
     assert not native.enabled() and native.module() is None
     print(native.description())
 """)
@@ -95,6 +96,7 @@ def test_on_the_chosen_functions_are_the_compiled_ones():
 
     compiled = native.module()
     assert signature._minhashes is compiled.minhashes
+    assert signature._band_keys is compiled.band_keys
     native.fold("Ａ")  # the first call sets the tables and puts the compiled function in its place
     assert native.fold is compiled.fold
 
@@ -134,7 +136,7 @@ def _hook(monkeypatch, tmp_path):
     finally:
         sys.path.remove(str(ROOT))
 
-    def no_compiler(root, build_dir):
+    def no_compiler(root, build_dir, openssl=True):
         raise OSError("no C compiler here (the test)")
 
     monkeypatch.setattr(hatch_build, "compile_native", no_compiler)
@@ -151,3 +153,63 @@ def test_the_build_fails_when_required_and_says_so_on_stderr_when_not(monkeypatc
     hook.initialize("standard", build_data)
     assert "pure_python" not in build_data  # a pure wheel, and said so:
     assert "building simdb WITHOUT its compiled fast paths" in capfd.readouterr().err
+
+
+WITHOUT_BAND_KEYS = textwrap.dedent("""
+    import sys
+    import simdb
+    from simdb import _native
+
+    class Without:  # the compiled module as built without OpenSSL: everything but band_keys
+        def __getattr__(self, name):
+            if name == "band_keys":
+                raise AttributeError(name)
+            return getattr(_native, name)
+
+    sys.modules["simdb._native"] = simdb._native = Without()
+""")
+
+
+@pytest.mark.skipif(not native.enabled(), reason="the compiled module is not built here, or SIMDB_NATIVE=off")
+def test_a_module_built_without_openssl_runs_the_python_band_keys_unless_required():
+    code = WITHOUT_BAND_KEYS + ("from simdb.methods.minhash import signature\n"
+                                "print(signature._band_keys is signature._band_keys_in_python, "
+                                "signature._minhashes is signature._signatures_in_numpy)")
+    done = _python(code, None)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "True False\n"
+    done = _python(code, "required")
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: SIMDB_NATIVE=required, and simdb's compiled module lacks band_keys"), last
+    assert "libssl-dev" in last
+
+
+def test_without_openssl_the_build_keeps_the_other_compiled_paths_unless_required(monkeypatch, tmp_path, capfd):
+    sys.path.insert(0, str(ROOT))
+    try:
+        import hatch_build
+    finally:
+        sys.path.remove(str(ROOT))
+    tried = []
+
+    def without_openssl(root, build_dir, openssl=True):
+        tried.append(openssl)
+        if openssl:
+            raise OSError("openssl/md5.h: No such file or directory (the test)")
+        built = pathlib.Path(build_dir) / "_native.so"
+        built.write_bytes(b"")
+        return built
+
+    monkeypatch.setattr(hatch_build, "compile_native", without_openssl)
+    hook = hatch_build.NativeBuildHook(str(tmp_path), {}, None, None, str(tmp_path), "wheel")
+    monkeypatch.setenv(native.NATIVE_ENV, "required")
+    with pytest.raises(RuntimeError, match="libssl-dev"):
+        hook.initialize("standard", {"force_include": {}})
+    assert tried == [True]
+    monkeypatch.delenv(native.NATIVE_ENV)
+    build_data = {"force_include": {}}
+    hook.initialize("standard", build_data)
+    assert tried == [True, True, False]
+    assert build_data["pure_python"] is False and list(build_data["force_include"].values()) == ["simdb/_native.so"]
+    assert "without the compiled MinHash band keys" in capfd.readouterr().err

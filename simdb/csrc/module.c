@@ -18,13 +18,15 @@
  *   minhashes(...)               MinHash signatures of many texts' shingle hashes (simdb.methods.minhash.
  *                                signature.signatures): the minimum of a * h + b per permutation, on AVX-512
  *                                or AVX2 where the CPU has them
+ *   band_keys(...)               MinHash band keys of many signatures (simdb.methods.minhash.signature.
+ *                                band_keys_array): the first 8 bytes of each band's MD5, by OpenSSL's libcrypto
  *
  * The tables (which character folds to what, which class each character is in) are built in Python from
  * the definitions simdb's regexes and unicodedata give, and handed over once by set_tables() (text.c).
  *
  * One extension module, one file per kernel: text.c (fold, the t2s check, the tokenizer's runs, and their
- * character tables), simhashes.c (token ids and SimHash sums), minhashes.c (MinHash signatures); this file
- * puts them together (hatch_build.py compiles them).
+ * character tables), simhashes.c (token ids and SimHash sums), minhashes.c (MinHash signatures), bandkeys.c
+ * (their band keys); this file puts them together (hatch_build.py compiles them).
  */
 #include "native.h"
 
@@ -53,7 +55,8 @@ PyInit__native(void)
     if (m == NULL)
         return NULL;
     if (PyModule_AddFunctions(m, simdb_text_methods) < 0 || PyModule_AddFunctions(m, simdb_simhash_methods) < 0
-        || PyModule_AddFunctions(m, simdb_minhash_methods) < 0) {
+        || PyModule_AddFunctions(m, simdb_minhash_methods) < 0
+        || PyModule_AddFunctions(m, simdb_band_key_methods) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -16,6 +16,7 @@ int simdb_get_buffer(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, int wr
 extern PyMethodDef simdb_text_methods[];      /* text.c: set_tables, fold, has_astral, any_marked, runs, auto_runs */
 extern PyMethodDef simdb_simhash_methods[];   /* simhashes.c: token_ids, simhashes */
 extern PyMethodDef simdb_minhash_methods[];   /* minhashes.c: minhashes */
+extern PyMethodDef simdb_band_key_methods[];  /* bandkeys.c: band_keys (none where built without OpenSSL) */
 void simdb_simhash_init(void);
 
 #endif

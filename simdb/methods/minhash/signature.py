@@ -503,19 +503,35 @@ def band_keys(signature_row: np.ndarray, settings: MinHashSettings) -> tuple[int
 def band_keys_array(signature_rows: np.ndarray, settings: MinHashSettings) -> np.ndarray:
     """Band keys of many signatures: ``(n, num_perm)`` uint32 -> ``(n, bands)`` int64, as :func:`band_keys`.
 
-    MD5 has no vectorized form, so this is one call per band; everything around the calls is done once
-    for all rows (one buffer of the signatures, memoryview slices, the digests read as one big-endian
-    array): 36 against 51 µs per 128-permutation signature, the MD5 calls being most of what is left.
-    The keys are stored, so their function cannot change without a new index."""
+    The compiled ``band_keys`` (``simdb/csrc/bandkeys.c``, OpenSSL's MD5 in one loop over the signatures and
+    their bands) where built, else its twin :func:`_band_keys_in_python`, one ``hashlib`` call per band (3.6 s
+    per 100k signatures of 21 bands). The keys are stored, so their function cannot change without a new
+    index; the tests hold both to PostgreSQL's ``md5()`` (:func:`simdb.pg.methods.minhash.band_key_sql`)."""
     if not len(signature_rows):
         return np.empty((0, settings.bands), dtype=np.int64)
     rows = np.ascontiguousarray(signature_rows, dtype="<u4").reshape(len(signature_rows), -1)
-    stride, width = 4 * rows.shape[1], 4 * settings.rows
+    out = np.empty((len(rows), settings.bands), dtype=np.int64)
+    _band_keys(rows, rows.shape[1], settings.rows, out)
+    return out
+
+
+def _band_keys_in_python(rows: np.ndarray, num_perm: int, band_rows: int, out: np.ndarray) -> None:
+    """:func:`band_keys_array` by ``hashlib``, the definition: fills ``out`` (``(n, bands)`` int64) with the
+    keys of ``rows`` (``(n, num_perm)`` little-endian uint32), bands of ``band_rows`` positions.
+
+    MD5 has no vectorized form, so this is one call per band; everything around the calls is done once
+    for all rows (one buffer of the signatures, memoryview slices, the digests read as one big-endian
+    array): 36 against 51 µs per 128-permutation signature, the MD5 calls being most of what is left."""
+    stride, width, bands = 4 * num_perm, 4 * band_rows, out.shape[1]
     view, md5 = memoryview(rows.tobytes()), hashlib.md5
-    starts = [band * width for band in range(settings.bands)]
+    starts = [band * width for band in range(bands)]
     digests = b"".join(md5(view[offset + start:offset + start + width]).digest()[:8]
                        for offset in range(0, stride * len(rows), stride) for start in starts)
-    return np.frombuffer(digests, dtype=">i8").astype(np.int64).reshape(len(rows), settings.bands)
+    out[:] = np.frombuffer(digests, dtype=">i8").reshape(len(rows), bands)
+
+
+#: Chosen once (:mod:`simdb.native`): the compiled keys where built (with OpenSSL), else their hashlib twin.
+_band_keys = native.chosen("band_keys", _band_keys_in_python)
 
 
 def similarity(a: np.ndarray, b: np.ndarray) -> float:
