@@ -10,15 +10,39 @@ read into memory (:mod:`simdb.pg.in_memory`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator
 
 import numpy as np
 
 
 def distinct(chunks: Iterable[np.ndarray], columns: int = 3) -> np.ndarray:
-    """All rows of a chunked result, each distinct row once, sorted."""
+    """All rows of a chunked result, each distinct row once, sorted (as ``np.unique(rows, axis=0)`` gives them,
+    which sorts the rows as opaque byte strings: 17.6 s for the 6M candidate rows of a chunk holding 1,000 copies
+    of one MinHash signature). Where the columns' ranges multiply to less than 2**63 (ids of an archive up to
+    about 10**7 beside a distance), each row is one int64 code and a plain sort does it; otherwise the rows are
+    sorted column by column."""
     parts = list(chunks)
-    return np.unique(np.concatenate(parts), axis=0) if parts else np.empty((0, columns), dtype=np.int64)
+    if not parts:
+        return np.empty((0, columns), dtype=np.int64)
+    rows = np.concatenate(parts).astype(np.int64, copy=False)
+    if len(rows) < 2:
+        return rows.copy()
+    low, high = rows.min(axis=0), rows.max(axis=0)
+    spans = [int(h) - int(l) + 1 for l, h in zip(low.tolist(), high.tolist())]
+    if math.prod(spans) < 2**63:
+        codes = np.zeros(len(rows), dtype=np.int64)
+        for column, span in enumerate(spans):
+            codes = codes * span + (rows[:, column] - low[column])
+        codes = np.sort(codes)  # not np.unique, whose hashing took 17 s for 6M codes (see _distinct_rows)
+        codes = codes[np.r_[True, codes[1:] != codes[:-1]]]
+        out = np.empty((len(codes), rows.shape[1]), dtype=np.int64)
+        for column in range(rows.shape[1] - 1, -1, -1):
+            codes, out[:, column] = np.divmod(codes, spans[column])
+            out[:, column] += low[column]
+        return out
+    rows = rows[np.lexsort(rows.T[::-1])]  # by the first column, then the second, ...
+    return rows[np.r_[True, (rows[1:] != rows[:-1]).any(axis=1)]]
 
 
 def earliest(pairs: np.ndarray) -> np.ndarray:
