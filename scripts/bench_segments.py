@@ -109,14 +109,20 @@ def pair_rows(label: str, bulk: dict, active: dict, empty: dict) -> list[tuple[s
              f"{active['rate']:,.0f} docs/s", f"{bulk['rate'] / active['rate']:.2f}x")]
 
 
-def minhash_batch(rng: np.random.Generator, count: int, stored: np.ndarray, prefix: str) -> FingerprintedBatch:
+def minhash_batch(rng: np.random.Generator, count: int, stored: np.ndarray | None, prefix: str,
+                  num_perm: int = 128) -> FingerprintedBatch:
     """``count`` random MinHash signatures, 1 % of them copies of stored ones with 10 of 128 positions changed
-    (similarity 0.92: near-duplicates at 0.8)."""
-    signatures = rng.integers(0, 2 ** 32, (count, stored.shape[1]), dtype=np.uint32)
+    (similarity 0.92: near-duplicates at 0.8); with no ``stored`` (an empty archive), copies of as many other
+    documents of the batch, so that it has as many pairs. (The empty archive's batch once copied one signature
+    1,000 times: 499,500 pairs within the batch, which its rate measured more than the chunk.)"""
+    signatures = rng.integers(0, 2 ** 32, (count, num_perm), dtype=np.uint32)
     near = int(count * NEAR_FRACTION)
-    signatures[:near] = stored[rng.integers(0, len(stored), near)]
+    if stored is None:
+        signatures[:near] = signatures[near + rng.choice(count - near, near, replace=False)]
+    else:
+        signatures[:near] = stored[rng.integers(0, len(stored), near)]
     for row in range(near):
-        signatures[row, rng.choice(stored.shape[1], 10, replace=False)] = rng.integers(0, 2 ** 32, 10)
+        signatures[row, rng.choice(num_perm, 10, replace=False)] = rng.integers(0, 2 ** 32, 10)
     batch = FingerprintedBatch()
     hashes = rng.bytes(16 * count)
     for i, signature in enumerate(signatures):
@@ -132,7 +138,7 @@ def minhash_run(server: Server, args, rng: np.random.Generator) -> None:
         log(f"MinHash, empty archive: {args.added:,} documents")
         simdb.Index.create(server.url, schema=EMPTY, **options).close()
         empty = timed_ingest(server, EMPTY, None, "empty", rng,
-                             batch=minhash_batch(rng, args.added, rng.integers(0, 2**32, (1, 128), np.uint32), "empty"))
+                             batch=minhash_batch(rng, args.added, None, "empty"))
         server.drop_schemas(EMPTY)
         log(f"bulk-loading a MinHash archive of {args.archive:,}")
         stored, build = bulk_load(server.url, server.admin, SCHEMA, None, args.archive, rng, options=options)
