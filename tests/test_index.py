@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from simdb import BatchError, IncompatibleIndex, Index, IndexNotFound, InputError, fingerprint
 from simdb.bits import hamming_array, to_signed
-from simdb.matches import ProbeKeys, key_matches, shared_key_candidates, shared_key_pairs
+from simdb.matches import ProbeKeys, distinct, key_matches, shared_key_candidates, shared_key_pairs
 from simdb.pg import keyed
 from simdb.text import content_hash
 from simdb.ingest import FingerprintedBatch, IngestOptions
@@ -105,6 +105,20 @@ def test_pairs_equal_brute_force(archive):
     assert len(found) > 30 * k
     in_batch = {(p.a, p.b, p.distance) for p in archive.index.pairs(batch="c3")}
     assert in_batch == {p for p in expected if p[0].startswith("c3-") or p[1].startswith("c3-")}
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(st.lists(st.lists(st.tuples(st.integers(-3, 3), st.integers(0, 5), st.integers(0, 2)), max_size=30),
+                max_size=4),
+       st.sampled_from([1, 2**20, 2**40, 2**62]))
+def test_distinct_is_every_distinct_row_once_sorted(chunks, scale):
+    """Row by row what ``np.unique(axis=0)`` gives (each row once, sorted by the first column, then the second,
+    ...); at the larger scales the columns' ranges multiply past 2**63 and the rows are sorted column by column."""
+    arrays = [np.array(chunk, dtype=np.int64).reshape(-1, 3) * np.array([scale, scale, 1]) for chunk in chunks]
+    rows = sorted({tuple(row) for array in arrays for row in array.tolist()})
+    found = distinct(arrays)
+    assert found.dtype == np.int64 and found.shape == (len(rows), 3)
+    assert [tuple(row) for row in found.tolist()] == rows
 
 
 key_rows = st.integers(1, 4).flatmap(lambda width: st.tuples(st.just(width), st.lists(
