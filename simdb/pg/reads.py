@@ -22,7 +22,7 @@ from . import spread
 from .context import IndexContext
 from .copy import copy_in
 from .methods import sql_of
-from .probes import Lookup
+from .probes import Lookup, without_jit
 
 
 def read_only_snapshot(connection: sa.Connection) -> None:
@@ -225,14 +225,6 @@ def hold_segments(connection: sa.Connection) -> None:
     snapshot, and every document of the merged segments went missing. A lock takes no snapshot; a merge waits
     for the batch (the reader role may take it)."""
     connection.exec_driver_sql("LOCK TABLE documents IN ACCESS SHARE MODE")
-
-
-def without_jit(connection: sa.Connection) -> None:
-    """No JIT compilation for the rest of ``connection``'s transaction (and its helpers', which take its
-    setting): a batch's candidate join costs past ``jit_above_cost``, and compiling it took 70-150 ms of a
-    1,000-query batch at 10M documents (``EXPLAIN ANALYZE``), more than the whole batch may take at 10,000
-    queries a second, for index probes that compiled expressions do not speed up."""
-    connection.exec_driver_sql("SET LOCAL jit = off")
 
 
 def spread_over(connection: sa.Connection, index: IndexContext, queries: int, connections: int | None) -> int:
