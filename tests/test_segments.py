@@ -550,6 +550,34 @@ def test_a_chunk_looks_its_external_ids_up_in_a_large_segment_and_finds_every_st
         assert f"Seq Scan on {large}" not in plan and "Index Cond: (external_id = p0.external_id)" in plan, plan
 
 
+def test_sealing_analyzes_a_segment_only_when_its_estimate_falls_short_of_its_width(database_url, schema):
+    """Regression: a bulk chunk seals the segment before it, and analyzed it whenever the planner's estimate was
+    below its width, which a segment of more than ANALYZE's 30,000 sampled pages (a bulk-loaded or merged one,
+    full) never reaches exactly: the 3M archive was analyzed again by every chunk that followed it (1.6 s).
+    A segment that was never analyzed, or estimates less than 99 % of its width, still is."""
+    with Index.create(database_url, schema=schema, bulk_chunk=50) as index:
+        index.add_fingerprinted(make_batch([random.Random(5).getrandbits(64) for _ in range(200)], "a"), batch="a")
+        (segment,) = [found for found in index.segments() if found.documents]
+        assert segment.width == 200
+        analyzed = []
+
+        def record(conn, cursor, statement, *args):
+            if statement.startswith("ANALYZE"):
+                analyzed.append(statement)
+
+        engine = index.database.engine
+        sa.event.listen(engine, "before_cursor_execute", record)
+        try:
+            with engine.begin() as connection:
+                for estimated in (200, 199, 198, None, 150, 0):
+                    analyzed.clear()
+                    segments.seal(connection, [segments.Segment(segment.name, segment.first_id, segment.end_id, False,
+                                                                estimated)])
+                    assert bool(analyzed) == (estimated is None or estimated < 198), (estimated, analyzed)
+        finally:
+            sa.event.remove(engine, "before_cursor_execute", record)
+
+
 def test_a_chunk_compiles_no_jit_on_any_of_its_connections(database_url, schema, monkeypatch):
     """A chunk's statements run without JIT: against a large archive the planner priced its index probes and
     its external-id check past ``jit_inline_above_cost``, and compiling took longer than the statements (1.2 s
