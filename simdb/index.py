@@ -495,8 +495,8 @@ class Index:
 
     def _match(self, row, distance: int) -> "Match":
         method = self.settings.method
-        return Match(row.external_id, distance, method.match_sketch(row.sketch), row.metadata,
-                     method.reported_similarity(distance))
+        return Match(row.external_id, distance, method.match_sketch(row.sketch),
+                     {} if row.metadata is None else row.metadata, method.reported_similarity(distance))
 
     def query(self, text: str, max_distance: int | None = None) -> list["Match"]:
         """Stored documents within ``max_distance`` of ``text``, nearest first (decided as ingest decides: by

@@ -33,6 +33,17 @@ def flip(fingerprint, bits):
     return fingerprint
 
 
+@given(st.lists(st.lists(st.tuples(st.integers(-2**63, 2**63 - 1), st.integers(-3, 3), st.integers(0, 2)),
+                         max_size=30), max_size=4))
+def test_distinct_keeps_each_row_once_in_order_as_brute_force_does(chunks):
+    """A chunked result's rows (several key columns find one pair again and again), each once, sorted by its
+    columns in turn: brute force is Python's set and sort of the tuples."""
+    arrays = [np.array(chunk, dtype=np.int64).reshape(-1, 3) for chunk in chunks]
+    found = distinct(arrays)
+    assert found.dtype == np.int64 and found.shape[1] == 3
+    assert [tuple(row) for row in found.tolist()] == sorted({row for chunk in chunks for row in chunk})
+
+
 class Archive:
     """An index and the same fingerprints in a numpy array, for brute-force answers."""
 
@@ -484,3 +495,22 @@ def test_a_batch_lasts_from_its_first_read_to_its_last_commit(index, admin_engin
         duration = connection.execute(sa.text(
             f"SELECT extract(epoch FROM duration) FROM {schema}.batch_summary WHERE name = 'slow'")).scalar_one()
     assert duration >= 1.5
+
+
+def test_a_batch_of_lookups_gives_each_match_its_stored_metadata(index):
+    """``query_fingerprints`` reads the matches' metadata with them (an empty one comes back from the server as
+    NULL, not decoded): each match carries the metadata it was stored with, ``{}`` where it had none, a dict of
+    its own that a caller may change without changing another match's, as ``query_fingerprint`` gives."""
+    rng = random.Random(12)
+    stored = [rng.getrandbits(64) for _ in range(40)]
+    batch = FingerprintedBatch()
+    for i, fp in enumerate(stored):
+        batch.append(f"d{i}", fp, content_hash(f"d{i}"), 10, {"n": i, "tag": ["x"]} if i % 3 == 0 else {}, f"d{i}")
+    index.add_fingerprinted(batch, batch="b")
+    probes = [flip(stored[i], [i % 64]) for i in range(40)]
+    found = index.query_fingerprints(probes, connections=1)
+    assert [[(m.external_id, m.metadata) for m in matches] for matches in found] == \
+        [[(f"d{i}", {"n": i, "tag": ["x"]} if i % 3 == 0 else {})] for i in range(40)]
+    assert found == [index.query_fingerprint(probe) for probe in probes]
+    found[1][0].metadata["changed"] = True
+    assert found[2][0].metadata == {}

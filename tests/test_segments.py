@@ -505,6 +505,113 @@ def test_a_chunk_looks_its_keys_up_in_a_large_segment_whatever_the_planner_think
         assert "Index Cond: (key_" in plan or "Index Cond: (band_" in plan, plan
 
 
+def test_a_chunk_looks_its_external_ids_up_in_a_large_segment_and_finds_every_stored_one(database_url, schema):
+    """Regression: the check that a chunk's external ids are not stored yet was one join of the staging table
+    with ``documents``, and the planner hashed the chunk's ids against a sequential scan of every segment
+    (7-11 s for 100k ids against 3M stored documents, growing with the archive). Against a segment larger than
+    the chunk, each id is now looked up in the segment's ``external_id`` index; against a smaller one, the
+    planner's join. Whichever way, every id stored before with the same text is found (a re-run: already
+    stored), in the large segment and in the small one, and one stored with another text is refused."""
+    from simdb.errors import InputError
+    from tests.conftest import explained
+
+    rng = random.Random(36)
+    archive = [rng.getrandbits(64) for _ in range(6_000)]
+    small = [rng.getrandbits(64) for _ in range(30)]
+    with Index.create(database_url, schema=schema, segment_size=100, bulk_chunk=1_000) as index:
+        index.add_fingerprinted(make_batch(archive, "archive"), batch="archive")  # a bulk segment of 6,000
+        index.add_fingerprinted(make_batch(small, "small"), batch="small")  # through an active segment of 100
+        again = sorted(rng.sample(range(len(archive)), 300))
+        again_small = sorted(rng.sample(range(len(small)), 10))
+        chunk = make_batch([rng.getrandbits(64) for _ in range(1_700)], "new")
+        for i in again:  # the archive's own documents, ingested again: same id, same text
+            chunk.append(f"archive-{i}", archive[i], content_hash(f"archive-{i}"), 10, {}, f"again-{i}")
+        for i in again_small:
+            chunk.append(f"small-{i}", small[i], content_hash(f"small-{i}"), 10, {}, f"again-small-{i}")
+        with explained(index.database.engine) as plans:
+            summary = index.add_fingerprinted(chunk, batch="rerun")
+        assert (summary.documents, summary.already_stored, summary.new) == (1_700, 310, 1_700)
+        with index.database.engine.connect() as connection:
+            statuses = dict(connection.exec_driver_sql(
+                "SELECT r.external_id, r.status FROM records r JOIN batches b ON b.id = r.batch_id "
+                "WHERE b.name = 'rerun'").all())
+        assert {name for name, status in statuses.items() if status == "already_stored"} == \
+            {f"archive-{i}" for i in again} | {f"small-{i}" for i in again_small}
+
+        changed = make_batch([rng.getrandbits(64)], "other")
+        changed.append(f"archive-{again[0] + 1}", archive[again[0] + 1], content_hash("another text"), 10, {}, "x")
+        with pytest.raises(InputError, match=f"archive-{again[0] + 1}"):
+            index.add_fingerprinted(changed, batch="changed")
+    large = segments.segment_name(1)
+    checks = [plan for plan in plans if "external_id = p.external_id" in plan.split("\n", 1)[0]
+              and f'"{large}"' in plan.split("\n", 1)[0]]
+    assert checks, "no external-id check against the large segment by its index"
+    for plan in checks:
+        assert f"Seq Scan on {large}" not in plan and "Index Cond: (external_id = p0.external_id)" in plan, plan
+
+
+def test_sealing_analyzes_a_segment_only_when_its_estimate_falls_short_of_its_width(database_url, schema):
+    """Regression: a bulk chunk seals the segment before it, and analyzed it whenever the planner's estimate was
+    below its width, which a segment of more than ANALYZE's 30,000 sampled pages (a bulk-loaded or merged one,
+    full) never reaches exactly: the 3M archive was analyzed again by every chunk that followed it (1.6 s).
+    A segment that was never analyzed, or estimates less than 99 % of its width, still is."""
+    with Index.create(database_url, schema=schema, bulk_chunk=50) as index:
+        index.add_fingerprinted(make_batch([random.Random(5).getrandbits(64) for _ in range(200)], "a"), batch="a")
+        (segment,) = [found for found in index.segments() if found.documents]
+        assert segment.width == 200
+        analyzed = []
+
+        def record(conn, cursor, statement, *args):
+            if statement.startswith("ANALYZE"):
+                analyzed.append(statement)
+
+        engine = index.database.engine
+        sa.event.listen(engine, "before_cursor_execute", record)
+        try:
+            with engine.begin() as connection:
+                for estimated in (200, 199, 198, None, 150, 0):
+                    analyzed.clear()
+                    segments.seal(connection, [segments.Segment(segment.name, segment.first_id, segment.end_id, False,
+                                                                estimated)])
+                    assert bool(analyzed) == (estimated is None or estimated < 198), (estimated, analyzed)
+        finally:
+            sa.event.remove(engine, "before_cursor_execute", record)
+
+
+def test_a_chunk_compiles_no_jit_on_any_of_its_connections(database_url, schema, monkeypatch):
+    """A chunk's statements run without JIT: against a large archive the planner priced its index probes and
+    its external-id check past ``jit_inline_above_cost``, and compiling took longer than the statements (1.2 s
+    of a 2.2 s check at 3M). Here JIT is asked for every statement (``jit_above_cost = 0``), and the chunk's
+    connection and the helper that shares its lookups both run with it off."""
+    from simdb.pg import chunks, spread
+    from simdb.pg import probes as shared_probes
+
+    monkeypatch.setattr(shared_probes, "SHARED_PROBES", 1)
+    seen = []
+    real_pairs, real_snapshot = chunks.segment_pairs, spread.on_shared_snapshot
+
+    def pairs(connection, *args, **kwargs):
+        seen.append(("chunk", connection.exec_driver_sql("SHOW jit").scalar_one()))
+        return real_pairs(connection, *args, **kwargs)
+
+    def snapshot(connection, here, elsewhere):
+        return real_snapshot(connection, here, [((lambda other, run=run: seen.append(
+            ("helper", other.exec_driver_sql("SHOW jit").scalar_one())) or run(other)), instead)
+            for run, instead in elsewhere])
+
+    monkeypatch.setattr(chunks, "segment_pairs", pairs)
+    monkeypatch.setattr(spread, "on_shared_snapshot", snapshot)
+    rng = random.Random(7)
+    with Index.create(database_url, schema=schema, bulk_chunk=100) as index:
+        index.database.use_session({"jit": "on", "jit_above_cost": "0"})
+        stored = [rng.getrandbits(64) for _ in range(300)]
+        index.add_fingerprinted(make_batch(stored, "a"), batch="a")
+        summary = index.add_fingerprinted(make_batch([flip(stored[0], [1, 2]), rng.getrandbits(64)], "b"),
+                                          batch="b", connections=2)
+    assert summary.near_duplicates == 1
+    assert ("chunk", "off") in seen and ("helper", "off") in seen and all(jit == "off" for _, jit in seen), seen
+
+
 # -- a small segment read into memory --------------------------------------------------------------------
 
 def sketches_with_near_copies(method, rng, count: int) -> list:

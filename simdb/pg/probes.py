@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import sqlalchemy as sa
+
 
 def lateral_probe(probe: str, target: str, column: str, probe_columns: Sequence[str],
                   target_columns: Sequence[str], conditions: Sequence[str]) -> str:
@@ -46,3 +48,14 @@ class Lookup:
     target: str
     index_probes: bool
     columns: tuple[str, ...] | None = None
+
+
+def without_jit(connection: sa.Connection) -> None:
+    """No JIT compilation for the rest of ``connection``'s transaction (and its helpers', which take its
+    setting, :func:`simdb.pg.spread.on_shared_snapshot`). The index probes into a large segment are priced far
+    above ``jit_above_cost`` and ``jit_inline_above_cost``: compiling a batch's candidate join took 70-150 ms of
+    a 1,000-query batch at 10M documents (``EXPLAIN ANALYZE``), more than the whole batch may take at 10,000
+    queries a second, and a chunk's external-id check against a 3M segment compiled and inlined for 1.2 s of
+    its 2.2 s; probes and joins over a few columns gain nothing from compiled expressions. The cost grew with
+    the archive (a small archive's plans stay below the thresholds)."""
+    connection.exec_driver_sql("SET LOCAL jit = off")

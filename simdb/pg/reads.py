@@ -22,7 +22,7 @@ from . import spread
 from .context import IndexContext
 from .copy import copy_in
 from .methods import sql_of
-from .probes import Lookup
+from .probes import Lookup, without_jit
 
 
 def read_only_snapshot(connection: sa.Connection) -> None:
@@ -94,13 +94,14 @@ def external_ids(connection: sa.Connection, ids: Iterable[int]) -> dict[int, str
 
 def documents(connection: sa.Connection, method: Method, ids: Sequence[int], *, keyed: bool = False
               ) -> dict[int, sa.Row]:
-    """{id: (id, external_id, sketch, metadata)} of stored documents. On the keyed layout, many ids are read
-    shard by shard (:func:`simdb.pg.keyed.by_shard`): one ``= ANY`` over all of them makes every shard of every
-    segment look up every id."""
+    """{id: (id, external_id, sketch, metadata)} of stored documents, ``metadata`` None where it is empty (``{}``:
+    psycopg's decoding of each row's ``{}`` was a tenth of a warm batch of lookups at 3M). On the keyed layout,
+    many ids are read shard by shard (:func:`simdb.pg.keyed.by_shard`): one ``= ANY`` over all of them makes
+    every shard of every segment look up every id."""
     if not ids:
         return {}
-    statement = sa.text(f"SELECT id, external_id, {sql_of(method).sketch_column[0]} AS sketch, metadata "
-                        "FROM documents WHERE id = ANY(:ids)")
+    statement = sa.text(f"SELECT id, external_id, {sql_of(method).sketch_column[0]} AS sketch, "
+                        "NULLIF(metadata, '{}') AS metadata FROM documents WHERE id = ANY(:ids)")
     if not keyed or len(ids) < keyed_layout.SHARD_BY_SHARD:
         groups = [list(ids)]
     else:
@@ -225,14 +226,6 @@ def hold_segments(connection: sa.Connection) -> None:
     snapshot, and every document of the merged segments went missing. A lock takes no snapshot; a merge waits
     for the batch (the reader role may take it)."""
     connection.exec_driver_sql("LOCK TABLE documents IN ACCESS SHARE MODE")
-
-
-def without_jit(connection: sa.Connection) -> None:
-    """No JIT compilation for the rest of ``connection``'s transaction (and its helpers', which take its
-    setting): a batch's candidate join costs past ``jit_above_cost``, and compiling it took 70-150 ms of a
-    1,000-query batch at 10M documents (``EXPLAIN ANALYZE``), more than the whole batch may take at 10,000
-    queries a second, for index probes that compiled expressions do not speed up."""
-    connection.exec_driver_sql("SET LOCAL jit = off")
 
 
 def spread_over(connection: sa.Connection, index: IndexContext, queries: int, connections: int | None) -> int:

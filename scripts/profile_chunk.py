@@ -1,0 +1,162 @@
+"""Where one bulk chunk's seconds go: into a kept archive against into an empty one, step by step.
+
+Ingests ``--added`` new random fingerprints (1 % near copies) through ``Index.add_fingerprinted`` (one
+bulk chunk) into the archive that ``bench_segments.py --connections ... --reuse`` kept (or, where none is kept, one
+bulk-loaded here and dropped at the end), and the same
+number into an empty index of the same layout, in turn (empty, archive, archive, empty, ...), and
+prints the seconds of each step of :func:`simdb.pg.chunks.store_chunk` (its helpers timed in place)
+and of the slowest SQL statements (timed around the driver's execute, every connection, so the lookups
+spread over other connections are counted there too, in parallel). The chunk's batches are removed
+from the archive afterwards.
+
+    .venv/bin/python scripts/profile_chunk.py --archive 3000000 --added 100000 --rounds 2 \\
+        --database-url postgresql://postgres@127.0.0.1:5541/postgres
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import sqlalchemy as sa
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import DATABASE_HELP, Server, bulk_load, load_average, log  # noqa: E402
+from bench_segments import batch_of, drop_empty_segments, kept_fingerprints, new_fingerprints  # noqa: E402
+
+import bench_segments  # noqa: E402
+import simdb  # noqa: E402
+from simdb.methods.simhash.blocks import DEFAULT_MAX_DISTANCE, BlockLayout  # noqa: E402
+from simdb.pg import chunks  # noqa: E402
+
+STEPS = ("lock", "check_layout", "record_segmenter", "open_batch", "place_chunk", "create_staging", "_stored_ids",
+         "segment_pairs", "decide_chunk", "merge_clusters", "copy_in", "chunk_or_stored", "index_bare",
+         "attach_indexed", "merge_cluster_rows", "seal", "count_chunk", "refresh_statistics")
+
+steps: collections.Counter = collections.Counter()
+statements: collections.Counter = collections.Counter()
+local = threading.local()
+
+
+def timed(name, function):
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            result = function(*args, **kwargs)
+            if name == "segment_pairs":  # a generator: its time is its consumption's
+                result = list(result)
+            return result
+        finally:
+            steps[name] += time.perf_counter() - start
+    return wrapper
+
+
+def shape(statement: str) -> str:
+    text = re.sub(r"\s+", " ", statement)
+    text = re.sub(r"\b\d+\b", "N", text)
+    text = re.sub(r'"documents_N\w*"|documents_N\w*', "SEG", text)
+    return text[:110]
+
+
+def before(conn, cursor, statement, parameters, context, executemany):
+    conn.info.setdefault("started", []).append(time.perf_counter())
+
+
+def after(conn, cursor, statement, parameters, context, executemany):
+    statements[shape(statement)] += time.perf_counter() - conn.info["started"].pop()
+
+
+def archive_for(server: Server, archive: int, max_distance: int, rng: np.random.Generator
+                ) -> tuple[str, np.ndarray, bool]:
+    """(schema, its fingerprints, made here): the archive ``bench_segments.py --reuse`` kept, else one bulk-loaded
+    into a schema of this process's (for the caller to drop)."""
+    kept = f"simdb_bench_segments_kept_{archive}_k{max_distance}"
+    with server.admin.connect() as c:
+        found = c.exec_driver_sql(f"SELECT to_regclass('{kept}.batches')").scalar() is not None
+    bench_segments.SCHEMA = kept if found else f"simdb_profile_archive_{os.getpid()}"
+    if found:
+        drop_empty_segments(server)
+        return kept, kept_fingerprints(server), False
+    log(f"no archive kept in {kept}: bulk-loading {archive:,}")
+    layout = BlockLayout.for_size(max_distance, archive)
+    return bench_segments.SCHEMA, bulk_load(server.url, server.admin, bench_segments.SCHEMA, layout, archive, rng,
+                                            max_distance)[0], True
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--database-url", help=DATABASE_HELP)
+    parser.add_argument("--archive", type=int, default=3_000_000)
+    parser.add_argument("--added", type=int, default=100_000)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--connections", type=int, default=None)
+    parser.add_argument("--max-distance", type=int, default=DEFAULT_MAX_DISTANCE)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--top", type=int, default=14)
+    args = parser.parse_args()
+    empty = f"simdb_profile_chunk_empty_{os.getpid()}"
+    layout = BlockLayout.for_size(args.max_distance, args.archive)
+    for name in STEPS:
+        setattr(chunks, name, timed(name, getattr(chunks, name)))
+    sa.event.listen(sa.engine.Engine, "before_cursor_execute", before)
+    sa.event.listen(sa.engine.Engine, "after_cursor_execute", after)
+    rng = np.random.default_rng(args.seed)
+    results = []
+    with Server(args.database_url) as server:
+        kept, stored, made = archive_for(server, args.archive, args.max_distance, rng)
+        added = []
+        try:
+            for round_ in range(args.rounds):
+                for target in (("empty", "archive") if round_ % 2 == 0 else ("archive", "empty")):
+                    schema = kept if target == "archive" else empty
+                    if target == "empty":
+                        server.drop_schemas(empty)
+                        simdb.Index.create(server.url, schema=empty, blocks=layout.blocks,
+                                           max_distance=args.max_distance).close()
+                    fps = new_fingerprints(rng, args.added, stored if target == "archive" else np.empty(0, np.uint64))
+                    batch = batch_of(rng, fps, f"profile{round_}{target}")
+                    server.checkpoint()
+                    steps.clear()
+                    statements.clear()
+                    load = load_average()
+                    with simdb.Index.open(server.url, schema=schema) as index:
+                        summary = index.add_fingerprinted(batch, batch=f"profile{round_}{target}",
+                                                          connections=args.connections)
+                    if target == "archive":
+                        added.append(f"profile{round_}{target}")
+                    results.append((target, load, summary.seconds, dict(steps), dict(statements)))
+                    log(f"{target} (load {load}): {summary.seconds:.2f} s")
+        finally:
+            server.drop_schemas(empty)
+            if made:
+                server.drop_schemas(kept)
+            else:
+                with simdb.Index.open(server.url, schema=kept) as index:
+                    for name in added:
+                        index.remove(batch=name)
+                drop_empty_segments(server)
+    print("\n| step | " + " | ".join(f"{t} ({load.split()[0]})" for t, load, *_ in results) + " |")
+    print("|---|" + "---:|" * len(results))
+    print("| whole chunk (add_fingerprinted) | " + " | ".join(f"{r[2]:.2f}" for r in results) + " |")
+    for name in STEPS:
+        print(f"| {name} | " + " | ".join(f"{r[3].get(name, 0):.2f}" for r in results) + " |")
+    print("| the rest (Python between the steps, COPY into staging) | "
+          + " | ".join(f"{r[2] - sum(r[3].values()):.2f}" for r in results) + " |")
+    tops = collections.Counter()
+    for r in results:
+        tops.update(r[4])
+    print("\n| statement (all connections) | " + " | ".join(t for t, *_ in results) + " |")
+    print("|---|" + "---:|" * len(results))
+    for text, _ in tops.most_common(args.top):
+        print(f"| `{text}` | " + " | ".join(f"{r[4].get(text, 0):.2f}" for r in results) + " |")
+
+
+if __name__ == "__main__":
+    main()
