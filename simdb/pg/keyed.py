@@ -242,7 +242,7 @@ def build_external_ids(connection: sa.Connection) -> int:
 
 def rebuild(connection: sa.Connection, old: Method, new: Method) -> int:
     """Replace the keys table of ``old``'s layout by one of ``new``'s (``simdb relayout --blocks`` on the keyed
-    layout, in its switch: the documents' new key columns are filled, under the migrate and ingest locks); rows
+    layout, under the migrate and ingest locks: filled from the documents' fingerprints, :func:`build`); rows
     written.
 
     The new table, named after the new first key column (:func:`table`), is filled beside the old one (lookups

@@ -12,6 +12,10 @@ drops: :func:`simdb.pg.keyed.rebuild`) instead of answering wrongly, and is told
 
 An interrupted relayout leaves the index as it was, plus unused columns that the next relayout
 removes first.
+
+On the keyed distributed layout ``documents`` has no key columns: a relayout there builds the new layout's
+keys table from the fingerprints and rewrites the analysts' functions, in one transaction under the ingest
+lock (:func:`simdb.pg.keyed.rebuild`).
 """
 
 from __future__ import annotations
