@@ -755,11 +755,14 @@ def document_keys(admin_engine, schema: str) -> tuple[list[str], list[str]]:
 
 
 def near_by_sql(admin_engine, schema: str, fingerprint: int) -> set[tuple[str, int]]:
-    """(external id, distance) of ``simdb_near(fingerprint)``, the analysts' function."""
+    """(external id, distance) of ``simdb_near(fingerprint)``, the analysts' function (which names each document
+    once: checked here)."""
     with admin_engine.connect() as connection:
-        return set(connection.execute(sa.text(
+        rows = [tuple(row) for row in connection.execute(sa.text(
             f"SELECT d.external_id, n.distance FROM {schema}.simdb_near(:fp) n "
-            f"JOIN {schema}.documents d ON d.id = n.document_id"), {"fp": to_signed(fingerprint)}).all())
+            f"JOIN {schema}.documents d ON d.id = n.document_id"), {"fp": to_signed(fingerprint)}).all()]
+    assert len(rows) == len(set(rows)), rows
+    return set(rows)
 
 
 def bucket_oracle(method, fingerprints: list[int], sample: list[int] | None = None) -> float:

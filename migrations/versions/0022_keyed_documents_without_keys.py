@@ -6,7 +6,7 @@ probes went to the keys table: about 1,250 of 3,250 bytes a document, written by
 (their indexes go with them, on every segment and shard), and rewrites the analysts' ``simdb_lookup(bigint,
 integer)`` of such an index, which read them, to read the keys table ``keys_<first key>`` by ``key = ANY(...)``
 (each key folded with its key number: ``key << 6 | number``), routed to the shards of its keys. The new function
-is the old one with its lookup replaced: the key expressions are those it had, so that it is the function a new
+is the old one with its lookup replaced (each document once, as the scan that ORed the keys gave it): the key expressions are those it had, so that it is the function a new
 index of the same layout gets.
 
 A schema the migrations make before it is distributed loses its key columns too (its functions are made again
@@ -37,7 +37,7 @@ LOOKUP = "simdb_lookup(bigint, integer)"
 #: The lookup of simdb_lookup on a distributed index before this revision: one scan ORing the keys.
 OLD_LOOKUP = re.compile(r"( *)SELECT id, simhash FROM (\S+)\.documents WHERE (key_[0-9]+ = .*)$", re.M)
 #: ... and after it.
-NEW_LOOKUP = re.compile(r"( *)SELECT k\.id, k\.fingerprint AS simhash FROM (\S+)\.(keys_[0-9]+) k "
+NEW_LOOKUP = re.compile(r"( *)SELECT DISTINCT k\.id, k\.fingerprint AS simhash FROM (\S+)\.(keys_[0-9]+) k "
                         r"WHERE k\.key = ANY\(ARRAY\[(.*)\]\)$", re.M)
 
 
@@ -92,7 +92,7 @@ def upgrade() -> None:
         # the parameter named in full: the keys table has a column ``fingerprint`` too
         folded = ", ".join(f"((({expression.replace('fingerprint', 'simdb_lookup.fingerprint')}) "
                            f"<< {KEY_NUMBER_BITS}) | {number})" for number, expression in enumerate(expressions))
-        lookup = (f"{indent}SELECT k.id, k.fingerprint AS simhash FROM {named}.keys_{_first_key(connection)} k "
+        lookup = (f"{indent}SELECT DISTINCT k.id, k.fingerprint AS simhash FROM {named}.keys_{_first_key(connection)} k "
                   f"WHERE k.key = ANY(ARRAY[{folded}])")
         _run(definition[:found.start()] + lookup + definition[found.end():])
     columns = _key_columns(connection)

@@ -88,9 +88,9 @@ def function_statements(schema: str, layout: BlockLayout, one_statement: bool = 
     routed read of the keys table (see :meth:`simdb.pg.methods.base.MethodSQL.functions`)."""
     k = layout.max_distance
     conditions = [f"{column} = {key_expression(layout, i, 'fingerprint')}" for i, column in enumerate(layout.key_columns)]
-    if keys is not None:  # the parameter named in full: the keys table has a column ``fingerprint`` too
-        table, folded = keys
-        lookups = (f"                SELECT k.id, k.fingerprint AS simhash FROM {schema}.{table} k "
+    if keys is not None:  # the parameter named in full: the keys table has a column ``fingerprint`` too; a
+        table, folded = keys  # document that shares several keys has a row for each: once, as the ORed scan gave it
+        lookups = (f"                SELECT DISTINCT k.id, k.fingerprint AS simhash FROM {schema}.{table} k "
                    f"WHERE k.key = ANY(ARRAY[{', '.join(folded)}])")
     else:
         lookups = (f"                SELECT id, simhash FROM {schema}.documents WHERE " + " OR ".join(conditions)
