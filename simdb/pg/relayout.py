@@ -96,6 +96,8 @@ def relayout(engine: sa.Engine, schema: str, settings: IndexSettings, blocks: in
             lock(connection, schema, "migrate")
             lock(connection, schema, "ingest")
             check_layout(connection, old, keyed_layout=keyed)
+            for column in sorted(c for c in document_columns(connection) if c.startswith("key_")):  # left by hand
+                connection.exec_driver_sql(f"ALTER TABLE documents DROP COLUMN {column}")
             written = keyed_layout.rebuild(connection, old, new)
             create_functions(connection, schema, new, distributed=True, keyed=True)  # they read the new table
             save_method(connection, new)
