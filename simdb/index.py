@@ -127,7 +127,8 @@ def _relaid_out(args: tuple, kwargs: dict, error: BaseException) -> SimdbError |
     """An open index's statement that names a key column or keys table its layout no longer has: the index was
     re-laid out since this process opened it (:func:`simdb.pg.catalog.relaid_out`)."""
     if args and isinstance(args[0], Index):
-        return catalog.relaid_out(args[0].database.engine, args[0].settings.method, error)
+        return catalog.relaid_out(args[0].database.engine, args[0].settings.method, error,
+                                  args[0].context.keyed)
     return None
 
 
@@ -632,7 +633,8 @@ class Index:
         (:func:`simdb.pg.reads.statistics`)."""
         method = self.settings.method
         with self.database.engine.connect() as connection:
-            found = reads.statistics(connection, method, sample=None if exact else reads.STATS_SAMPLE)
+            found = reads.statistics(connection, method, sample=None if exact else reads.STATS_SAMPLE,
+                                     keyed=self.context.keyed)
             stored_segments = segments.list_segments(connection, distributed=self.context.distributed, counts=True)
             policy = segments.load_policy(connection)
             server_warnings = server.warnings(connection)

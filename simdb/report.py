@@ -587,7 +587,8 @@ def _notes(lines: list[str]) -> str:
 
 # it reads the index's tables itself (and their key columns: an index opened before a relayout is told so)
 @translating(lambda args, kwargs: args[0].database.engine.url,
-             lambda args, kwargs, error: catalog.relaid_out(args[0].database.engine, args[0].settings.method, error))
+             lambda args, kwargs, error: catalog.relaid_out(args[0].database.engine, args[0].settings.method, error,
+                                                                   args[0].context.keyed))
 def build_report(index, batch: str | None = None, *, by: str | None = None, clusters_csv: BinaryIO | None = None,
                  clusters_link: str | None = None, warn: Warn | None = None) -> str:
     """The report on ``index`` (optionally focused on one batch; with ``by``, the duplicate rate by that metadata

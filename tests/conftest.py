@@ -580,9 +580,10 @@ def migrated_index(database_url: str, schema: str, settings: IndexSettings) -> N
             if settings.distributed is not None:
                 drop_functions_and_views(connection, schema)
                 citus.distribute(connection, schema, settings.distributed["shards"])
-                if keyed.layout_of(settings.distributed) == keyed.KEYED:  # its keys tables, as simdb makes them
+                keyed_layout = keyed.layout_of(settings.distributed) == keyed.KEYED
+                if keyed_layout:  # its keys tables, as simdb makes them
                     keyed.create(connection, schema, settings.distributed["shards"], settings.method)
-                create_functions(connection, schema, settings.method, distributed=True)
+                create_functions(connection, schema, settings.method, distributed=True, keyed=keyed_layout)
                 create_views(connection, schema, settings.method, distributed=True)
     finally:
         database.close()

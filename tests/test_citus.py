@@ -90,7 +90,8 @@ def test_a_chunks_candidate_join_runs_on_every_shard_and_ships_only_the_probes(d
     from simdb.pg.methods.simhash import candidate_sql
     from simdb.pg.chunks import create_staging
 
-    with Index.create(database_url, schema=schema, distributed=True, shards=CITUS_SHARDS) as index:
+    with Index.create(database_url, schema=schema, distributed=True, distributed_layout="id",  # its join
+                      shards=CITUS_SHARDS) as index:
         index.add_many(CORPUS[:200], batch="one")
         method = index.sketcher
         with index.database.engine.begin() as connection:

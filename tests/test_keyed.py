@@ -17,7 +17,8 @@ import pytest
 import sqlalchemy as sa
 
 from simdb import IncompatibleIndex, Index, SimdbError
-from simdb.pg import keyed
+from simdb.bits import to_signed, to_unsigned
+from simdb.pg import keyed, reads
 from tests.conftest import CITUS_SHARDS, Concurrently, assert_consistent, keys_table
 from tests.test_index import flip, make_batch
 
@@ -398,15 +399,17 @@ def test_an_index_by_id_moves_to_the_keyed_layout_whole_or_not_at_all(database_u
         assert f"distributed: {CITUS_SHARDS} shards per table (Citus), layout keyed" in result.output
         with pytest.raises(IncompatibleIndex, match="moved to another distributed layout while this process"):
             stale.add_many(planted_texts(rng, "x", 5, records), batch="x")
-        # its lookups read the documents' key columns, which the move keeps: still brute force's answers
+        # its batches read the documents' key columns, which the move dropped: told to open the index again; its
+        # single lookups go through the analysts' function, which the move rewrote: brute force's answers
+        assert document_keys(admin_engine, schema) == ([], [])
+        with pytest.raises(IncompatibleIndex, match="moved to the keyed distributed layout since this process"):
+            stale.query_many([records[0]["text"]])
         stored = {record["id"]: stale.fingerprint(record["text"]) for record in records}
-        probes = [records[i]["text"] for i in rng.sample(range(len(records)), 12)]
-        for text, found in zip(probes, stale.query_many(probes)):
+        for text in [records[i]["text"] for i in rng.sample(range(len(records)), 6)]:
             fingerprint = stale.fingerprint(text)
-            expected = {(name, (fp ^ fingerprint).bit_count()) for name, fp in stored.items()
-                        if (fp ^ fingerprint).bit_count() <= k}
-            assert {(m.external_id, m.distance) for m in found} == expected
-            assert {(m.external_id, m.distance) for m in stale.query(text)} == expected
+            assert {(m.external_id, m.distance) for m in stale.query(text)} == {
+                (name, (fp ^ fingerprint).bit_count()) for name, fp in stored.items()
+                if (fp ^ fingerprint).bit_count() <= k}
     finally:
         stale.close()
     again = run("relayout", "--distributed-layout", "keyed")
@@ -443,6 +446,11 @@ def test_an_index_by_id_moves_to_the_keyed_layout_whole_or_not_at_all(database_u
                 (name, (fp ^ fingerprint).bit_count()) for name, fp in stored.items()
                 if (fp ^ fingerprint).bit_count() <= k}
         assert_consistent(admin_engine, schema)
+        for text in probes[:4]:  # the analysts' function reads the keys table
+            fingerprint = index.fingerprint(text)
+            assert near_by_sql(admin_engine, schema, fingerprint) == {
+                (name, (fp ^ fingerprint).bit_count()) for name, fp in stored.items()
+                if (fp ^ fingerprint).bit_count() <= k}
 
 
 @on_citus
@@ -729,3 +737,199 @@ def test_a_keyed_batch_of_lookups_reads_shard_by_shard_and_finds_what_brute_forc
     for query, matches in zip(queries, found):
         assert {(m.external_id, m.distance) for m in matches} == {
             (f"a-{i}", (fp ^ query).bit_count()) for i, fp in enumerate(stored) if (fp ^ query).bit_count() <= k}
+
+
+def document_keys(admin_engine, schema: str) -> tuple[list[str], list[str]]:
+    """(key columns of ``documents``, indexes on key columns of it and its segments) in ``schema``."""
+    with admin_engine.connect() as connection:
+        columns = connection.execute(sa.text(
+            "SELECT column_name FROM information_schema.columns WHERE table_schema = :s "
+            "AND table_name = 'documents' AND column_name ~ '^key_[0-9]+$'"), {"s": schema}).scalars().all()
+        indexes = connection.execute(sa.text(  # by the catalog alone: other tests drop their schemas meanwhile
+            "SELECT DISTINCT i.relname FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid "
+            "JOIN pg_class t ON t.oid = x.indrelid JOIN pg_namespace n ON n.oid = t.relnamespace "
+            "JOIN pg_attribute a ON a.attrelid = t.oid AND a.attnum = ANY(x.indkey) "
+            "WHERE n.nspname = :s AND t.relname ~ '^documents' AND a.attname ~ '^key_[0-9]+$'"),
+            {"s": schema}).scalars().all()
+    return columns, indexes
+
+
+def near_by_sql(admin_engine, schema: str, fingerprint: int) -> set[tuple[str, int]]:
+    """(external id, distance) of ``simdb_near(fingerprint)``, the analysts' function (which names each document
+    once: checked here)."""
+    with admin_engine.connect() as connection:
+        rows = [tuple(row) for row in connection.execute(sa.text(
+            f"SELECT d.external_id, n.distance FROM {schema}.simdb_near(:fp) n "
+            f"JOIN {schema}.documents d ON d.id = n.document_id"), {"fp": to_signed(fingerprint)}).all()]
+    assert len(rows) == len(set(rows)), rows
+    return set(rows)
+
+
+def bucket_oracle(method, fingerprints: list[int], sample: list[int] | None = None) -> float:
+    """``stats``' measured buckets from the fingerprints: per key, the other documents sharing a key of a document
+    (of ``sample``, default every one) on average, summed over the keys."""
+    import collections
+
+    import numpy as np
+
+    keys, sampled = np.asarray(method.keys(fingerprints)).T, np.asarray(method.keys(sample or fingerprints)).T
+    total = 0.0
+    for column, wanted in zip(keys.tolist(), sampled.tolist()):
+        counts = collections.Counter(column)
+        total += sum(counts[value] - 1 for value in wanted) / len(wanted)
+    return total
+
+
+@on_citus
+def test_a_keyed_index_keeps_no_key_columns_in_documents_and_answers_from_its_keys_table(database_url, schema,
+                                                                                        admin_engine):
+    """``documents`` of a keyed index has no key columns nor key indexes (its keys table answers every probe):
+    made so, and so after a relayout; its ingests, queries, check, analysts' ``simdb_near``, ``stats`` and report
+    answer as brute force does from the inputs."""
+    rng = random.Random(41)
+    with Index.create(database_url, schema=schema, shards=CITUS_SHARDS, **KEYED) as index:
+        method, k = index.settings.method, index.settings.method.max_distance
+        stored = [rng.getrandbits(64) for _ in range(150)]
+        stored += [flip(fp, rng.sample(range(64), rng.randrange(1, k + 1))) for fp in stored[:40]]
+        index.add_fingerprinted(make_batch(stored[:100], "a"), batch="a")
+        index.add_fingerprinted(make_batch(stored[100:], "b"), batch="b")
+        assert document_keys(admin_engine, schema) == ([], [])
+        for blocks in (None, method.layout.blocks + 1):
+            if blocks is not None:
+                index.relayout(blocks)
+                assert document_keys(admin_engine, schema) == ([], [])
+            method = index.settings.method
+            assert stored_pairs(index) == {
+                (f"{'a' if i < 100 else 'b'}-{i if i < 100 else i - 100}",
+                 f"{'a' if j < 100 else 'b'}-{j if j < 100 else j - 100}", (a ^ b).bit_count())
+                for j, b in enumerate(stored) for i, a in enumerate(stored[:j]) if (a ^ b).bit_count() <= k}
+            for query in rng.sample(stored, 10):
+                expected = {(f"{'a' if i < 100 else 'b'}-{i if i < 100 else i - 100}", (fp ^ query).bit_count())
+                            for i, fp in enumerate(stored) if (fp ^ query).bit_count() <= k}
+                assert {(m.external_id, m.distance) for m in index.query_fingerprint(query)} == expected
+                assert near_by_sql(admin_engine, schema, query) == expected
+            assert index.stats(exact=True)["measured_candidates_per_lookup"] == pytest.approx(
+                bucket_oracle(method, stored), abs=0.006)
+            sample = rng.sample(stored, 7)  # a sample's keys counted in the archive, as stats counts a large one's
+            with index.database.engine.connect() as connection:
+                means, _ = reads.keyed_sample_buckets(connection, method, [to_signed(fp) for fp in sample])
+            assert sum(means) == pytest.approx(bucket_oracle(method, stored, sample))
+
+
+@on_citus
+def test_migration_0022_drops_a_keyed_index_key_columns_and_its_lookup_reads_the_keys_table(database_url, schema,
+                                                                                          admin_engine):
+    """A keyed index made before revision 0022 (key columns and their indexes in ``documents``, the analysts'
+    lookup reading them; what 0022's downgrade gives back) loses them when it is opened: its lookup function is
+    then the one a new index gets, every answer is brute force's, and ``alembic check`` finds the schema as
+    simdb describes it."""
+    from alembic import command
+
+    from simdb.pg import migrate
+
+    rng = random.Random(47)
+    stored = [rng.getrandbits(64) for _ in range(120)]
+    stored += [flip(fp, rng.sample(range(64), rng.randrange(1, 4))) for fp in stored[:30]]
+    lookup = "SELECT pg_get_functiondef(CAST(:f AS regprocedure))"
+    function = {"f": f"{schema}.simdb_lookup(bigint, integer)"}
+    with Index.create(database_url, schema=schema, shards=CITUS_SHARDS, **KEYED) as index:
+        method, k = index.settings.method, index.settings.method.max_distance
+        index.add_fingerprinted(make_batch(stored, "a"), batch="a")
+    with admin_engine.begin() as connection:
+        made = connection.execute(sa.text(lookup), function).scalar_one()
+        connection.exec_driver_sql(f"SET LOCAL search_path TO {schema}, public")
+        migrate.downgrade(connection, schema, "0021")
+    columns, indexes = document_keys(admin_engine, schema)
+    assert sorted(columns) == sorted(method.key_columns) and len(indexes) >= len(columns)
+
+    def expected(query: int) -> set:
+        return {(f"a-{i}", (fp ^ query).bit_count()) for i, fp in enumerate(stored) if (fp ^ query).bit_count() <= k}
+
+    queries = [flip(fp, rng.sample(range(64), rng.randrange(k + 2))) for fp in rng.sample(stored, 12)]
+    with admin_engine.connect() as connection:
+        assert connection.execute(sa.text(lookup), function).scalar_one() != made
+        assert {f"a-{i}": fp for i, fp in enumerate(stored)} == {  # the key columns as 0022 gives them back
+            name: to_unsigned(fp) for name, fp in connection.exec_driver_sql(
+                f"SELECT external_id, simhash FROM {schema}.documents").all()}
+        for number, column in enumerate(method.key_columns):
+            assert dict(connection.exec_driver_sql(f"SELECT external_id, {column} FROM {schema}.documents").all()) \
+                == {f"a-{i}": int(keys[number]) for i, keys in enumerate(method.keys(stored))}
+    for query in queries:  # what the function answered before 0022
+        assert near_by_sql(admin_engine, schema, query) == expected(query)
+    with Index.open(database_url, schema=schema) as index:  # upgraded on open
+        assert document_keys(admin_engine, schema) == ([], [])
+        for query in queries:
+            assert {(m.external_id, m.distance) for m in index.query_fingerprint(query)} == expected(query)
+            assert near_by_sql(admin_engine, schema, query) == expected(query)
+        with admin_engine.begin() as connection:
+            assert connection.execute(sa.text(lookup), function).scalar_one() == made
+            connection.exec_driver_sql(f"SET LOCAL search_path TO {schema}, public")
+            command.check(migrate.alembic_config(connection, schema, key_columns=[]))
+
+
+@on_citus
+@pytest.mark.parametrize("shards", [CITUS_SHARDS, 32, 7])
+def test_the_shards_of_values_computed_here_are_those_citus_gives(database_url, schema, shards):
+    """:func:`simdb.pg.keyed.shard_ids` hashes as PostgreSQL's ``hashint8`` and maps the hash to a shard by the
+    shards' ranges: for random bigints (negative ones, and the edges of int8 and of its halves too) it names
+    the shard ``get_shard_id_for_distribution_column`` names, for the keys table and ``documents`` alike."""
+    import numpy as np
+
+    rng = np.random.default_rng(shards)
+    edges = [0, 1, -1, 2**63 - 1, -2**63, -2**63 + 1, 2**31, -2**31, 2**31 - 1, -2**31 - 1, 2**32, -2**32,
+             2**32 - 1, -(2**32) + 1]
+    values = np.concatenate([rng.integers(-2**63, 2**63 - 1, size=20_000, dtype=np.int64, endpoint=True),
+                             rng.integers(-1000, 1000, size=2000, dtype=np.int64), np.array(edges, dtype=np.int64)])
+    with Index.create(database_url, schema=schema, shards=shards, **KEYED) as index:
+        with index.database.engine.connect() as connection:
+            for table in (keyed.table(index.settings.method), "documents"):
+                asked = np.asarray(connection.exec_driver_sql(
+                    "SELECT get_shard_id_for_distribution_column(CAST(%(t)s AS regclass), v) "
+                    "FROM unnest(CAST(%(v)s AS bigint[])) v", {"t": table, "v": values.tolist()}).scalars().all())
+                computed = keyed.shard_ids(connection, table, values)
+                assert computed.tolist() == asked.tolist()
+                assert len(set(asked.tolist())) == shards
+                assert keyed.shard_ids(connection, table, values[:0]).tolist() == []
+            hashed = connection.exec_driver_sql("SELECT hashint8(v) FROM unnest(CAST(%(v)s AS bigint[])) v",
+                                                {"v": values.tolist()}).scalars().all()
+            assert keyed.hashint8(values).tolist() == hashed
+
+
+@on_citus
+def test_a_keyed_removal_by_ids_and_a_sync_replace_check_find_documents_through_external_ids(database_url, schema):
+    """``remove --ids`` and a sync chunk's check for replaced documents find the stored documents of their external
+    ids through ``external_ids`` (each id sent to the one shard of its hash), never by a join of the ids with
+    ``documents`` on ``external_id`` (which sent them to every worker); they remove and report what brute force
+    says."""
+    from simdb.pg.sync import remove_changed
+    from simdb.text import content_hash
+
+    rng = random.Random(53)
+    stored = [rng.getrandbits(64) for _ in range(60)]
+    statements: list[str] = []
+
+    def capture(connection, cursor, statement, parameters, context, executemany):
+        statements.append(statement)
+
+    with Index.create(database_url, schema=schema, shards=CITUS_SHARDS, **KEYED) as index:
+        index.add_fingerprinted(make_batch(stored[:40], "a"), batch="a")
+        index.add_fingerprinted(make_batch(stored[40:], "b"), batch="b")
+        with index.database.engine.begin() as connection:
+            connection.exec_driver_sql("UPDATE batches SET source = 'sync t' WHERE name = 'a'")
+        sa.event.listen(index.database.engine, "before_cursor_execute", capture)
+        try:
+            with pytest.raises(SimdbError, match="no stored document has the id.*'a-77'"):
+                index.remove(ids=["a-3", "a-77"])
+            assert index.remove(ids=["a-3", "b-5", "a-3"]).removed == 2
+            # the chunk holds a-1 and b-1 changed (b is no batch of the sync's), a-2 as it was, and a new id
+            names = ["a-1", "a-2", "b-1", "new-0"]
+            hashes = [content_hash("changed"), content_hash("a-2"), content_hash("changed"), content_hash("x")]
+            with index.database.engine.begin() as connection:
+                assert remove_changed(connection, schema, index.settings.method, names, hashes, "sync t",
+                                      keyed=True) == ["a-1"]
+        finally:
+            sa.event.remove(index.database.engine, "before_cursor_execute", capture)
+        assert not [s for s in statements if "USING (external_id)" in s or "d.external_id = " in s]
+        assert sum("external_id_probes" in s for s in statements) >= 3
+        remaining = {m.external_id for fp in stored for m in index.query_fingerprint(fp)}
+        assert remaining == {f"a-{i}" for i in range(40)} - {"a-3", "a-1"} | {f"b-{i}" for i in range(20)} - {"b-5"}

@@ -220,8 +220,8 @@ def test_a_new_index_is_exactly_what_the_migrations_make(options, database_url, 
     finally:
         with admin_engine.begin() as connection:
             connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {migrated} CASCADE")
-    for part in created:
-        assert created[part] == upgraded[part], part
+    for part in created:  # a keyed index's key columns, which 0022 drops, leave dropped columns behind
+        assert _undropped(part, created[part]) == _undropped(part, upgraded[part]), part
     assert created.keys() == upgraded.keys()
     assert len(created["relations"]) >= 20 and len(created["functions"]) >= 7 and len(created["views"]) == 6
     assert created["alembic_version"] == [(migrate.head_revision(),)]
@@ -237,8 +237,9 @@ def _undropped(part: str, rows: list[tuple]) -> list[tuple]:
     columns added after it."""
     if part == "relations":
         return [row[:-1] for row in rows]
-    if part == "columns":  # without attnum too: a column added again comes after the dropped one
-        return [row[:1] + row[2:] for row in rows if str(row[-1]) != "True"]
+    if part == "columns":  # without attnum too (in its order): a column added again comes after the dropped one
+        return [row[:1] + row[2:] for row in sorted(rows, key=lambda row: (row[0], int(row[1])))
+                if str(row[-1]) != "True"]
     return rows
 
 

@@ -297,7 +297,8 @@ def test_the_migrations_create_what_todays_code_creates(settings, database_url, 
             migrated = definitions(connection, schema)
             drop_functions_and_views(connection, schema)
             assert definitions(connection, schema) == {}
-            create_functions(connection, schema, index.settings.method, distributed=index.context.distributed)
+            create_functions(connection, schema, index.settings.method, distributed=index.context.distributed,
+                             keyed=index.context.keyed)
             create_views(connection, schema, index.settings.method, distributed=index.context.distributed)
             assert definitions(connection, schema) == migrated and len(migrated) >= 7
             connection.rollback()

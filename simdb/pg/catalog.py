@@ -70,7 +70,8 @@ def _relaid_out(stored: dict[str, object], method: Method) -> str | None:
 _UNDEFINED = {"42P01", "42703"}
 
 
-def relaid_out(engine: sa.Engine, method: Method, error: BaseException) -> IncompatibleIndex | None:
+def relaid_out(engine: sa.Engine, method: Method, error: BaseException, keyed_layout: bool | None = None
+               ) -> IncompatibleIndex | None:
     """The error to raise instead of ``error`` where ``error`` is a statement's ``undefined table`` or ``undefined
     column`` and the index was re-laid out since the process that holds ``method`` opened it; else None.
 
@@ -78,7 +79,9 @@ def relaid_out(engine: sa.Engine, method: Method, error: BaseException) -> Incom
     distributed layout, the keys table (``keys_<n>``) of that layout, named so that a relayout drops them, never
     a table or column of the new layout under the old name: its lookups fail instead of answering wrongly, at
     no cost to the lookups, and this turns the failure into what to do (one read of ``settings`` once a
-    statement has failed)."""
+    statement has failed). With ``keyed_layout`` (whether the process holds the keyed layout), a process that
+    opened an index by id before its move to the keyed layout (which drops the documents' key columns) is told
+    so too."""
     state = getattr(getattr(error, "orig", error), "sqlstate", None)
     if state not in _UNDEFINED:
         return None
@@ -88,6 +91,10 @@ def relaid_out(engine: sa.Engine, method: Method, error: BaseException) -> Incom
     except sa.exc.DBAPIError:  # the settings cannot be read either: the original error says more
         return None
     relaid = _relaid_out(stored, method)
+    if relaid is None and keyed_layout is not None and \
+            (keyed.layout_of(stored.get("distributed")) == keyed.KEYED) != keyed_layout:
+        relaid = ("the index was moved to the keyed distributed layout since this process opened it (its documents "
+                  "have no key columns there): open it again")
     return IncompatibleIndex(relaid) if relaid is not None else None
 
 
@@ -130,7 +137,8 @@ def create_index(connection: sa.Connection, schema: str, settings: IndexSettings
     connection.exec_driver_sql(f"CREATE SCHEMA IF NOT EXISTS {schema}")
     if migrate.current_revision(connection, schema) is not None:
         return False
-    create_tables(connection, settings.method.key_columns)
+    keyed_layout = keyed.layout_of(settings.distributed) == keyed.KEYED
+    create_tables(connection, keyed.document_key_columns(settings.method, keyed_layout))
     connection.execute(sa.text("INSERT INTO settings (name, value) VALUES (:name, CAST(:value AS jsonb))"),
                        [{"name": name, "value": json.dumps(value)} for name, value in settings.to_rows().items()])
     cursor = connection.connection.dbapi_connection.cursor()
@@ -140,10 +148,10 @@ def create_index(connection: sa.Connection, schema: str, settings: IndexSettings
                 copy.write_row(row)
     if settings.distributed is not None:
         citus.distribute(connection, schema, settings.distributed["shards"])
-        if keyed.layout_of(settings.distributed) == keyed.KEYED:
+        if keyed_layout:
             keyed.create(connection, schema, settings.distributed["shards"], settings.method)
     distributed = settings.distributed is not None
-    create_functions(connection, schema, settings.method, distributed=distributed)
+    create_functions(connection, schema, settings.method, distributed=distributed, keyed=keyed_layout)
     create_views(connection, schema, settings.method, distributed=distributed)
     migrate.stamp(connection, schema)
     return True
@@ -165,19 +173,24 @@ def open_index(connection: sa.Connection, schema: str, where: str) -> IndexSetti
         citus.set_session(connection)
     if behind:
         lock(connection, schema, "migrate")
-        migrate.upgrade(connection, schema, layout=stored.layout)
+        migrate.upgrade(connection, schema, key_columns=_document_key_columns(stored))
         if stored.distributed is not None:  # and the tables the upgrade made are distributed as designed
             citus.check(connection, schema, where)
     columns = document_columns(connection)
-    if not set(stored.method.key_columns) <= columns:  # a relayout's switch between the two reads: read again
+    if not set(_document_key_columns(stored)) <= columns:  # a relayout's switch between the two reads: read again
         stored = load_settings(connection)
-    missing = set(stored.method.key_columns) - columns
+    missing = set(_document_key_columns(stored)) - columns
     if missing:
         raise IncompatibleIndex(f"the documents table lacks key columns {sorted(missing)} that its layout "
                                 "needs; the schema was changed by hand")
     if stored.distributed is not None:  # after the upgrade, which makes the layout's tables as today's (0019, 0020)
         keyed.check(connection, schema, keyed.layout_of(stored.distributed), stored.method)
     return stored
+
+
+def _document_key_columns(settings: IndexSettings) -> list[str]:
+    """The key columns the index's ``documents`` has (none on the keyed layout: :func:`keyed.document_key_columns`)."""
+    return keyed.document_key_columns(settings.method, keyed.layout_of(settings.distributed) == keyed.KEYED)
 
 
 def copy_to_distributed(connection: sa.Connection, source: str, target: str, shards: int, where: str,
@@ -225,6 +238,8 @@ def move_to_keyed(connection: sa.Connection, schema: str, settings: IndexSetting
     keyed.create(connection, schema, stored.distributed["shards"], stored.method)
     written = keyed.build(connection, stored.method)
     keyed.build_external_ids(connection)
+    keyed.drop_document_keys(connection, stored.method)
+    create_functions(connection, schema, stored.method, distributed=True, keyed=True)  # they read the keys table
     distributed = {**stored.distributed, "layout": keyed.KEYED}
     connection.execute(sa.text(  # the layout's one change after creation (the tests watch for this statement)
         "UPDATE settings SET value = CAST(:value AS jsonb) WHERE name = :name"),

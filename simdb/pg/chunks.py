@@ -38,11 +38,13 @@ from .methods import sql_of
 from .probes import lateral_probe, without_jit
 from .segments import attach_indexed, index_bare, list_segments, place_chunk, seal, segment_pairs
 
-def create_staging(connection: sa.Connection, method: Method, texts: bool = False) -> list[tuple[str, str]]:
-    """The transaction's temporary staging table (with the documents' ``text`` when ``texts``); returns its
-    (column, type) list. A document's ``metadata`` is NULL there when it has none (see :func:`_from_staging`)."""
+def create_staging(connection: sa.Connection, method: Method, texts: bool = False, *, keyed: bool = False
+                   ) -> list[tuple[str, str]]:
+    """The transaction's temporary staging table (with the documents' ``text`` when ``texts``; without key
+    columns where ``documents`` has none, on the ``keyed`` layout); returns its (column, type) list. A
+    document's ``metadata`` is NULL there when it has none (see :func:`_from_staging`)."""
     columns = ([("id", "int8"), ("external_id", "text"), sql_of(method).sketch_column]
-               + [(name, "int8") for name in method.key_columns]
+               + [(name, "int8") for name in keyed_layout.document_key_columns(method, keyed)]
                + [("content_hash", "bytea"), ("length", "int4"), ("metadata", "jsonb")]
                + ([("text", "bytea")] if texts else []))  # UTF-8, decoded by the INSERT
     connection.exec_driver_sql(
@@ -117,12 +119,12 @@ def store_chunk(connection: sa.Connection, schema: str, method: Method, chunk, *
         raise SimdbError("this index decides by the documents' texts, and the chunk came without them: ingest "
                          "texts (simdb ingest, Index.add_many), not fingerprints")
 
-    columns = create_staging(connection, method, texts is not None)
+    columns = create_staging(connection, method, texts is not None, keyed=keyed)
     column_list = ", ".join(name for name, _ in columns)
     cursor = connection.connection.dbapi_connection.cursor()
     with cursor.copy(f"COPY staging ({column_list}, position) FROM STDIN (FORMAT BINARY)") as copy:
         copy.set_types([t for _, t in columns] + ["int8"])
-        id_list, key_rows = ids.tolist(), keys.tolist()
+        id_list, key_rows = ids.tolist(), [()] * count if keyed else keys.tolist()
         for i in range(count):
             copy.write_row((id_list[i], chunk.external_ids[i], stored_sketches[i], *key_rows[i],
                             chunk.content_hashes[i], chunk.lengths[i], chunk.metadata[i] or None,

@@ -20,6 +20,7 @@ from psycopg import sql
 from ..errors import SimdbError
 from ..methods import Method
 from .citus import SESSION_SETTINGS
+from .keyed import function_keys
 from .methods import sql_of
 from .plpython import create_placeholders
 
@@ -150,9 +151,12 @@ def _create_function(connection: sa.Connection, schema: str, function: tuple[str
         _run(connection, f"COMMENT ON FUNCTION {schema}.{signature} IS " + sql.Literal(comment).as_string())
 
 
-def create_functions(connection: sa.Connection, schema: str, method: Method, *, distributed: bool) -> None:
-    """The method's analysts' functions, written for its current key layout (and for a ``distributed`` index)."""
-    for function in sql_of(method).functions(schema, one_statement=distributed):
+def create_functions(connection: sa.Connection, schema: str, method: Method, *, distributed: bool,
+                     keyed: bool = False) -> None:
+    """The method's analysts' functions, written for its current key layout (and for a ``distributed`` index; a
+    ``keyed`` one's lookups read its keys table, :func:`simdb.pg.keyed.function_keys`)."""
+    keys = function_keys(method) if keyed else None
+    for function in sql_of(method).functions(schema, one_statement=distributed, keys=keys):
         _create_function(connection, schema, function, distributed)
 
 

@@ -18,9 +18,10 @@ as one Citus table distributed by the key value:
   by a co-located ``INSERT ... SELECT`` and deletes them, all in its own transaction (under the ingest lock),
   so no other transaction ever sees them.
 
-Everything else is as in the layout by id (``documents`` and its segments by ``id`` with their key
-columns and indexes, pairs, clusters and records): every other operation reads and writes those as before,
-and only the probes (ingest, check, lookups, queries) are routed through ``keys``. Candidates are verified
+Everything else is as in the layout by id (``documents`` and its segments by ``id``, pairs, clusters and
+records), except that ``documents`` has no key columns nor key indexes (:func:`document_key_columns`,
+migration 0022): every probe (ingest, check, lookups, queries, the analysts' ``simdb_lookup``, ``stats``' key
+buckets, the report's sample) reads ``keys``, and ``keys`` is built from the fingerprints (:func:`build`). Candidates are verified
 by the fingerprint stored with each key row, on the shard, and again in numpy. A fold that loses a wide key's
 top bits only adds candidates, which the distance check drops: the answers are exact.
 
@@ -111,6 +112,27 @@ def check_layout(layout: str, method: Method) -> str:
     return layout
 
 
+def document_key_columns(method: Method, keyed: bool) -> list[str]:
+    """The key columns ``documents`` (and an ingest's staging table) has: none on the keyed layout, whose keys
+    table answers every probe (they were about 1,250 of 3,250 bytes a document there, read by nothing), else
+    ``method``'s."""
+    return [] if keyed else list(method.key_columns)
+
+
+def folded_keys_sql(method: Method, sketch: str) -> list[str]:
+    """SQL computing each stored (folded, :func:`fold`) key of the sketch expression ``sketch``: PostgreSQL's
+    ``<<`` on bigint wraps in 64 bits, as :func:`fold` does."""
+    return [f"((({expression}) << {KEY_NUMBER_BITS}) | {number})"
+            for number, expression in enumerate(sql_of(method).key_sql(sketch))]
+
+
+def function_keys(method: Method) -> tuple[str, list[str]]:
+    """What the analysts' lookup function of a keyed index reads (:meth:`simdb.pg.methods.MethodSQL.functions`):
+    the keys table, and the SQL of the stored keys of its argument ``fingerprint`` (named in full: the keys
+    table has a column of that name)."""
+    return table(method), folded_keys_sql(method, "simdb_lookup.fingerprint")
+
+
 def fold(keys: np.ndarray) -> np.ndarray:
     """Stored key values of an (n, key columns) array of key values: ``value << 6 | key number``, wrapping in
     64 bits as BIGINT does; row-major, so row ``i``'s keys are ``[i * columns, (i + 1) * columns)``."""
@@ -189,16 +211,24 @@ def check(connection: sa.Connection, schema: str, layout: str | None, method: Me
 
 
 def build(connection: sa.Connection, method: Method) -> int:
-    """Fill ``method``'s keys table from the stored documents' key columns (an index copied or moved into the
-    keyed layout, or relaid out); rows written. One ``INSERT ... SELECT`` per key column, which Citus
-    repartitions by key."""
+    """Fill ``method``'s keys table from the stored documents' sketches (an index copied or moved into the
+    keyed layout, or relaid out: the keys computed in SQL, :func:`folded_keys_sql`, so that ``documents``
+    needs no key columns); rows written. One ``INSERT ... SELECT`` per key, which Citus repartitions by key."""
     written = 0
-    for number, column in enumerate(method.key_columns):
+    sketch = sql_of(method).sketch_column[0]
+    for folded in folded_keys_sql(method, sketch):
         written += connection.exec_driver_sql(
-            f"INSERT INTO {table(method)} (key, id, fingerprint) SELECT ({column} << {KEY_NUMBER_BITS}) | {number}, id, "
-            f"{sql_of(method).sketch_column[0]} FROM documents").rowcount
+            f"INSERT INTO {table(method)} (key, id, fingerprint) SELECT {folded}, id, {sketch} FROM documents"
+        ).rowcount
     connection.exec_driver_sql(f"ANALYZE {table(method)}")  # the first chunks' joins are planned on its statistics
     return written
+
+
+def drop_document_keys(connection: sa.Connection, method: Method) -> None:
+    """Drop ``documents``' key columns and, with them, their indexes on every segment and shard (the move to
+    this layout, after :func:`build` read the sketches: nothing on this layout reads them)."""
+    connection.exec_driver_sql("ALTER TABLE documents " + ", ".join(
+        f"DROP COLUMN IF EXISTS {column}" for column in method.key_columns))
 
 
 def build_external_ids(connection: sa.Connection) -> int:
@@ -212,7 +242,7 @@ def build_external_ids(connection: sa.Connection) -> int:
 
 def rebuild(connection: sa.Connection, old: Method, new: Method) -> int:
     """Replace the keys table of ``old``'s layout by one of ``new``'s (``simdb relayout --blocks`` on the keyed
-    layout, in its switch: the documents' new key columns are filled, under the migrate and ingest locks); rows
+    layout, under the migrate and ingest locks: filled from the documents' fingerprints, :func:`build`); rows
     written.
 
     The new table, named after the new first key column (:func:`table`), is filled beside the old one (lookups
@@ -247,6 +277,22 @@ def stage_external_ids(connection: sa.Connection, ids: Sequence[int], external_i
     if found:  # co-located too: each staged id that is stored, on its shard
         connection.exec_driver_sql("DELETE FROM external_id_probes p USING external_ids e "
                                    "WHERE e.external_id = p.external_id")
+    return sorted(found)
+
+
+def stored_documents(connection: sa.Connection, external_ids: Sequence[str]) -> list[tuple[str, int]]:
+    """``(external id, document id)`` of those of ``external_ids`` that are stored: staged into
+    ``external_id_probes`` (each to the shard of its hash), joined there with ``external_ids`` (a co-located
+    join: each id sent once, where a join with ``documents`` by external id sent them to every worker), and the
+    staging emptied. Under the ingest lock (a removal's ids, a sync chunk's replace check)."""
+    if not len(external_ids):
+        return []
+    copy_in(connection, "external_id_probes (external_id, probe)", ["text", "int8"],
+            ((external_id, 0) for external_id in external_ids))
+    found = [tuple(row) for row in connection.exec_driver_sql(
+        "SELECT DISTINCT e.external_id, e.id FROM external_id_probes p JOIN external_ids e "
+        "ON e.external_id = p.external_id").all()]
+    connection.exec_driver_sql("DELETE FROM external_id_probes")
     return sorted(found)
 
 
@@ -372,12 +418,43 @@ SHARD_BY_SHARD = 64
 
 
 def shard_ids(connection: sa.Connection, table: str, values: np.ndarray) -> np.ndarray:
-    """The shard of ``table`` that holds each of ``values`` (of its distribution column, bigint): Citus's own
-    hash, asked on the coordinator in one statement."""
-    return np.asarray(connection.exec_driver_sql(
-        "SELECT get_shard_id_for_distribution_column(CAST(%(table)s AS regclass), v) "
-        "FROM unnest(CAST(%(values)s AS bigint[])) v", {"table": table, "values": np.asarray(values).tolist()}
-    ).scalars().all(), dtype=np.int64)
+    """The shard of ``table`` that holds each of ``values`` (of its distribution column, bigint), computed here as
+    Citus computes it (:func:`hashint8`, then the shard whose hash range holds it): one read of the table's
+    shard ranges on the coordinator, where asking Citus (``get_shard_id_for_distribution_column``) was a call
+    per value on it. ``tests/test_keyed.py`` holds the two equal."""
+    ranges = np.asarray(connection.exec_driver_sql(
+        "SELECT shardid, CAST(shardminvalue AS int4), CAST(shardmaxvalue AS int4) FROM pg_dist_shard "
+        "WHERE logicalrelid = CAST(%(table)s AS regclass) ORDER BY 2", {"table": table}).all(),
+        dtype=np.int64).reshape(-1, 3)
+    hashes = hashint8(values).astype(np.int64)
+    at = np.searchsorted(ranges[:, 1], hashes, side="right") - 1
+    if len(hashes) and (at.min() < 0 or np.any(hashes > ranges[at, 2])):
+        raise SimdbError(f"the shards of {table} do not cover every hash value; its shards were changed by hand")
+    return ranges[at, 0]
+
+
+def _rotate(x: np.ndarray, k: int) -> np.ndarray:
+    return (x << np.uint32(k)) | (x >> np.uint32(32 - k))
+
+
+def hashint8(values: np.ndarray) -> np.ndarray:
+    """PostgreSQL's ``hashint8`` of each bigint, as int32 (how Citus reads it to place a row): the high half
+    folded into the low half (complemented for a negative value), then ``hash_bytes_uint32``, Bob Jenkins'
+    lookup3 ``final`` mix of a single 32-bit word (``src/common/hashfn.c``, ``src/backend/access/hash/hashfunc.c``)."""
+    values = np.asarray(values, dtype=np.int64)
+    low, high = values.astype(np.uint32), (values >> np.int64(32)).astype(np.uint32)
+    low = low ^ np.where(values >= 0, high, ~high)
+    b = c = np.full(values.shape, (0x9E3779B9 + 4 + 3923095) & 0xFFFFFFFF, dtype=np.uint32)
+    a = b + low
+    # lookup3's final(a, b, c), step for step (uint32 arithmetic wraps, as C's does)
+    c = (c ^ b) - _rotate(b, 14)
+    a = (a ^ c) - _rotate(c, 11)
+    b = (b ^ a) - _rotate(a, 25)
+    c = (c ^ b) - _rotate(b, 16)
+    a = (a ^ c) - _rotate(c, 4)
+    b = (b ^ a) - _rotate(a, 14)
+    c = (c ^ b) - _rotate(b, 24)
+    return c.view(np.int32)
 
 
 def by_shard(connection: sa.Connection, table: str, values: np.ndarray) -> list[np.ndarray]:

@@ -36,15 +36,19 @@ def migrations_path() -> Path:
                        f"{package.parent / 'migrations'}); reinstall simdb")
 
 
-def alembic_config(connection: sa.Connection, schema: str, *, layout=None, new_index_settings: dict | None = None,
-                   new_index_idf_terms: dict | None = None) -> Config:
-    """``layout`` is the index's key layout, whose key columns the current schema's metadata has (for
-    ``alembic check``); a new index also passes its settings rows and, with tfidf weighting, its IDF table."""
+def alembic_config(connection: sa.Connection, schema: str, *, layout=None, key_columns=None,
+                   new_index_settings: dict | None = None, new_index_idf_terms: dict | None = None) -> Config:
+    """``key_columns`` are the key columns ``documents`` has in the current schema's metadata (for ``alembic
+    check``): ``layout``'s (the index's key layout) where not given, none on the keyed distributed layout
+    (:func:`simdb.pg.keyed.document_key_columns`); a new index also passes its settings rows and, with tfidf
+    weighting, its IDF table."""
     from alembic.config import Config
 
     config = Config()
     config.set_main_option("script_location", str(migrations_path()))
-    metadata = build_metadata(tuple(layout.key_columns)) if layout is not None else None
+    if key_columns is None and layout is not None:
+        key_columns = layout.key_columns
+    metadata = build_metadata(tuple(key_columns)) if key_columns is not None else None
     config.attributes.update(connection=connection, schema=schema, target_metadata=metadata,
                              new_index_settings=new_index_settings, new_index_idf_terms=new_index_idf_terms)
     return config
@@ -101,11 +105,13 @@ def current_revision(connection: sa.Connection, schema: str) -> str | None:
     return rows[0] if rows else None
 
 
-def upgrade(connection: sa.Connection, schema: str, *, layout=None, new_index_settings: dict | None = None,
-            new_index_idf_terms: dict | None = None, revision: str = "head") -> None:
+def upgrade(connection: sa.Connection, schema: str, *, layout=None, key_columns=None,
+            new_index_settings: dict | None = None, new_index_idf_terms: dict | None = None,
+            revision: str = "head") -> None:
     from alembic import command
 
-    command.upgrade(alembic_config(connection, schema, layout=layout, new_index_settings=new_index_settings,
+    command.upgrade(alembic_config(connection, schema, layout=layout, key_columns=key_columns,
+                                   new_index_settings=new_index_settings,
                                    new_index_idf_terms=new_index_idf_terms), revision)
 
 

@@ -14,6 +14,7 @@ import numpy as np
 import sqlalchemy as sa
 from psycopg.rows import namedtuple_row
 
+from ..bits import to_unsigned_array
 from ..errors import NotFound
 from ..matches import distinct
 from ..methods import Method
@@ -355,7 +356,8 @@ def export(connection: sa.Connection, method: Method, *, batch: int | None = Non
 STATS_SAMPLE = 2_000
 
 
-def statistics(connection: sa.Connection, method: Method, *, sample: int | None = STATS_SAMPLE) -> dict:
+def statistics(connection: sa.Connection, method: Method, *, sample: int | None = STATS_SAMPLE,
+               keyed: bool = False) -> dict:
     """Counts, batches, size, and the key buckets: the mean number of other documents sharing a document's
     key (summed over the keys: the candidates a lookup of a stored document meets) and the largest buckets.
 
@@ -370,6 +372,11 @@ def statistics(connection: sa.Connection, method: Method, *, sample: int | None 
         "SELECT coalesce(sum(pg_total_relation_size(inhrelid)), 0)::int8 FROM pg_inherits "
         "WHERE inhparent = CAST('documents' AS regclass)")).scalar_one()
     sampled = sample is not None and counts.documents > 50 * sample
+    if keyed:  # counted in its keys table (documents has no key columns there)
+        means, largest, measured = _keyed_buckets(connection, method, counts.documents, sample if sampled else None)
+        return {"documents": counts.documents, "duplicates": counts.duplicates, "batches": batches(connection),
+                "table_bytes": size, "measured": sum(means), "largest": sorted(largest, reverse=True)[:5],
+                "sampled": measured}
     rows = _sampled_keys(connection, method, counts.documents, sample) if sampled else None
     means, largest = [], []
     for i, column in enumerate(method.key_columns):
@@ -392,6 +399,46 @@ def statistics(connection: sa.Connection, method: Method, *, sample: int | None 
     return {"documents": counts.documents, "duplicates": counts.duplicates, "batches": batches(connection),
             "table_bytes": size, "measured": sum(means), "largest": sorted(largest, reverse=True)[:5],
             "sampled": len(rows) if sampled else None}
+
+
+def _keyed_buckets(connection: sa.Connection, method: Method, population: int, sample: int | None
+                   ) -> tuple[list[float], list[tuple[int, str, int]], int | None]:
+    """:func:`statistics`'s buckets on the keyed layout, from its keys table (``documents`` has no key columns
+    there): (the mean bucket of each key, the largest buckets as (size, key column, value), documents sampled
+    or None). A stored key folds its key number into its low bits (:func:`simdb.pg.keyed.fold`)."""
+    keys, columns, bits = keyed_layout.table(method), method.key_columns, keyed_layout.KEY_NUMBER_BITS
+    mask = (1 << bits) - 1
+    if sample is not None:
+        stored = [row[0] for row in random_rows(connection, [sql_of(method).sketch_column[0]], population, sample,
+                                                "SYSTEM")]
+        return (*keyed_sample_buckets(connection, method, stored), len(stored))
+    per_key = dict(connection.exec_driver_sql(  # one pass over the keys table, each key's bucket on its shard
+        f"SELECT key & {mask}, coalesce(sum(n * (n - 1))::float8 / nullif(sum(n), 0), 0) "
+        f"FROM (SELECT key, count(*) AS n FROM {keys} GROUP BY key) b GROUP BY 1").all())
+    top = connection.exec_driver_sql(
+        f"SELECT key & {mask}, key >> {bits}, count(*) AS n FROM {keys} GROUP BY key ORDER BY n DESC, key LIMIT 5"
+    ).all()
+    return ([per_key.get(i, 0.0) for i in range(len(columns))],
+            [(n, columns[number], value) for number, value, n in top], None)
+
+
+def keyed_sample_buckets(connection: sa.Connection, method: Method, stored: list
+                         ) -> tuple[list[float], list[tuple[int, str, int]]]:
+    """:func:`_keyed_buckets` of a sample of stored sketches: their stored keys computed from them, counted where
+    they are stored (one ``key = ANY(...)``)."""
+    columns, bits = method.key_columns, keyed_layout.KEY_NUMBER_BITS
+    key_rows = np.asarray(method.stored_keys(np.asarray(stored, dtype=np.int64)), dtype=np.int64)
+    folded = keyed_layout.fold(key_rows).reshape(-1, len(columns))
+    buckets = dict(connection.exec_driver_sql(
+        f"SELECT key, count(*) FROM {keyed_layout.table(method)} WHERE key = ANY(CAST(%(keys)s AS bigint[])) "
+        "GROUP BY key", {"keys": np.unique(folded).tolist()}).all())
+    means, largest = [], []
+    for i, column in enumerate(columns):
+        values = folded[:, i].tolist()
+        means.append(sum(buckets.get(value, 1) - 1 for value in values) / max(len(values), 1))
+        seen = sorted({value: buckets.get(value, 0) for value in values}.items(), key=lambda b: -b[1])[:3]
+        largest += [(n, column, value >> bits) for value, n in seen]
+    return means, largest
 
 
 def _sampled_keys(connection: sa.Connection, method: Method, population: int, size: int) -> list[tuple]:
@@ -419,6 +466,18 @@ def _distance_sample(connection: sa.Connection, index: IndexContext, batch: int 
     method = index.method
     ids = [row.id for row in random_rows(connection, ["id"], population, size, "BERNOULLI",
                                          "batch_id = :batch" if batch is not None else "", {"batch": batch})]
+    if index.keyed:  # its keys table, probed by the sample's sketches (documents has no key columns there)
+        rows = connection.execute(sa.text(f"SELECT id, {index.sql.sketch_column[0]} FROM documents "
+                                          "WHERE id = ANY(:ids) ORDER BY id"), {"ids": ids}).all()
+        own = [row[0] for row in rows]
+        found = {(own[at], document, distance) for at, document, distance in keyed_layout.probe(
+            connection, method, to_unsigned_array(np.asarray([row[1] for row in rows], dtype=np.int64)).tolist(),
+            method.max_possible_distance)
+            if document != own[at]}
+        counts = [0] * (method.max_possible_distance + 1)
+        for _, _, distance in found:
+            counts[distance] += 1
+        return counts, len(ids)
     columns = ", ".join(["id", index.sql.sketch_column[0], *method.key_columns])
     rows = connection.execute(sa.text(f"SELECT {columns} FROM documents WHERE id = ANY(:ids) ORDER BY id"),
                               {"ids": ids}).all()

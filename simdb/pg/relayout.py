@@ -12,6 +12,10 @@ drops: :func:`simdb.pg.keyed.rebuild`) instead of answering wrongly, and is told
 
 An interrupted relayout leaves the index as it was, plus unused columns that the next relayout
 removes first.
+
+On the keyed distributed layout ``documents`` has no key columns: a relayout there builds the new layout's
+keys table from the fingerprints and rewrites the analysts' functions, in one transaction under the ingest
+lock (:func:`simdb.pg.keyed.rebuild`).
 """
 
 from __future__ import annotations
@@ -87,6 +91,20 @@ def relayout(engine: sa.Engine, schema: str, settings: IndexSettings, blocks: in
     say = progress or (lambda message: None)
     sketch = sql_of(old).sketch_column[0]
 
+    if keyed:  # documents has no key columns: the new keys table, built from the sketches, is all there is to do
+        with engine.begin() as connection:
+            lock(connection, schema, "migrate")
+            lock(connection, schema, "ingest")
+            check_layout(connection, old, keyed_layout=keyed)
+            for column in sorted(c for c in document_columns(connection) if c.startswith("key_")):  # left by hand
+                connection.exec_driver_sql(f"ALTER TABLE documents DROP COLUMN {column}")
+            written = keyed_layout.rebuild(connection, old, new)
+            create_functions(connection, schema, new, distributed=True, keyed=True)  # they read the new table
+            save_method(connection, new)
+        say(f"rebuilt the keys table: {written:,} key rows")
+        say(f"switched to {new.describe()}")
+        return replace(settings, method=new)
+
     # the statements below that change documents hold the ingest lock (after the migrate lock, which the
     # relayout holds throughout its index builds): an ingest's chunk and a relayout's statement never wait for
     # each other's rows, tables or indexes
@@ -128,16 +146,11 @@ def relayout(engine: sa.Engine, schema: str, settings: IndexSettings, blocks: in
         lock(connection, schema, "ingest")
         check_layout(connection, old, keyed_layout=keyed)
         connection.execute(sa.text(f"UPDATE documents SET {assignments} WHERE {new.key_columns[0]} IS NULL"))
-        if keyed:  # the probes read the keys table: it gets the new keys in the same transaction, built before
-            # the ALTER TABLEs below lock documents, so that lookups go on reading documents and keys meanwhile
-            written = keyed_layout.rebuild(connection, old, new)
         for column in new.key_columns:
             connection.exec_driver_sql(f"ALTER TABLE documents ALTER COLUMN {column} SET NOT NULL")
         for column in old.key_columns:
             connection.exec_driver_sql(f"ALTER TABLE documents DROP COLUMN {column}")
         create_functions(connection, schema, new, distributed=settings.distributed is not None)  # the new key columns
         save_method(connection, new)
-    if keyed:
-        say(f"rebuilt the keys table: {written:,} key rows")
     say(f"switched to {new.describe()}")
     return replace(settings, method=new)

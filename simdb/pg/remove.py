@@ -59,17 +59,22 @@ def remove(connection: sa.Connection, schema: str, method: Method, *, external_i
         # the ids go to a table, never into the statement as an array: an array of a million ids is copied
         # into every segment's scan, and a removal that large took a 17 GB backend down with it
         unique_ids = sorted(set(external_ids))
-        copy_in(connection, "removing_ids (external_id)", ["text"], ((i,) for i in unique_ids), create=True)
-        connection.exec_driver_sql("ANALYZE removing_ids")
-        found = connection.exec_driver_sql("INSERT INTO removing SELECT d.id FROM documents d "
-                                           "JOIN removing_ids i USING (external_id)").rowcount
-        if found != len(unique_ids):
-            missing = connection.exec_driver_sql(
+        if keyed:  # found through external_ids, each id sent to the one shard of its hash (not to every worker)
+            found = keyed_layout.stored_documents(connection, unique_ids)
+            copy_in(connection, "removing (id)", ["int8"], ((document,) for _, document in found))
+            missing = sorted(set(unique_ids) - {external_id for external_id, _ in found})[:11]
+        else:
+            copy_in(connection, "removing_ids (external_id)", ["text"], ((i,) for i in unique_ids), create=True)
+            connection.exec_driver_sql("ANALYZE removing_ids")
+            stored = connection.exec_driver_sql("INSERT INTO removing SELECT d.id FROM documents d "
+                                                "JOIN removing_ids i USING (external_id)").rowcount
+            missing = [] if stored == len(unique_ids) else connection.exec_driver_sql(
                 "WITH found AS (SELECT d.external_id FROM documents d JOIN removing_ids i USING (external_id)) "
                 "SELECT i.external_id FROM removing_ids i WHERE NOT EXISTS "
                 "(SELECT 1 FROM found f WHERE f.external_id = i.external_id) ORDER BY 1 LIMIT 11").scalars().all()
+        if missing:
             raise NotFound(f"no stored document has the id(s) {', '.join(map(repr, missing[:10]))}"
-                             f"{' ...' if len(missing) > 10 else ''}; nothing was removed")
+                           f"{' ...' if len(missing) > 10 else ''}; nothing was removed")
     elif batch is not None:
         batch_id = connection.execute(sa.text("SELECT id FROM batches WHERE name = :name"), {"name": batch}).scalar()
         if batch_id is None:

@@ -15,12 +15,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+import numpy as np
 import psycopg
 import sqlalchemy as sa
 from psycopg import sql
 
 from ..errors import NotFound, SimdbError
 from ..methods import Method
+from . import keyed as keyed_layout
 from .copy import copy_in
 from .database import lock, redact, secrets_in, translate
 from .remove import remove
@@ -158,13 +160,23 @@ def remove_changed(connection: sa.Connection, schema: str, method: Method, exter
     if not external_ids:
         return []
     lock(connection, schema, "ingest")  # before the SELECT: no `simdb remove` between it and remove()
-    copy_in(connection, "sync_chunk (external_id, content_hash)", ["text", "bytea"],
-            zip(external_ids, content_hashes), create=True)
-    changed = connection.execute(sa.text(
-        "SELECT DISTINCT d.external_id FROM sync_chunk c JOIN documents d USING (external_id) "
-        "JOIN batches b ON b.id = d.batch_id WHERE b.source = :origin AND d.content_hash <> c.content_hash "
-        "ORDER BY 1"), {"origin": origin}).scalars().all()
-    connection.exec_driver_sql("DROP TABLE sync_chunk")
+    if keyed:  # the stored ones found through external_ids (each id to one shard), then read by id (routed)
+        stored = dict(keyed_layout.stored_documents(connection, external_ids))
+        texts = dict(zip(external_ids, content_hashes))
+        ids = np.asarray(sorted(stored.values()), dtype=np.int64)
+        rows = [row for group in (keyed_layout.by_shard(connection, "documents", ids) if len(ids) else [])
+                for row in connection.execute(sa.text(  # each shard its own ids
+                    "SELECT d.external_id, d.content_hash FROM documents d JOIN batches b ON b.id = d.batch_id "
+                    "WHERE d.id = ANY(:ids) AND b.source = :origin"), {"ids": group.tolist(), "origin": origin})]
+        changed = sorted({external_id for external_id, content_hash in rows if texts[external_id] != content_hash})
+    else:
+        copy_in(connection, "sync_chunk (external_id, content_hash)", ["text", "bytea"],
+                zip(external_ids, content_hashes), create=True)
+        changed = connection.execute(sa.text(
+            "SELECT DISTINCT d.external_id FROM sync_chunk c JOIN documents d USING (external_id) "
+            "JOIN batches b ON b.id = d.batch_id WHERE b.source = :origin AND d.content_hash <> c.content_hash "
+            "ORDER BY 1"), {"origin": origin}).scalars().all()
+        connection.exec_driver_sql("DROP TABLE sync_chunk")
     if changed:
         remove(connection, schema, method, external_ids=list(changed), keyed=keyed)
     return list(changed)

@@ -84,12 +84,16 @@ class MethodSQL(ABC):
         """SQL computing each key column from the stored sketch (the expression ``sketch``)."""
 
     @abstractmethod
-    def functions(self, schema: str, one_statement: bool = False) -> list[tuple[str, str, str]]:
+    def functions(self, schema: str, one_statement: bool = False, keys: tuple[str, list[str]] | None = None
+                  ) -> list[tuple[str, str, str]]:
         """The analysts' functions of this method: ``(signature, CREATE statement, comment)``. A lookup reads
         each key column's index in its own branch of a ``UNION`` (index-only scans), or, with
         ``one_statement``, in one scan of ``documents`` whose condition ORs the keys: on a distributed
         index Citus runs each branch of a ``UNION`` on every shard apart (15 keys, 32 shards: 481 tasks, 55 ms
-        a lookup in ``scripts/bench_citus.py``), and the one scan as one task per shard (7.4 ms)."""
+        a lookup in ``scripts/bench_citus.py``), and the one scan as one task per shard (7.4 ms). ``keys``: on
+        the keyed distributed layout, its keys table and the SQL of the argument's stored keys
+        (:func:`simdb.pg.keyed.function_keys`): a lookup reads that table by ``key = ANY(...)``, routed to
+        the shards of its keys (``documents`` has no key columns there)."""
 
     @abstractmethod
     def similarity_sql(self, distance: str) -> str:

@@ -14,6 +14,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import sqlalchemy as sa
 
+from ...errors import IncompatibleIndex
 from ...methods.minhash.signature import EXACT_SCALE, MinHashSettings
 from ..copy import copy_out
 from ..probes import lateral_probe
@@ -188,7 +189,11 @@ class MinHashSQL(MethodSQL):
         settings = self.method.settings
         return [band_key_sql(settings, i, sketch) for i in range(settings.bands)]
 
-    def functions(self, schema: str, one_statement: bool = False) -> list[tuple[str, str, str]]:
+    def functions(self, schema: str, one_statement: bool = False, keys: tuple[str, list[str]] | None = None
+                  ) -> list[tuple[str, str, str]]:
+        if keys is not None:
+            raise IncompatibleIndex("a MinHash index has no keys table (the keyed distributed layout holds SimHash "
+                                    "indexes only)")
         return function_statements(schema, self.method.settings, one_statement)
 
     def similarity_sql(self, distance: str) -> str:

@@ -81,16 +81,22 @@ MINHASH_FUNCTIONS = (
      "TABLE (document_id bigint, similarity double precision)"))
 
 
-def function_statements(schema: str, layout: BlockLayout, one_statement: bool = False) -> list[tuple[str, str, str]]:
+def function_statements(schema: str, layout: BlockLayout, one_statement: bool = False,
+                        keys: tuple[str, list[str]] | None = None) -> list[tuple[str, str, str]]:
     """``(signature, CREATE statement, comment)`` of the SimHash analysts' functions for ``layout``; with
-    ``one_statement``, a lookup is one scan of ``documents`` whose condition ORs the keys (see
-    :meth:`simdb.pg.methods.base.MethodSQL.functions`)."""
+    ``one_statement``, a lookup is one scan of ``documents`` whose condition ORs the keys; with ``keys``, one
+    routed read of the keys table (see :meth:`simdb.pg.methods.base.MethodSQL.functions`)."""
     k = layout.max_distance
     conditions = [f"{column} = {key_expression(layout, i, 'fingerprint')}" for i, column in enumerate(layout.key_columns)]
-    lookups = (f"                SELECT id, simhash FROM {schema}.documents WHERE " + " OR ".join(conditions)
-               if one_statement else "\n                UNION\n".join(
-                   f"                SELECT id, simhash FROM {schema}.documents WHERE {condition}"
-                   for condition in conditions))
+    if keys is not None:  # the parameter named in full: the keys table has a column ``fingerprint`` too; a
+        table, folded = keys  # document that shares several keys has a row for each: once, as the ORed scan gave it
+        lookups = (f"                SELECT DISTINCT k.id, k.fingerprint AS simhash FROM {schema}.{table} k "
+                   f"WHERE k.key = ANY(ARRAY[{', '.join(folded)}])")
+    else:
+        lookups = (f"                SELECT id, simhash FROM {schema}.documents WHERE " + " OR ".join(conditions)
+                   if one_statement else "\n                UNION\n".join(
+                       f"                SELECT id, simhash FROM {schema}.documents WHERE {condition}"
+                       for condition in conditions))
     return [
         ("simdb_hamming(bigint, bigint)",
          f"""CREATE OR REPLACE FUNCTION {schema}.simdb_hamming(a bigint, b bigint) RETURNS integer
@@ -159,8 +165,9 @@ class SimHashSQL(MethodSQL):
         layout = self.method.layout
         return [key_expression(layout, i, sketch) for i in range(len(layout.keys))]
 
-    def functions(self, schema: str, one_statement: bool = False) -> list[tuple[str, str, str]]:
-        return function_statements(schema, self.method.layout, one_statement)
+    def functions(self, schema: str, one_statement: bool = False, keys: tuple[str, list[str]] | None = None
+                  ) -> list[tuple[str, str, str]]:
+        return function_statements(schema, self.method.layout, one_statement, keys)
 
     def similarity_sql(self, distance: str) -> str:
         return similarity_sql(distance, self.method.layout.bits)
