@@ -62,8 +62,8 @@ class NativeBuildHook(BuildHookInterface):
             except Exception as exc:  # noqa: BLE001 -- no OpenSSL headers or library: the rest still helps
                 if asked == "required":
                     raise
-                print(f"simdb: WARNING: could not compile {SOURCE} with OpenSSL's libcrypto ({exc}); building it "
-                      "without the compiled MinHash band keys (install libssl-dev for them)", file=sys.stderr)
+                print(f"simdb: could not compile {SOURCE} with OpenSSL's libcrypto ({exc}); trying again without "
+                      "the compiled MinHash band keys (which need libssl-dev)", file=sys.stderr)
                 shutil.rmtree(build_dir, ignore_errors=True)
                 build_dir = Path(tempfile.mkdtemp(prefix="simdb-native-"))
                 built = compile_native(root, build_dir, openssl=False)

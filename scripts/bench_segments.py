@@ -115,6 +115,7 @@ def minhash_batch(rng: np.random.Generator, count: int, stored: np.ndarray | Non
     (similarity 0.92: near-duplicates at 0.8); with no ``stored`` (an empty archive), copies of as many other
     documents of the batch, so that it has as many pairs. (The empty archive's batch once copied one signature
     1,000 times: 499,500 pairs within the batch, which its rate measured more than the chunk.)"""
+    num_perm = num_perm if stored is None else stored.shape[1]
     signatures = rng.integers(0, 2 ** 32, (count, num_perm), dtype=np.uint32)
     near = int(count * NEAR_FRACTION)
     if stored is None:

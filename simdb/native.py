@@ -84,6 +84,8 @@ def enabled() -> bool:
 def description() -> str:
     """For ``simdb --version``: whether fingerprints take the compiled paths here."""
     if _compiled is not None:
+        if not hasattr(_compiled, "band_keys"):
+            return "on; MinHash band keys in Python (built without libssl-dev)"
         return "on"
     if mode() == "off":
         return f"off, {NATIVE_ENV}=off"

@@ -397,6 +397,9 @@ def test_bad_arguments_are_errors_not_crashes():
         compiled.band_keys(signatures.view(np.uint8), 16, 4, keys)
     with pytest.raises(BufferError):
         compiled.band_keys(signatures, 16, 4, bytes(64))  # read-only
+    # a num_perm whose bytes overflow Py_ssize_t was a division by zero (SIGFPE), not an error
+    with pytest.raises(ValueError, match="whole rows"):
+        compiled.band_keys(signatures, 2**62, 1, keys)
 
 
 @needs_native

@@ -26,13 +26,14 @@ band_keys(PyObject *self, PyObject *args)
     if (simdb_get_buffer(signatures_obj, &signatures, 4, 0, "band_keys' signatures") < 0 ||
         simdb_get_buffer(out_obj, &out, 8, 1, "band_keys' output") < 0)
         goto done;
-    if (num_perm < 1 || rows < 1 || rows > num_perm || signatures.len % (4 * num_perm)) {
+    if (num_perm < 1 || num_perm > PY_SSIZE_T_MAX / 4 || rows < 1 || rows > num_perm ||
+        signatures.len % (4 * num_perm)) {
         PyErr_SetString(PyExc_ValueError, "band_keys: the signatures must be whole rows of num_perm values, and "
                                           "a band 1 to num_perm of them");
         goto done;
     }
     Py_ssize_t texts = signatures.len / (4 * num_perm), bands = texts ? out.len / 8 / texts : 0;
-    if (texts && (out.len != texts * bands * 8 || bands < 1 || bands * rows > num_perm)) {
+    if (texts && (out.len != texts * bands * 8 || bands < 1 || bands > num_perm / rows)) {
         PyErr_SetString(PyExc_ValueError, "band_keys: the output must hold texts x bands keys, the bands within "
                                           "the signature");
         goto done;
