@@ -435,10 +435,15 @@ def _stop_citus(directory: str) -> None:
 
 def pytest_generate_tests(metafunc):
     """A test marked ``citus`` runs twice: on the test database, and on a distributed index on Citus (SimHash
-    indexes with the layout CITUS_LAYOUT); marked ``citus_by_id`` too, a third time, on the layout by id."""
-    if metafunc.definition.get_closest_marker("citus"):
-        by_id = metafunc.definition.get_closest_marker("citus_by_id") and CITUS_LAYOUT != "id"
-        metafunc.parametrize("backend", ["postgres", "citus", *(["citus-id"] if by_id else [])], indirect=True)
+    indexes with the layout CITUS_LAYOUT); marked ``citus_by_id`` too, a third time, on the layout by id. Marked
+    ``slow_on_citus`` too, its runs on Citus are ``slow``: the whole suite (CI) runs them, ``-m "not slow"`` its
+    run on the test database only."""
+    definition = metafunc.definition
+    if definition.get_closest_marker("citus"):
+        by_id = definition.get_closest_marker("citus_by_id") and CITUS_LAYOUT != "id"
+        marks = [pytest.mark.slow] if definition.get_closest_marker("slow_on_citus") else []
+        metafunc.parametrize("backend", ["postgres", *(pytest.param(name, marks=marks) for name in
+                                                       ["citus", *(["citus-id"] if by_id else [])])], indirect=True)
 
 
 @pytest.fixture

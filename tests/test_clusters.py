@@ -90,6 +90,7 @@ def replay(database_url, admin_engine, schema, index, history, after_chunk=None)
 @settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                  HealthCheck.too_slow])
 @pytest.mark.citus
+@pytest.mark.slow_on_citus
 @given(history=histories())
 def test_clusters_are_the_connected_components_of_the_pairs(database_url, admin_engine, schema, fresh_index,
                                                            history):

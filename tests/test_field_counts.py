@@ -89,6 +89,7 @@ def rows_of(prefix: str, count: int, base: int, copies_of: list[tuple[str, int]]
 
 
 @pytest.mark.citus
+@pytest.mark.slow_on_citus
 def test_the_counts_are_the_brute_force_counts_through_ingests_removals_and_compactions(database_url, schema,
                                                                                      admin_engine):
     inputs = Inputs()

@@ -103,6 +103,7 @@ def test_index_returns_exactly_the_brute_force_answer(archive, base, data):
 
 
 @pytest.mark.citus
+@pytest.mark.slow_on_citus
 @pytest.mark.citus_by_id
 def test_pairs_equal_brute_force(archive):
     rng = random.Random(11)

@@ -80,6 +80,29 @@ def test_a_worker_that_dies_running_a_test_on_citus_ends_the_run_without_a_hang(
     assert "worker 'gw" in done.stdout and "crashed while running 'test_crash.py::test_c[24-citus]'" in done.stdout
 
 
+def test_a_test_slow_on_citus_is_slow_on_citus_only(tmp_path):
+    """``slow_on_citus``: the test's runs on Citus (the layout by id's too) are ``slow``, which the whole suite (CI)
+    runs and ``-m "not slow"`` leaves out; its run on PostgreSQL stays in the quick lane. Oracle: the ids collected,
+    each with whether it is marked slow."""
+    (tmp_path / "conftest.py").write_text(
+        "from tests.conftest import pytest_generate_tests  # noqa: F401\nimport pytest\n\n"
+        "@pytest.fixture\ndef backend(request):\n    return request.param\n\n"
+        "def pytest_collection_finish(session):\n    for item in session.items:\n"
+        "        print('ITEM', item.name, bool(item.get_closest_marker('slow')))\n")
+    (tmp_path / "test_marks.py").write_text(
+        "import pytest\n\n"
+        "@pytest.mark.citus\ndef test_a(backend):\n    pass\n\n"
+        "@pytest.mark.citus\n@pytest.mark.citus_by_id\n@pytest.mark.slow_on_citus\ndef test_b(backend):\n    pass\n")
+    env = {name: value for name, value in os.environ.items() if name != "SIMDB_TEST_CITUS_LAYOUT"}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider", "-q", "-s",
+                           "--collect-only", "test_marks.py"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120, env={**env, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    slow = dict(line.split()[1:] for line in done.stdout.splitlines() if line.startswith("ITEM "))
+    assert slow == {"test_a[postgres]": "False", "test_a[citus]": "False", "test_b[postgres]": "False",
+                    "test_b[citus]": "True", "test_b[citus-id]": "True"}, done.stdout
+
+
 def test_a_test_is_on_citus_by_its_backend_parameter():
     assert on_citus("tests/test_sql.py::test_views_agree_with_the_tables[citus]")
     assert on_citus("tests/test_x.py::test_y[3-citus]") and on_citus("tests/test_x.py::test_y[citus-a]")

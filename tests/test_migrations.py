@@ -200,6 +200,7 @@ def learned_idf():
 
 
 @pytest.mark.citus
+@pytest.mark.slow_on_citus
 @pytest.mark.parametrize("options", [
     {}, {"blocks": 5, "max_distance": 3}, {"idf": "learned", "store_text": True},
     {"method": "minhash", "threshold": 0.7}, {"method": "minhash", "verify": "exact"},
@@ -277,6 +278,7 @@ def test_0012_goes_down_to_what_0011_made_and_up_again(options, database_url, sc
 
 
 @pytest.mark.citus
+@pytest.mark.slow_on_citus
 @pytest.mark.parametrize("options", [{}, {"method": "minhash"}], ids=["simhash", "minhash"])
 def test_0015_fills_the_kept_counts_of_an_index_with_removals(options, database_url, schema, admin_engine):
     """An index at revision 0014 with documents removed by id (and a batch removed whole) upgrades with each
@@ -310,6 +312,7 @@ def test_0015_fills_the_kept_counts_of_an_index_with_removals(options, database_
 
 
 @pytest.mark.citus
+@pytest.mark.slow_on_citus
 @pytest.mark.parametrize("options", [{}, {"method": "minhash"}], ids=["simhash", "minhash"])
 def test_0017_fills_the_batch_each_verdict_named_even_when_it_was_removed(options, database_url, schema,
                                                                        admin_engine):
@@ -389,6 +392,7 @@ def test_0020_names_a_keyed_index_keys_table_after_its_layout(database_url, sche
 
 
 @pytest.mark.citus
+@pytest.mark.slow_on_citus
 @pytest.mark.parametrize("options", [{"store_text": True}, {"method": "minhash", "verify": "exact"}],
                          ids=["simhash", "minhash-exact"])
 def test_0021_routes_simdb_neighbours_on_citus_and_goes_down_to_the_view_reader(options, database_url, schema,

@@ -235,6 +235,7 @@ def test_minhash_index_refuses_other_settings(database_url, schema):
 
 
 @pytest.mark.citus
+@pytest.mark.slow_on_citus
 def test_minhash_through_the_cli(run, tmp_path):
     documents = _documents(120)
     path = tmp_path / "docs.jsonl"

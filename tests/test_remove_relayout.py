@@ -123,6 +123,7 @@ def test_remove_from_the_cli(run, tmp_path):
 
 
 @pytest.mark.citus
+@pytest.mark.slow_on_citus
 def test_relayout_with_data_in_place_answers_the_same(database_url, schema, admin_engine):
     rng = random.Random(5)
     with Index.create(database_url, schema=schema, max_distance=3) as index:
@@ -282,6 +283,7 @@ def stored_pairs(index) -> set:
 
 
 @pytest.mark.citus
+@pytest.mark.slow_on_citus
 def test_a_merge_that_starts_while_relayout_builds_its_indexes_waits_outside_postgresql(
         database_url, schema, admin_engine):
     """Issue 34 item 7: relayout holds the migrate lock while it builds each segment's index with CREATE INDEX
@@ -368,6 +370,7 @@ def test_a_chunk_never_waits_for_a_segment_that_relayout_is_indexing(database_ur
 
 
 @pytest.mark.citus
+@pytest.mark.slow_on_citus
 def test_relayout_beside_concurrent_ingests_merges_and_lookups_keeps_every_pair(database_url, schema,
                                                                                  admin_engine):
     """Issue 34 item 7, as a user meets it: relayout while ingests (merging after each chunk), merges and lookups
@@ -463,6 +466,7 @@ def planted_records(rng: random.Random, count: int, earlier: list[dict], prefix:
 
 
 @pytest.mark.citus
+@pytest.mark.slow_on_citus
 @pytest.mark.citus_by_id
 def test_an_index_opened_before_a_relayout_answers_as_brute_force_or_says_to_open_it_again(database_url, schema):
     """A process that opened the index before another relaid it out still computes the old layout's keys. Each of

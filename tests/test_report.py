@@ -371,6 +371,7 @@ def planted_oracle(documents, k: int) -> dict:
 
 
 @pytest.mark.citus
+@pytest.mark.slow_on_citus
 def test_rates_sources_breakdown_pairs_and_clusters_csv_are_the_oracles(run, tmp_path, database_url, schema,
                                                                        monkeypatch):
     """The numbers a lead asks for first, each held to what the inputs say: the duplicate rate per batch, the

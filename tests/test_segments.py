@@ -88,6 +88,7 @@ def test_a_bad_policy_is_refused(size, factor):
 # -- ingest over segments ----------------------------------------------------------------------------
 
 @pytest.mark.citus
+@pytest.mark.slow_on_citus
 @pytest.mark.citus_by_id  # the layout by id's candidate join over segments
 def test_ingest_creates_segments_as_ids_advance_and_finds_every_pair(database_url, schema, admin_engine):
     rng = random.Random(7)
@@ -191,6 +192,7 @@ def test_a_failed_bulk_chunk_leaves_no_table_behind(database_url, schema, admin_
 
 
 @pytest.mark.citus
+@pytest.mark.slow_on_citus
 @pytest.mark.citus_by_id  # the layout by id's candidate join over segments
 def test_ingest_merges_between_its_chunks(database_url, schema, admin_engine):
     from simdb import Document
@@ -241,6 +243,7 @@ def test_a_merge_that_fails_mid_batch_leaves_the_batch_to_finish(database_url, s
 @settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                  HealthCheck.too_slow])
 @pytest.mark.citus
+@pytest.mark.slow_on_citus
 @given(history=histories(), merge_after=st.lists(st.booleans(), min_size=20, max_size=20))
 def test_segments_merges_and_removals_keep_pairs_and_clusters_exact(database_url, admin_engine, schema, fresh_index,
                                                                    history, merge_after):
@@ -343,6 +346,7 @@ def test_ingests_that_start_during_a_full_merge_wait_for_it_and_keep_every_pair(
 # -- merges are atomic -------------------------------------------------------------------------------
 
 @pytest.mark.citus
+@pytest.mark.slow_on_citus
 def test_a_merge_killed_at_any_moment_leaves_the_old_segments(database_url, schema, admin_engine):
     rng = random.Random(3)
     with Index.create(database_url, schema=schema, segment_size=1000) as index:
@@ -1083,6 +1087,7 @@ def brute_force_pairs(sketcher, records, max_distance):
 
 
 @pytest.mark.citus
+@pytest.mark.slow_on_citus
 def test_a_failed_bulk_chunk_leaves_a_gap_that_later_merges_and_ingests_take_in_their_stride(
         run, database_url, schema, tmp_path):
     """Issue 34 item 6: a bulk chunk that fails uses up its ids (sequences do not roll back), so the next bulk

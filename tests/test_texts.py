@@ -68,6 +68,7 @@ def oracle(documents: list[dict]) -> dict[tuple[str, str], Fraction]:
 
 
 @pytest.mark.citus
+@pytest.mark.slow_on_citus
 def test_exact_minhash_pairs_clusters_and_verdicts_are_the_oracles(database_url, schema, admin_engine, monkeypatch):
     from simdb.methods import minhash
 

@@ -73,6 +73,7 @@ def essentials(verdicts) -> list[tuple]:
 
 
 @pytest.mark.citus
+@pytest.mark.slow_on_citus
 @pytest.mark.citus_by_id
 @pytest.mark.parametrize("settings", METHODS, ids=["simhash", "minhash"])
 @pytest.mark.parametrize("seed", [1, 2])
