@@ -1,12 +1,12 @@
 """Where a warm batch of lookups spends its time outside the index descents: ``Index.query_fingerprints``.
 
-On the archive ``bench_segments.py --connections ... --reuse`` kept (else one bulk-loaded here and dropped at
-the end), runs ``--rounds`` batches of
+On the archive ``bench_segments.py --connections ... --reuse`` kept (with ``--reuse``; without, one bulk-loaded
+here and dropped at the end), runs ``--rounds`` batches of
 ``--batch`` new probes (half near copies of stored fingerprints), each after one batch that reads their
 pages (so every batch measured is warm and repeated), and prints the seconds of each SQL statement
 shape (every connection) and of the whole call, and the rate.
 
-    .venv/bin/python scripts/profile_batch.py --archive 3000000 --rounds 10 --connections 1 \\
+    .venv/bin/python scripts/profile_batch.py --archive 3000000 --rounds 10 --connections 1 --reuse \\
         --database-url postgresql://postgres@127.0.0.1:5541/postgres
 """
 
@@ -24,7 +24,7 @@ import sqlalchemy as sa
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import DATABASE_HELP, Server, load_average  # noqa: E402
 from bench_segments import near_and_random  # noqa: E402
-from profile_chunk import after, archive_for, before, statements  # noqa: E402
+from profile_chunk import after, archive_for, before, reuse_option, statements  # noqa: E402
 
 import simdb  # noqa: E402
 from simdb.methods.simhash.blocks import DEFAULT_MAX_DISTANCE  # noqa: E402
@@ -39,10 +39,11 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=1)
     parser.add_argument("--max-distance", type=int, default=DEFAULT_MAX_DISTANCE)
     parser.add_argument("--seed", type=int, default=11)
+    reuse_option(parser)
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
     with Server(args.database_url) as server:
-        schema, stored, made = archive_for(server, args.archive, args.max_distance, rng)
+        schema, stored, made = archive_for(server, args.archive, args.max_distance, rng, args.reuse)
         try:
             measured_batches(server, schema, stored, args, rng)
         finally:

@@ -1,15 +1,15 @@
 """Where one bulk chunk's seconds go: into a kept archive against into an empty one, step by step.
 
 Ingests ``--added`` new random fingerprints (1 % near copies) through ``Index.add_fingerprinted`` (one
-bulk chunk) into the archive that ``bench_segments.py --connections ... --reuse`` kept (or, where none is kept, one
-bulk-loaded here and dropped at the end), and the same
+bulk chunk) into the archive that ``bench_segments.py --connections ... --reuse`` kept (with ``--reuse``; without,
+one bulk-loaded here and dropped at the end), and the same
 number into an empty index of the same layout, in turn (empty, archive, archive, empty, ...), and
 prints the seconds of each step of :func:`simdb.pg.chunks.store_chunk` (its helpers timed in place)
 and of the slowest SQL statements (timed around the driver's execute, every connection, so the lookups
 spread over other connections are counted there too, in parallel). The chunk's batches are removed
 from the archive afterwards.
 
-    .venv/bin/python scripts/profile_chunk.py --archive 3000000 --added 100000 --rounds 2 \\
+    .venv/bin/python scripts/profile_chunk.py --archive 3000000 --added 100000 --rounds 2 --reuse \\
         --database-url postgresql://postgres@127.0.0.1:5541/postgres
 """
 
@@ -45,16 +45,25 @@ statements: collections.Counter = collections.Counter()
 local = threading.local()
 
 
+outermost: collections.Counter = collections.Counter()  # the steps' seconds less those inside another step
+
+
 def timed(name, function):
     def wrapper(*args, **kwargs):
         start = time.perf_counter()
+        depth = getattr(local, "depth", 0)
+        local.depth = depth + 1
         try:
             result = function(*args, **kwargs)
             if name == "segment_pairs":  # a generator: its time is its consumption's
                 result = list(result)
             return result
         finally:
-            steps[name] += time.perf_counter() - start
+            local.depth = depth
+            seconds = time.perf_counter() - start
+            steps[name] += seconds
+            if depth == 0:  # chunk_or_stored also runs inside decide_chunk: counted once in "the rest"
+                outermost[name] += seconds
     return wrapper
 
 
@@ -73,21 +82,30 @@ def after(conn, cursor, statement, parameters, context, executemany):
     statements[shape(statement)] += time.perf_counter() - conn.info["started"].pop()
 
 
-def archive_for(server: Server, archive: int, max_distance: int, rng: np.random.Generator
+def archive_for(server: Server, archive: int, max_distance: int, rng: np.random.Generator, reuse: bool
                 ) -> tuple[str, np.ndarray, bool]:
-    """(schema, its fingerprints, made here): the archive ``bench_segments.py --reuse`` kept, else one bulk-loaded
-    into a schema of this process's (for the caller to drop)."""
+    """(schema, its fingerprints, made here): with ``reuse``, the archive ``bench_segments.py --reuse`` kept (an
+    error where none is), else one bulk-loaded into a schema of this process's (for the caller to drop): never
+    another run's archive unasked, which a concurrent ``bench_segments.py --reuse`` may be checking or dropping."""
     kept = f"simdb_bench_segments_kept_{archive}_k{max_distance}"
-    with server.admin.connect() as c:
-        found = c.exec_driver_sql(f"SELECT to_regclass('{kept}.batches')").scalar() is not None
-    bench_segments.SCHEMA = kept if found else f"simdb_profile_archive_{os.getpid()}"
-    if found:
+    if reuse:
+        with server.admin.connect() as c:
+            if c.exec_driver_sql(f"SELECT to_regclass('{kept}.batches')").scalar() is None:
+                raise SystemExit(f"no archive of {archive:,} kept in {kept}: run bench_segments.py --connections ... "
+                                 "--reuse first, or leave out --reuse to bulk-load one here")
+        bench_segments.SCHEMA = kept
         drop_empty_segments(server)
         return kept, kept_fingerprints(server), False
-    log(f"no archive kept in {kept}: bulk-loading {archive:,}")
+    bench_segments.SCHEMA = f"simdb_profile_archive_{os.getpid()}"
+    log(f"bulk-loading an archive of {archive:,} into {bench_segments.SCHEMA} (--reuse takes a kept one)")
     layout = BlockLayout.for_size(max_distance, archive)
     return bench_segments.SCHEMA, bulk_load(server.url, server.admin, bench_segments.SCHEMA, layout, archive, rng,
                                             max_distance)[0], True
+
+
+def reuse_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--reuse", action="store_true",
+                        help="profile the archive bench_segments.py --reuse kept (else bulk-load one, dropped at the end)")
 
 
 def main() -> None:
@@ -100,6 +118,7 @@ def main() -> None:
     parser.add_argument("--max-distance", type=int, default=DEFAULT_MAX_DISTANCE)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--top", type=int, default=14)
+    reuse_option(parser)
     args = parser.parse_args()
     empty = f"simdb_profile_chunk_empty_{os.getpid()}"
     layout = BlockLayout.for_size(args.max_distance, args.archive)
@@ -110,8 +129,7 @@ def main() -> None:
     rng = np.random.default_rng(args.seed)
     results = []
     with Server(args.database_url) as server:
-        kept, stored, made = archive_for(server, args.archive, args.max_distance, rng)
-        added = []
+        kept, stored, made = archive_for(server, args.archive, args.max_distance, rng, args.reuse)
         try:
             for round_ in range(args.rounds):
                 for target in (("empty", "archive") if round_ % 2 == 0 else ("archive", "empty")):
@@ -124,21 +142,23 @@ def main() -> None:
                     batch = batch_of(rng, fps, f"profile{round_}{target}")
                     server.checkpoint()
                     steps.clear()
+                    outermost.clear()
                     statements.clear()
                     load = load_average()
                     with simdb.Index.open(server.url, schema=schema) as index:
                         summary = index.add_fingerprinted(batch, batch=f"profile{round_}{target}",
                                                           connections=args.connections)
-                    if target == "archive":
-                        added.append(f"profile{round_}{target}")
-                    results.append((target, load, summary.seconds, dict(steps), dict(statements)))
+                    results.append((target, load, summary.seconds, dict(steps), dict(statements),
+                                    sum(outermost.values())))
                     log(f"{target} (load {load}): {summary.seconds:.2f} s")
         finally:
             server.drop_schemas(empty)
             if made:
                 server.drop_schemas(kept)
-            else:
+            else:  # every batch but the kept archive's, whether or not this process lived to note it
                 with simdb.Index.open(server.url, schema=kept) as index:
+                    with index.database.engine.connect() as c:
+                        added = c.exec_driver_sql("SELECT name FROM batches WHERE name <> 'archive'").scalars().all()
                     for name in added:
                         index.remove(batch=name)
                 drop_empty_segments(server)
@@ -148,7 +168,7 @@ def main() -> None:
     for name in STEPS:
         print(f"| {name} | " + " | ".join(f"{r[3].get(name, 0):.2f}" for r in results) + " |")
     print("| the rest (Python between the steps, COPY into staging) | "
-          + " | ".join(f"{r[2] - sum(r[3].values()):.2f}" for r in results) + " |")
+          + " | ".join(f"{r[2] - r[5]:.2f}" for r in results) + " |")
     tops = collections.Counter()
     for r in results:
         tops.update(r[4])
