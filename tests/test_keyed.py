@@ -285,10 +285,14 @@ def test_a_keyed_index_relaid_out_answers_from_a_keys_table_of_its_new_blocks(da
 
 
 @on_citus
-def test_lookups_go_on_while_a_keyed_relayout_rebuilds_keys(database_url, schema, monkeypatch):
+@pytest.mark.parametrize("leftover", [False, True], ids=["", "leftover-key-column"])
+def test_lookups_go_on_while_a_keyed_relayout_rebuilds_keys(database_url, schema, monkeypatch, admin_engine,
+                                                            leftover):
     """The switch of ``simdb relayout --blocks`` rebuilds ``keys`` (a scan of documents per key column: it grows
     with the archive) before it alters ``documents``: a lookup meanwhile reads the old keys and documents. Built
-    after the ALTER TABLEs, every lookup waited for the whole rebuild (found in review)."""
+    after the ALTER TABLEs, every lookup waited for the whole rebuild (found in review). So too with a key
+    column left in ``documents`` (by hand, or by a layout before 0022), which the switch drops after the
+    rebuild: dropped before it, its ACCESS EXCLUSIVE lock on documents held every lookup (found in review)."""
     from simdb.pg import keyed
 
     rng = random.Random(43)
@@ -304,6 +308,9 @@ def test_lookups_go_on_while_a_keyed_relayout_rebuilds_keys(database_url, schema
     with Index.create(database_url, schema=schema, shards=CITUS_SHARDS, max_distance=3, **KEYED) as index:
         fingerprints = [rng.getrandbits(64) for _ in range(200)]
         index.add_fingerprinted(make_batch(fingerprints, "a"), batch="a")
+        if leftover:
+            with admin_engine.begin() as connection:
+                connection.exec_driver_sql(f"ALTER TABLE {schema}.documents ADD COLUMN key_99 bigint")
         monkeypatch.setattr(keyed, "build", build_then_wait)
         failed: list[BaseException] = []
 
@@ -341,6 +348,7 @@ def test_lookups_go_on_while_a_keyed_relayout_rebuilds_keys(database_url, schema
         assert answered, "the lookup waited for the relayout's rebuild of keys"
         assert [(m.external_id, m.distance) for m in found[0]] == [("a-7", 0)]
         assert index.layout.blocks == 5
+        assert document_keys(admin_engine, schema) == ([], [])  # the leftover is gone
 
 
 @on_citus
