@@ -926,6 +926,29 @@ def test_migration_0022_drops_a_keyed_index_key_columns_and_its_lookup_reads_the
 
 
 @on_citus
+def test_migration_0022_refuses_to_downgrade_a_keyed_schema_without_its_keys_table(database_url, schema,
+                                                                                  admin_engine):
+    """A keyed schema whose keys table is not there (made by the migrations, not distributed yet) has no key
+    columns and no ``simdb_lookup`` over the keys table to read their expressions from: 0022's downgrade stops
+    with an error saying so, and the schema stays at 0022 as it was. It returned, leaving a schema stamped 0021
+    without the key columns 0021 has (found in review)."""
+    from simdb.pg import migrate
+
+    with Index.create(database_url, schema=schema, shards=CITUS_SHARDS, **KEYED) as index:
+        index.add_fingerprinted(make_batch([1, 2, 3], "a"), batch="a")
+    with admin_engine.begin() as connection:
+        connection.exec_driver_sql(f"DROP TABLE {schema}.{keys_table(connection, schema)} CASCADE")
+    with pytest.raises(RuntimeError, match=r"(?s)cannot downgrade.*no key columns.*keys table.*once it is distributed"):
+        with admin_engine.begin() as connection:
+            connection.exec_driver_sql(f"SET LOCAL search_path TO {schema}, public")
+            migrate.downgrade(connection, schema, "0021")
+    assert document_keys(admin_engine, schema) == ([], [])
+    with admin_engine.connect() as connection:
+        assert connection.exec_driver_sql(f"SELECT version_num FROM {schema}.alembic_version").scalars().all() \
+            == ["0022"]
+
+
+@on_citus
 @pytest.mark.parametrize("shards", [CITUS_SHARDS, 32, 7])
 def test_the_shards_of_values_computed_here_are_those_citus_gives(database_url, schema, shards):
     """:func:`simdb.pg.keyed.shard_ids` hashes as PostgreSQL's ``hashint8`` and maps the hash to a shard by the
