@@ -165,6 +165,56 @@ def test_a_new_distributed_simhash_index_is_keyed_unless_asked_and_a_minhash_one
 
 
 @on_citus
+def test_a_keyed_index_copied_to_the_layout_by_id_gets_key_columns_computed_from_its_sketches(database_url, schema,
+                                                                                            admin_engine):
+    """``simdb init --distributed --distributed-layout id --copy-from`` a keyed index (relaid out, so that its key
+    columns do not start at ``key_0``): ``documents`` of the copy has the key columns the source has not, each
+    the keys computed here from the fingerprints; its pairs, queries and a later ingest are brute force's. The
+    copy selected the target's key columns from the keyed source, which has none (found in review)."""
+    rng = random.Random(53)
+    rows: list[tuple[str, int]] = []
+    with Index.create(database_url, schema=schema, shards=CITUS_SHARDS, max_distance=3, **KEYED) as index:
+        for name in ("a", "b"):
+            fingerprints = [flip(rng.choice(rows)[1], rng.sample(range(64), rng.randrange(5))) if rows and
+                            rng.random() < 0.5 else rng.getrandbits(64) for _ in range(120)]
+            index.add_fingerprinted(make_batch(fingerprints, name), batch=name)
+            rows += [(f"{name}-{i}", fp) for i, fp in enumerate(fingerprints)]
+        index.relayout(5)
+    copy = f"{schema}_by_id"
+    try:
+        with Index.copy_to_distributed(database_url, schema=copy, source=schema, shards=CITUS_SHARDS,
+                                       distributed_layout="id") as copied:
+            method = copied.settings.method
+            assert copied.settings.distributed == {"shards": CITUS_SHARDS} and method.key_columns[0] != "key_0"
+            assert sorted(document_keys(admin_engine, copy)[0]) == sorted(method.key_columns)
+            with admin_engine.connect() as connection:
+                stored = {name: [int(key) for key in keys] for name, *keys in connection.exec_driver_sql(
+                    f"SELECT external_id, {', '.join(method.key_columns)} FROM {copy}.documents").all()}
+            assert stored == {name: [int(key) for key in keys]
+                              for (name, _), keys in zip(rows, method.keys([fp for _, fp in rows]))}
+            assert stored_pairs(copied) == brute_force_rows(rows, 3)
+            queries = [flip(fp, rng.sample(range(64), rng.randrange(5))) for _, fp in rng.sample(rows, 15)]
+            for query in queries:
+                expected = {(name, (fp ^ query).bit_count()) for name, fp in rows if (fp ^ query).bit_count() <= 3}
+                assert {(m.external_id, m.distance) for m in copied.query_fingerprint(query)} == expected
+            fingerprints = [flip(rng.choice(rows)[1], rng.sample(range(64), rng.randrange(5))) for _ in range(60)]
+            copied.add_fingerprinted(make_batch(fingerprints, "c"), batch="c")  # probes the copied key columns
+            rows += [(f"c-{i}", fp) for i, fp in enumerate(fingerprints)]
+            assert stored_pairs(copied) == brute_force_rows(rows, 3) and len(brute_force_rows(rows, 3)) > 50
+            assert_consistent(admin_engine, copy)
+    finally:
+        with admin_engine.begin() as connection:
+            connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {copy} CASCADE")
+
+
+def brute_force_rows(rows: list[tuple[str, int]], max_distance: int) -> set:
+    """{(earlier id, later id, distance)} of every pair of ``rows`` (external id, fingerprint) within
+    ``max_distance``."""
+    return {(a, b, (fa ^ fb).bit_count()) for i, (b, fb) in enumerate(rows) for a, fa in rows[:i]
+            if (fa ^ fb).bit_count() <= max_distance}
+
+
+@on_citus
 def test_the_keyed_layout_is_stored_checked_on_open_and_refuses_what_it_does_not_do(database_url, schema,
                                                                                      admin_engine, run):
     result = run("init", "--distributed", "--shards", str(CITUS_SHARDS), "--distributed-layout", "keyed")
@@ -235,10 +285,14 @@ def test_a_keyed_index_relaid_out_answers_from_a_keys_table_of_its_new_blocks(da
 
 
 @on_citus
-def test_lookups_go_on_while_a_keyed_relayout_rebuilds_keys(database_url, schema, monkeypatch):
+@pytest.mark.parametrize("leftover", [False, True], ids=["", "leftover-key-column"])
+def test_lookups_go_on_while_a_keyed_relayout_rebuilds_keys(database_url, schema, monkeypatch, admin_engine,
+                                                            leftover):
     """The switch of ``simdb relayout --blocks`` rebuilds ``keys`` (a scan of documents per key column: it grows
     with the archive) before it alters ``documents``: a lookup meanwhile reads the old keys and documents. Built
-    after the ALTER TABLEs, every lookup waited for the whole rebuild (found in review)."""
+    after the ALTER TABLEs, every lookup waited for the whole rebuild (found in review). So too with a key
+    column left in ``documents`` (by hand, or by a layout before 0022), which the switch drops after the
+    rebuild: dropped before it, its ACCESS EXCLUSIVE lock on documents held every lookup (found in review)."""
     from simdb.pg import keyed
 
     rng = random.Random(43)
@@ -254,6 +308,9 @@ def test_lookups_go_on_while_a_keyed_relayout_rebuilds_keys(database_url, schema
     with Index.create(database_url, schema=schema, shards=CITUS_SHARDS, max_distance=3, **KEYED) as index:
         fingerprints = [rng.getrandbits(64) for _ in range(200)]
         index.add_fingerprinted(make_batch(fingerprints, "a"), batch="a")
+        if leftover:
+            with admin_engine.begin() as connection:
+                connection.exec_driver_sql(f"ALTER TABLE {schema}.documents ADD COLUMN key_99 bigint")
         monkeypatch.setattr(keyed, "build", build_then_wait)
         failed: list[BaseException] = []
 
@@ -291,6 +348,7 @@ def test_lookups_go_on_while_a_keyed_relayout_rebuilds_keys(database_url, schema
         assert answered, "the lookup waited for the relayout's rebuild of keys"
         assert [(m.external_id, m.distance) for m in found[0]] == [("a-7", 0)]
         assert index.layout.blocks == 5
+        assert document_keys(admin_engine, schema) == ([], [])  # the leftover is gone
 
 
 @on_citus
@@ -865,6 +923,29 @@ def test_migration_0022_drops_a_keyed_index_key_columns_and_its_lookup_reads_the
             assert connection.execute(sa.text(lookup), function).scalar_one() == made
             connection.exec_driver_sql(f"SET LOCAL search_path TO {schema}, public")
             command.check(migrate.alembic_config(connection, schema, key_columns=[]))
+
+
+@on_citus
+def test_migration_0022_refuses_to_downgrade_a_keyed_schema_without_its_keys_table(database_url, schema,
+                                                                                  admin_engine):
+    """A keyed schema whose keys table is not there (made by the migrations, not distributed yet) has no key
+    columns and no ``simdb_lookup`` over the keys table to read their expressions from: 0022's downgrade stops
+    with an error saying so, and the schema stays at 0022 as it was. It returned, leaving a schema stamped 0021
+    without the key columns 0021 has (found in review)."""
+    from simdb.pg import migrate
+
+    with Index.create(database_url, schema=schema, shards=CITUS_SHARDS, **KEYED) as index:
+        index.add_fingerprinted(make_batch([1, 2, 3], "a"), batch="a")
+    with admin_engine.begin() as connection:
+        connection.exec_driver_sql(f"DROP TABLE {schema}.{keys_table(connection, schema)} CASCADE")
+    with pytest.raises(RuntimeError, match=r"(?s)cannot downgrade.*no key columns.*keys table.*once it is distributed"):
+        with admin_engine.begin() as connection:
+            connection.exec_driver_sql(f"SET LOCAL search_path TO {schema}, public")
+            migrate.downgrade(connection, schema, "0021")
+    assert document_keys(admin_engine, schema) == ([], [])
+    with admin_engine.connect() as connection:
+        assert connection.exec_driver_sql(f"SELECT version_num FROM {schema}.alembic_version").scalars().all() \
+            == ["0022"]
 
 
 @on_citus

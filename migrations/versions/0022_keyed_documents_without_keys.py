@@ -13,7 +13,8 @@ A schema the migrations make before it is distributed loses its key columns too 
 when it is distributed). Every other index (one server, or the layout by id) is left as it was.
 
 The downgrade adds the key columns again, filled from the fingerprints by the same expressions, indexed, and
-the function as it was on a distributed index.
+the function as it was on a distributed index. A keyed schema without its keys table (not distributed yet)
+has no lookup to read the expressions from: its downgrade stops with an error, the schema left as it was.
 
 This migration carries its own SQL and imports nothing from simdb. Written after 0021; the coordinator
 renumbers it at merge.
@@ -109,8 +110,13 @@ def downgrade() -> None:
     if not _keyed(connection) or _key_columns(connection):
         return
     definition = _lookup_definition(connection, schema)
-    if definition is None:  # not distributed: its functions are made when it is, from its key columns
-        return
+    if definition is None:  # no keys table (not distributed yet): no lookup to read the key expressions from
+        raise RuntimeError(
+            f"migration 0022 cannot downgrade the keyed index in schema {schema!r}: its documents have no key "
+            f"columns, which revision 0021 has, and its keys table keys_{_first_key(connection)} is not there, "
+            "whose simdb_lookup holds the key expressions to fill them from the fingerprints; the downgrade is "
+            "rolled back and the index left as it was. Downgrade it once it is distributed with its keys table, or "
+            "make the index anew with the older simdb")
     found = NEW_LOOKUP.search(definition)
     if found is None:
         _stop(definition, "the lookup of the keys table")

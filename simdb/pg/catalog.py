@@ -211,7 +211,7 @@ def copy_to_distributed(connection: sa.Connection, source: str, target: str, sha
     lock(connection, target, "ingest")
     for first_id, end_id in ranges:
         add_segment(connection, first_id, end_id)
-    counts = citus.copy_rows(connection, source, target)
+    counts = citus.copy_rows(connection, source, target, stored.method)
     if layout == keyed.KEYED:
         counts["keys"] = keyed.build(connection, stored.method)
         keyed.build_external_ids(connection)

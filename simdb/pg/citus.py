@@ -33,6 +33,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from ..errors import IncompatibleIndex, SimdbError
+from ..methods import Method
+from .methods import sql_of
 
 
 REFERENCE_TABLES = ("settings", "batches", "idf_terms", "field_counts")
@@ -142,17 +144,21 @@ def check(connection: sa.Connection, schema: str, where: str, *, upgrading: bool
 COPIED_TABLES = ("batches", "documents", "near_duplicates", "clusters", "records", "field_counts")
 
 
-def copy_rows(connection: sa.Connection, source: str, target: str) -> dict[str, int]:
+def copy_rows(connection: sa.Connection, source: str, target: str, method: Method) -> dict[str, int]:
     """Copy every row of the index in schema ``source`` into the new distributed index in ``target`` (the
     connection's search path, its segments already made like the source's), with the same ids and
-    sequences; rows per table. The caller holds both indexes' ingest locks."""
+    sequences; rows per table. ``method``: both indexes' method, whose SQL key expressions compute from the
+    stored sketch each key column of ``documents`` the source lacks (a keyed source has none, the layout by id
+    has them all). The caller holds both indexes' ingest locks."""
     counts = {}
+    keys = dict(zip(method.key_columns, sql_of(method).key_sql(sql_of(method).sketch_column[0])))
     for table in COPIED_TABLES:
-        columns = ", ".join(f'"{c}"' for c in connection.execute(sa.text(
-            "SELECT column_name FROM information_schema.columns WHERE table_schema = :s AND table_name = :t "
-            "ORDER BY ordinal_position"), {"s": target, "t": table}).scalars())
+        targets, sources = _columns(connection, target, table), set(_columns(connection, source, table))
+        selected = ", ".join(f"({keys[c]})" if table == "documents" and c in keys and c not in sources else f'"{c}"'
+                             for c in targets)
+        columns = ", ".join(f'"{c}"' for c in targets)
         counts[table] = connection.exec_driver_sql(
-            f"INSERT INTO {target}.{table} ({columns}) SELECT {columns} FROM {source}.{table}").rowcount
+            f"INSERT INTO {target}.{table} ({columns}) SELECT {selected} FROM {source}.{table}").rowcount
     for table, column in (("batches", "id"), ("documents", "id")):
         connection.exec_driver_sql(
             f"SELECT setval(pg_get_serial_sequence('{target}.{table}', '{column}'), "
@@ -164,6 +170,12 @@ def copy_rows(connection: sa.Connection, source: str, target: str) -> dict[str, 
         connection.execute(sa.text(f"UPDATE {target}.settings SET value = CAST(:v AS jsonb) WHERE name = 'segmenters'"),
                            {"v": segmenters})
     return counts
+
+
+def _columns(connection: sa.Connection, schema: str, table: str) -> list[str]:
+    return connection.execute(sa.text(
+        "SELECT column_name FROM information_schema.columns WHERE table_schema = :s AND table_name = :t "
+        "ORDER BY ordinal_position"), {"s": schema, "t": table}).scalars().all()
 
 
 def _sequence(connection: sa.Connection, schema: str, table: str, column: str) -> str:

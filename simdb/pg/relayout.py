@@ -96,10 +96,12 @@ def relayout(engine: sa.Engine, schema: str, settings: IndexSettings, blocks: in
             lock(connection, schema, "migrate")
             lock(connection, schema, "ingest")
             check_layout(connection, old, keyed_layout=keyed)
-            for column in sorted(c for c in document_columns(connection) if c.startswith("key_")):  # left by hand
-                connection.exec_driver_sql(f"ALTER TABLE documents DROP COLUMN {column}")
             written = keyed_layout.rebuild(connection, old, new)
             create_functions(connection, schema, new, distributed=True, keyed=True)  # they read the new table
+            # key columns left by hand, dropped last: the DROP's ACCESS EXCLUSIVE lock on documents, held to the
+            # commit, would otherwise hold every lookup through the whole rebuild
+            for column in sorted(c for c in document_columns(connection) if c.startswith("key_")):
+                connection.exec_driver_sql(f"ALTER TABLE documents DROP COLUMN {column}")
             save_method(connection, new)
         say(f"rebuilt the keys table: {written:,} key rows")
         say(f"switched to {new.describe()}")
