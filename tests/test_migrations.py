@@ -412,12 +412,17 @@ def test_0021_routes_simdb_neighbours_on_citus_and_goes_down_to_the_view_reader(
             connection.exec_driver_sql(f"SET search_path TO {schema}")
             names = connection.exec_driver_sql("SELECT DISTINCT external_id FROM document_neighbours").scalars().all()
             view = sorted(connection.exec_driver_sql("SELECT * FROM document_neighbours").all())
+            connection.commit()  # no lock held into the migrations, whose ALTER TABLEs (0022's) would wait for it
 
             def answers():
-                return sorted(row for name in names for row in connection.execute(
+                found = sorted(row for name in names for row in connection.execute(
                     sa.text("SELECT * FROM simdb_neighbours(:n)"), {"n": name}).all())
+                connection.commit()
+                return found
 
-            with admin_engine.begin() as admin:
+            with admin_engine.begin() as admin:  # at 0021 (later revisions, 0022's keyed documents, undone first)
+                admin.exec_driver_sql(f"SET LOCAL search_path TO {schema}")
+                migrate.downgrade(admin, schema, "0021")
                 head = catalog(admin, schema)
                 admin.exec_driver_sql(f"SET LOCAL search_path TO {schema}")
                 migrate.downgrade(admin, schema, before)
@@ -425,8 +430,10 @@ def test_0021_routes_simdb_neighbours_on_citus_and_goes_down_to_the_view_reader(
             assert answers() == view and len(view) > 10
             with admin_engine.begin() as admin:
                 admin.exec_driver_sql(f"SET LOCAL search_path TO {schema}")
-                migrate.upgrade(admin, schema, layout=layout)
+                migrate.upgrade(admin, schema, layout=layout, revision="0021")
                 up = catalog(admin, schema)
+                admin.exec_driver_sql(f"SET LOCAL search_path TO {schema}")
+                migrate.upgrade(admin, schema, layout=layout)
             assert answers() == view
     neighbours = {part: [row for row in rows if str(row[0]).startswith("simdb_neighbours(")]
                   for part, rows in (("head", head["functions"]), ("down", down["functions"]))}
