@@ -380,8 +380,10 @@ def test_0020_names_a_keyed_index_keys_table_after_its_layout(database_url, sche
         assert keys_table(connection, schema) is None
         assert connection.exec_driver_sql(f"SELECT to_regclass('{schema}.keys_key')").scalar() is not None
     with Index.open(database_url, schema=schema) as upgraded:
-        with admin_engine.begin() as connection:
-            assert catalog(connection, schema) == head
+        with admin_engine.begin() as connection:  # 0022's down and up leave the key columns behind as dropped ones
+            again = catalog(connection, schema)
+            assert {part: _undropped(part, rows) for part, rows in again.items()} == \
+                {part: _undropped(part, rows) for part, rows in head.items()}
         queries = [fp for _, fp in rng.sample(rows, 20)] + [rng.getrandbits(64) for _ in range(5)]
         for query, found in zip(queries, upgraded.query_fingerprints(queries)):
             expected = {(name, (fp ^ query).bit_count()) for name, fp in rows if (fp ^ query).bit_count() <= 3}
