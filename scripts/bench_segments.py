@@ -306,13 +306,20 @@ def leave_archive(server: Server, args) -> None:
     if not args.reuse:
         server.drop_schemas(SCHEMA)
         return
+    added = remove_added_batches(server)
+    log(f"kept the archive in {SCHEMA} (--reuse), less this run's {len(added)} batches")
+
+
+def remove_added_batches(server: Server) -> list[str]:
+    """Remove every batch of the kept archive in ``SCHEMA`` but the archive's own, and the segments left empty:
+    what a run added, whether or not it lived to note it. The names removed."""
     with simdb.Index.open(server.url, schema=SCHEMA) as index:
         with index.database.engine.connect() as c:
             added = c.exec_driver_sql("SELECT name FROM batches WHERE name <> 'archive'").scalars().all()
         for name in added:
             index.remove(batch=name)
     drop_empty_segments(server)
-    log(f"kept the archive in {SCHEMA} (--reuse), less this run's {len(added)} batches")
+    return added
 
 
 def wal(admin: sa.Engine) -> tuple[str, int]:

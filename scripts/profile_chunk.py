@@ -29,7 +29,8 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import DATABASE_HELP, Server, bulk_load, load_average, log  # noqa: E402
-from bench_segments import batch_of, drop_empty_segments, kept_fingerprints, new_fingerprints  # noqa: E402
+from bench_segments import (batch_of, drop_empty_segments, kept_fingerprints, new_fingerprints,  # noqa: E402
+                            remove_added_batches)
 
 import bench_segments  # noqa: E402
 import simdb  # noqa: E402
@@ -155,13 +156,8 @@ def main() -> None:
             server.drop_schemas(empty)
             if made:
                 server.drop_schemas(kept)
-            else:  # every batch but the kept archive's, whether or not this process lived to note it
-                with simdb.Index.open(server.url, schema=kept) as index:
-                    with index.database.engine.connect() as c:
-                        added = c.exec_driver_sql("SELECT name FROM batches WHERE name <> 'archive'").scalars().all()
-                    for name in added:
-                        index.remove(batch=name)
-                drop_empty_segments(server)
+            else:  # archive_for set bench_segments.SCHEMA to the kept archive
+                remove_added_batches(server)
     print("\n| step | " + " | ".join(f"{t} ({load.split()[0]})" for t, load, *_ in results) + " |")
     print("|---|" + "---:|" * len(results))
     print("| whole chunk (add_fingerprinted) | " + " | ".join(f"{r[2]:.2f}" for r in results) + " |")
