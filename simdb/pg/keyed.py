@@ -429,7 +429,11 @@ def shard_ids(connection: sa.Connection, table: str, values: np.ndarray) -> np.n
     hashes = hashint8(values).astype(np.int64)
     at = np.searchsorted(ranges[:, 1], hashes, side="right") - 1
     if len(hashes) and (at.min() < 0 or np.any(hashes > ranges[at, 2])):
-        raise SimdbError(f"the shards of {table} do not cover every hash value; its shards were changed by hand")
+        raise SimdbError(f"the shards of distributed table {table} do not cover every hash value (pg_dist_shard has a "
+                         "gap in its hash ranges, so Citus could not place some keys): see its ranges with "
+                         f"SELECT * FROM citus_shards WHERE table_name = '{table}'::regclass, and restore the "
+                         "table's shards (citus_split_shard_by_split_points or a copy into a new index, "
+                         "`simdb init --distributed --copy-from`) before using this index")
     return ranges[at, 0]
 
 
