@@ -1,5 +1,6 @@
 """A typed-in text looked up without leaving SQL: simdb_sketch, simdb_near_text, simdb_similar_text (issue 38)."""
 
+import time
 import uuid
 
 import numpy as np
@@ -12,6 +13,7 @@ from simdb.errors import SimdbError
 from simdb.pg import plpython as plpython_module
 from simdb.pg.database import postgres_url
 from simdb.pg.methods import sql_of
+from tests.conftest import Concurrently
 
 METHODS = [{"method": "simhash"}, {"method": "minhash"}]
 IDS = ["simhash", "minhash"]
@@ -163,3 +165,44 @@ def test_simdb_sketch_is_what_ingest_stores_and_the_text_lookups_answer_as_the_i
         assert connection.execute(sa.text(f"SELECT count(*) FROM {schema}.simdb_near_text(:q, 0)"),
                                   {"q": devset_texts[0]}).scalar_one() >= 1  # the text itself, stored
     assert found >= len(queries) // 2
+
+
+def test_sql_functions_run_side_by_side_where_plpython_is_not_yet_enabled(database_url, admin_engine, plpython):
+    """Two `simdb sql-functions` at once in a database without PL/Python (two schemas, two ingest scripts): the
+    second's CREATE EXTENSION waits on the first's pg_extension row and, once that commits, found it there (a
+    unique violation that came through as the command's error; the whole suite's runs of the docs' recipes met
+    it)."""
+    name = f"simdb_plpython_{uuid.uuid4().hex[:8]}"
+    with admin_engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+        connection.exec_driver_sql(f"CREATE DATABASE {name}")
+    url = postgres_url(database_url).set(database=name)
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with Index.create(url.render_as_string(hide_password=False), schema="simdb_second") as index:
+            method = index.sketcher
+        with engine.connect() as first, Concurrently() as threads:
+            first.exec_driver_sql("CREATE EXTENSION plpython3u")  # in its transaction, not yet committed
+
+            def second() -> list[str]:
+                with engine.begin() as connection:
+                    return plpython_module.install(connection, "simdb_second", method)
+
+            waiting = threads.start(second)
+            for _ in range(600):  # until the second waits on the first's row
+                with admin_engine.connect() as watcher:
+                    if watcher.execute(sa.text("SELECT 1 FROM pg_stat_activity WHERE datname = :name AND "
+                                               "wait_event_type = 'Lock'"), {"name": name}).first():
+                        break
+                assert not waiting.done(), waiting.result()
+                time.sleep(0.05)
+            else:
+                raise AssertionError("the second installation never waited on the first's CREATE EXTENSION")
+            first.commit()
+            assert threads.results()[0]
+        with engine.connect() as connection:
+            assert connection.exec_driver_sql("SELECT simdb_second.simdb_sketch('some text')").scalar() == \
+                method.stored([method.sketch("some text")])[0]
+    finally:
+        engine.dispose()
+        with admin_engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+            connection.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

@@ -152,6 +152,9 @@ def install(connection: sa.Connection, schema: str, method: Method, *, paths: li
         try:
             with raw.transaction():  # a savepoint in the caller's transaction, which an error leaves usable
                 raw.execute(statement)
+        except pg_errors.UniqueViolation:  # another session enabled PL/Python between the check and here: its
+            if not statement.startswith("CREATE EXTENSION"):  # pg_extension row is the one this one waited on
+                raise
         except (pg_errors.InsufficientPrivilege, pg_errors.ReadOnlySqlTransaction):  # e.g. `simdb grant-reader`'s
             raise PermissionDenied(f"{failure}: PL/Python is an untrusted language, which only a superuser may "
                                    f"install or write functions in; {ENABLE}; {INSTEAD}") from None
