@@ -1168,3 +1168,53 @@ def test_a_segment_dropped_while_it_is_listed_is_said_so(database_url, schema):
                 with pytest.raises(SimdbError, match="was dropped while it was being listed .* run the command"):
                     segments.list_segments(reader, distributed=False)
             assert len(segments.list_segments(reader, distributed=False)) < len(before)  # a new snapshot
+
+
+# -- a chunk's staging, written a block of rows at a time ------------------------------------------------
+
+COPIED_COLUMNS = [("a", "int8"), ("b", "text"), ("c", "bytea"), ("d", "int4"), ("e", "jsonb"), ("f", "bytea"),
+                  ("g", "int2")]
+
+
+@st.composite
+def columnar_rows(draw):
+    """Rows of every type copy_in_columns writes: integers at their extremes, text beyond ASCII, bytea of one width
+    (fixed-width fields) and of several or NULL, JSON or NULL."""
+    count = draw(st.integers(0, 12))
+    width = draw(st.integers(1, 5))
+    text = st.text(st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)), max_size=6)
+    column = {"int8": st.integers(-2**63, 2**63 - 1), "int4": st.integers(-2**31, 2**31 - 1),
+              "int2": st.integers(-2**15, 2**15 - 1)}
+    return [(draw(column["int8"]), draw(text), draw(st.binary(min_size=width, max_size=width)), draw(column["int4"]),
+             draw(st.none() | st.dictionaries(text, st.integers(-2**70, 2**70) | text, max_size=2)),
+             draw(st.none() | st.binary(max_size=4)), draw(column["int2"])) for _ in range(count)]
+
+
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=columnar_rows(), block=st.sampled_from([1, 3, 8192]), as_arrays=st.booleans())
+def test_columns_copied_a_block_at_a_time_are_the_rows_copied_one_by_one(server_engine, monkeypatch, rows, block,
+                                                                        as_arrays):
+    """copy_in_columns (a chunk's staging) stores what psycopg's write_row stores of the same rows (copy_in), in
+    blocks of rows or all at once, integer columns given as numpy arrays or lists."""
+    import numpy as np
+
+    from simdb.pg import copy as copy_module
+
+    monkeypatch.setattr(copy_module, "COLUMN_BLOCK", block)
+    definition = ", ".join(f"{name} {kind}" for name, kind in COPIED_COLUMNS)
+    with server_engine.begin() as connection:
+        for table in ("by_row", "by_column"):
+            connection.exec_driver_sql(f"CREATE TEMPORARY TABLE {table} ({definition}, n serial) ON COMMIT DROP")
+        copy_module.copy_in(connection, f"by_row ({', '.join(name for name, _ in COPIED_COLUMNS)})",
+                            [kind for _, kind in COPIED_COLUMNS], rows)
+        columns = []
+        for at, (name, kind) in enumerate(COPIED_COLUMNS):
+            values = [row[at] for row in rows]
+            if as_arrays and kind.startswith("int"):
+                values = np.array(values, dtype=np.int64)
+            columns.append((name, kind, values))
+        copy_module.copy_in_columns(connection, "by_column", columns)
+        read = [connection.exec_driver_sql(f"SELECT {', '.join(name for name, _ in COPIED_COLUMNS)} FROM {table} "
+                                           "ORDER BY n").all() for table in ("by_row", "by_column")]
+    assert [tuple(row) for row in read[1]] == [tuple(row) for row in read[0]]
+    assert len(read[0]) == len(rows)

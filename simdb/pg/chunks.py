@@ -30,7 +30,7 @@ from ..methods import Method
 from .catalog import check_layout, record_segmenter
 from . import keyed as keyed_layout
 from .clusters import merge_cluster_rows, merge_clusters
-from .copy import copy_in, id_table
+from .copy import copy_in, copy_in_columns, id_table
 from .database import lock
 from .field_counts import count_chunk
 from .in_memory import MemoryProbes
@@ -121,14 +121,10 @@ def store_chunk(connection: sa.Connection, schema: str, method: Method, chunk, *
 
     columns = create_staging(connection, method, texts is not None, keyed=keyed)
     column_list = ", ".join(name for name, _ in columns)
-    cursor = connection.connection.dbapi_connection.cursor()
-    with cursor.copy(f"COPY staging ({column_list}, position) FROM STDIN (FORMAT BINARY)") as copy:
-        copy.set_types([t for _, t in columns] + ["int8"])
-        id_list, key_rows = ids.tolist(), [()] * count if keyed else keys.tolist()
-        for i in range(count):
-            copy.write_row((id_list[i], chunk.external_ids[i], stored_sketches[i], *key_rows[i],
-                            chunk.content_hashes[i], chunk.lengths[i], chunk.metadata[i] or None,
-                            *((texts[i],) if texts is not None else ()), chunk.positions[i]))
+    values = [ids, chunk.external_ids, stored_sketches, *([] if keyed else keys.T), chunk.content_hashes,
+              chunk.lengths, [metadata or None for metadata in chunk.metadata], *([texts] if texts is not None else [])]
+    copy_in_columns(connection, "staging", [(name, kind, column) for (name, kind), column
+                                            in zip(columns, values, strict=True)] + [("position", "int8", chunk.positions)])
 
     errors, unstored, already = _stored_ids(connection, chunk, ids, None if rereads else batch_id, keyed=keyed,
                                           distributed=distributed)
