@@ -677,6 +677,58 @@ def test_a_segment_read_into_memory_gives_the_pairs_its_index_lookups_give(datab
     assert len(read) >= 60 and (read[:, 2] == 0).sum() >= len(stored_sketches[::7])
 
 
+@pytest.mark.parametrize("method", ["simhash", "minhash"])
+def test_segments_read_into_memory_over_two_connections_give_one_connections_pairs(database_url, admin_engine,
+                                                                                   method, monkeypatch):
+    """The slices of the segments a chunk reads into memory, dealt to its connection and a helper reading its
+    exported snapshot (a spy shows that the helper read some; MinHash verifies by signatures read by id there):
+    the same duplicates, pairs and clusters as on one connection; SimHash's, brute force's."""
+    import numpy as np
+
+    from simdb.ingest import FingerprintedBatch
+    from simdb.pg import in_memory, probes
+
+    monkeypatch.setattr(in_memory, "ROWS_PER_PROBE", 10**6)  # every segment read, none looked up
+    monkeypatch.setattr(in_memory, "MIN_SLICE_IDS", 16)
+    monkeypatch.setattr(in_memory, "SLICE_IDS", 40)
+    monkeypatch.setattr(probes, "SHARED_PROBES", 1)
+    readers, real = [], in_memory._read
+    monkeypatch.setattr(in_memory, "_read", lambda *a: readers.append(threading.current_thread().name) or real(*a))
+    rng, numbers = random.Random(17), np.random.default_rng(17)
+    if method == "simhash":
+        options, batches, fingerprints = {"max_distance": 3}, [], []
+        for number in range(4):
+            batches.append(make_batch(near_and_far(rng, fingerprints, 80, 3), f"b{number}"))
+            fingerprints += batches[-1].sketches
+    else:
+        from simdb.methods import MinHash
+
+        options, batches = {"method": "minhash", "num_perm": 16, "threshold": 0.7}, []
+        sketches = sketches_with_near_copies(MinHash.new(num_perm=16, threshold=0.7), numbers, 320)
+        order = numbers.permutation(len(sketches))
+        for number in range(4):
+            batch = FingerprintedBatch()
+            for at in order[number * 80:(number + 1) * 80].tolist():
+                batch.append(f"m-{at}", sketches[at], content_hash(f"m-{at}"), 10, {}, f"m:{at}")
+            batches.append(batch)
+    answers = []
+    for connections in (1, 2):
+        readers.clear()
+        schema = f"simdb_test_{uuid.uuid4().hex[:12]}"
+        try:
+            with Index.create(database_url, schema=schema, segment_size=100, **options) as index:
+                for number, batch in enumerate(batches):
+                    index.add_fingerprinted(batch, batch=f"b{number}", connections=connections)
+            if method == "simhash":
+                assert_consistent(admin_engine, schema)  # against brute force over the inputs stored
+            answers.append(stored_answers(admin_engine, schema))
+        finally:
+            with admin_engine.begin() as connection:
+                connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+        assert any(name.startswith("simdb-spread-") for name in readers) == (connections == 2), readers
+    assert answers[0] == answers[1] and answers[0][1], "reading over two connections changed the pairs"
+
+
 def test_an_archive_of_small_segments_read_into_memory_keeps_every_pair(database_url, schema, admin_engine,
                                                                        monkeypatch):
     """Chunks met with small segments in memory (a spy shows they were), beside index lookups into the
