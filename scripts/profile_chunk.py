@@ -83,7 +83,9 @@ def timed(name, function, generator: bool = False):
             local.depth = depth
             seconds = time.perf_counter() - start
             steps[name] += seconds
-            if depth == 0:  # chunk_or_stored also runs inside decide_chunk: counted once in "the rest"
+            # chunk_or_stored also runs inside decide_chunk: counted once in "the rest"; a helper connection's
+            # thread (spread reads and lookups) runs inside segment_pairs
+            if depth == 0 and threading.current_thread() is threading.main_thread():
                 outermost[name] += seconds
     return wrapper
 
