@@ -107,6 +107,35 @@ def test_band_keys_are_stable_functions_of_the_bands(values):
     assert minhash.band_keys_array(np.stack([signature, changed]), SETTINGS).tolist() == [list(keys), list(other)]
 
 
+def test_a_chunks_own_pairs_join_its_signatures_once(monkeypatch):
+    """Regression: ``pairs_within`` joined every signature of the chunk into rows again for each batch of
+    candidates (a key column at a time: 22 joins of 51 MB for 100k); now once. The pairs stay every two
+    signatures that share a band within the distance, as brute force finds them."""
+    from simdb.methods import MinHash
+
+    method = MinHash.new(threshold=0.7, num_perm=16)
+    rng = np.random.default_rng(12)
+    rows = rng.integers(0, 2**32, size=(80, 16), dtype=np.uint32)
+    near = rows[:40].copy()
+    for row in near:
+        row[rng.choice(16, size=int(rng.integers(0, 6)), replace=False)] = 9
+    sketches = [row.astype("<u4").tobytes() for row in np.concatenate([rows, near])]
+    ids, keys = np.arange(1, len(sketches) + 1, dtype=np.int64), method.keys(sketches)
+    joined, real = [], MinHash._rows
+    monkeypatch.setattr(MinHash, "_rows", lambda self, given: joined.append(type(given)) or real(self, given))
+    found = {tuple(row) for row in method.pairs_within(ids, method.stored(sketches), keys,
+                                                       method.max_distance).tolist()}
+    assert [kind for kind in joined if kind is not np.ndarray] == [list]
+    expected = {(int(ids[i]), int(ids[j]), int(d)) for i in range(len(sketches)) for j in range(i)
+                if (keys[i] == keys[j]).any() and (d := 16 - int((rows_of(sketches[i]) == rows_of(sketches[j])).sum()))
+                <= method.max_distance}
+    assert found == expected and len(found) >= 30
+
+
+def rows_of(signature: bytes) -> np.ndarray:
+    return np.frombuffer(signature, dtype="<u4")
+
+
 @pytest.mark.parametrize("layout", [SETTINGS, minhash.MinHashSettings(threshold=0.5, num_perm=16),
                                     minhash.MinHashSettings(threshold=0.95, num_perm=1024)],
                          ids=lambda layout: f"{layout.bands}x{layout.rows}")

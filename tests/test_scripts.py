@@ -77,6 +77,8 @@ RUNS = [
     ("bench_segments.py", ["--archive", "20000", "--added", "1000", "--lookups", "20", "--curve-segment", "100",
                            "--curve-probes", "20", "--connections", "1,2", "--markdown"], False),
     ("profile_chunk.py", ["--archive", "20000", "--added", "1000", "--rounds", "1"], False),
+    ("profile_chunk.py", ["--archive", "20000", "--added", "1000", "--rounds", "1", "--method", "minhash",
+                          "--cprofile", "5"], False),
     ("profile_batch.py", ["--archive", "20000", "--batch", "100", "--rounds", "2"], False),
     ("bench_probes.py", ["--archive", "30000", "--chunk", "2000", "--repeat", "1", "--oracle", "20",
                           "--staging", "2000"], False),

@@ -43,7 +43,7 @@ from ..settings import SegmentPolicy
 from . import probes as probes_module
 from .citus import distribute_like_documents
 from .database import LOCK_POLL, lock, try_lock
-from .in_memory import MemoryProbes, segment_pairs_in_memory, worth_reading
+from .in_memory import MemoryProbes, segment_pairs_in_memory, spread_reads, worth_reading
 from .methods import sql_of
 from .probes import Lookup
 from .spread import default_connections, spread_lookups
@@ -245,7 +245,8 @@ def segment_pairs(connection: sa.Connection, method: Method, probe: str, probes:
     ``connections`` connections (default: :func:`~simdb.pg.spread.default_connections`; see
     :func:`~simdb.pg.spread.spread_lookups`). With ``memory_probes`` (the probes in
     memory), a segment of few documents per probe is read and joined in memory instead, on one server
-    (:mod:`simdb.pg.in_memory`)."""
+    (:mod:`simdb.pg.in_memory`), from as many probes its slices spread over the connections likewise
+    (:func:`~simdb.pg.in_memory.spread_reads`)."""
     by_index = not distributed  # Citus plans no LATERAL probe; its join runs on every worker
     lookups, read = [], []
     for segment in list_segments(connection, distributed=distributed):
@@ -257,7 +258,10 @@ def segment_pairs(connection: sa.Connection, method: Method, probe: str, probes:
             read.append((segment.name, segment.first_id, segment.first_id + capacity))
         else:
             lookups.append(Lookup(segment.name, by_index and capacity > probes))
-    if read:
+    if read and probes >= probes_module.SHARED_PROBES:  # the reads over several connections, as the lookups
+        yield from spread_reads(connection, method, read, memory_probes(), max_distance,
+                                connections or default_connections(connection))
+    elif read:
         in_memory = memory_probes()
         for name, first, end in read:
             yield from segment_pairs_in_memory(connection, method, name, first, end, in_memory, max_distance)
