@@ -129,6 +129,10 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=7, help="Timed runs of each command (after one warm-up).")
     parser.add_argument("--baseline", type=Path, default=None,
                         help="A source checkout of another simdb to time the same commands with.")
+    parser.add_argument("--warm-up", action=argparse.BooleanOptionalAction, default=True,
+                        help="One uncounted run of each command before its timed runs (default); --no-warm-up: the "
+                             "first timed run pays what it would (the server's or the warm process's start, the "
+                             "bytecode written): the tests' run, which times nothing worth reading.")
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args()
 
@@ -154,32 +158,32 @@ def main() -> None:
                     ("simdb stats", ["stats"]), ("simdb show ID", ["show", first["id"]]),
                     ("simdb query TEXT", ["query", first["text"][:500]])]
         rows = []
-        bare = timed([sys.executable, "-c", "pass"], this, args.runs)
+        bare = timed([sys.executable, "-c", "pass"], this, args.runs, args.warm_up)
         rows.append(("Python start-up (peer)", str(bare), "", ""))
-        database_layer = timed([sys.executable, "-c", "import sqlalchemy, psycopg"], this, args.runs)
+        database_layer = timed([sys.executable, "-c", "import sqlalchemy, psycopg"], this, args.runs, args.warm_up)
         rows.append(("import sqlalchemy, psycopg (peer)", str(database_layer), "", ""))
         for name, arguments in commands:
             before = None
             if args.baseline is not None:
                 log(f"{name}: baseline")
-                before = timed([*simdb, *arguments], {**base, "PYTHONPATH": str(args.baseline)}, args.runs)
+                before = timed([*simdb, *arguments], {**base, "PYTHONPATH": str(args.baseline)}, args.runs, args.warm_up)
             log(f"{name}: this simdb")
-            after = timed([*simdb, *arguments], this, args.runs)
+            after = timed([*simdb, *arguments], this, args.runs, args.warm_up)
             rows.append((name, str(after), "" if before is None else f"{before} (baseline)",
                          "" if before is None
                          else ratio(statistics.median(before.wall) / statistics.median(after.wall))))
             log(f"{name}: in-process and warm, through the entry point")
-            here = timed([*ENTRY, *arguments], this, args.runs)
-            warm = timed([*ENTRY, *arguments], {**this, launch.WARM_ENV: "require"}, args.runs)
+            here = timed([*ENTRY, *arguments], this, args.runs, args.warm_up)
+            warm = timed([*ENTRY, *arguments], {**this, launch.WARM_ENV: "require"}, args.runs, args.warm_up)
             rows.append((f"{name}, warm process (SIMDB_WARM=require)", str(warm), f"{here} (in-process, SIMDB_WARM=0)",
                          ratio(statistics.median(here.wall) / statistics.median(warm.wall))))
             if name == "simdb fingerprint TEXT":
-                compiling = timed([*simdb, *arguments], {**this, "PYTHONDONTWRITEBYTECODE": "1"}, args.runs)
+                compiling = timed([*simdb, *arguments], {**this, "PYTHONDONTWRITEBYTECODE": "1"}, args.runs, args.warm_up)
                 rows.append(("simdb fingerprint TEXT, sources compiled every run (PYTHONDONTWRITEBYTECODE=1)",
                              str(compiling), f"{after} (bytecode cached)",
                              ratio(statistics.median(compiling.wall) / statistics.median(after.wall))))
             if name == "simdb stats":
-                cold = timed([*simdb, *arguments], {**this, embedded.IDLE_ENV: "0"}, args.runs)
+                cold = timed([*simdb, *arguments], {**this, embedded.IDLE_ENV: "0"}, args.runs, args.warm_up)
                 rows.append(("simdb stats, server started and stopped (SIMDB_SERVER_IDLE=0)", str(cold),
                              f"{after} (server left up)",
                              ratio(statistics.median(cold.wall) / statistics.median(after.wall))))

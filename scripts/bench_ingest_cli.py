@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import random
-import subprocess
 import sys
 from dataclasses import dataclass
 
@@ -20,7 +19,7 @@ import sqlalchemy as sa
 
 from bench_common import log, mb
 from bench_corpus import corpus_pieces, write_corpus
-from bench_process import ProcessRun, quarters, run_cli, simdb_command
+from bench_process import ProcessRun, quarters, run_cli, simdb_command, simdb_setup
 
 PARTS = {"cli"}
 
@@ -46,8 +45,7 @@ class CliRuns:
 def cli_ingest(url: str, admin: sa.Engine, schema: str, path: str, documents: int, size: int, args,
                directory: str) -> CliIngest:
     common = ["--database-url", url, "--schema", schema]
-    subprocess.run([*simdb_command(), "init", *common, "--max-distance", str(args.max_distance)], check=True,
-                   stdout=subprocess.DEVNULL)
+    simdb_setup(["init", *common, "--max-distance", str(args.max_distance)])
     command = [*simdb_command(), "ingest", path, *common, "--workers", str(args.workers), "--batch", "bench",
                "--chunk-size", str(args.cli_chunk_size)]
     run = run_cli(command, os.path.join(directory, f"{schema}.log"))

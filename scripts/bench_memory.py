@@ -32,14 +32,13 @@ import json
 import os
 import random
 import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from bench_common import DATABASE_HELP, Server, command_line, log, machine, mb
 from bench_corpus import SENTENCE, write_corpus
-from bench_process import ProcessRun, quarters, run_cli, simdb_command
+from bench_process import ProcessRun, quarters, run_cli, simdb_command, simdb_setup
 
 REPO = Path(__file__).resolve().parent.parent
 DEVSET = Path(os.environ.get("SIMDB_DEVSET", REPO.parent / "shared" / "devset")) / "docs"
@@ -81,8 +80,7 @@ def baseline(url: str, schema: str, init: list[str], directory: str) -> int:
 
 def ingest(url: str, schema: str, path: str, init: list[str], options: list[str], directory: str) -> ProcessRun:
     common = ["--database-url", url, "--schema", schema]
-    subprocess.run([*simdb_command(), "init", *common, *init], check=True,
-                   stdout=subprocess.DEVNULL)
+    simdb_setup(["init", *common, *init])
     try:
         return run_cli([*simdb_command(), "ingest", path, *common, "--batch", "bench", *options],
                        os.path.join(directory, f"{schema}.log"))

@@ -101,10 +101,27 @@ def quarters(run: ProcessRun) -> str:
     return " / ".join(f"{q / 2**20:,.0f}" for q in run.quarters) + " MB"
 
 
+def simdb_setup(arguments: list[str]) -> None:
+    """``simdb ARGUMENTS`` run in this process, its output discarded: the set-up commands before a measured one
+    (``init``, ``sync add``), which are not measured. In a subprocess each paid a Python start and simdb's imports
+    (about a second of CPU, more than the command's own work on the tests' small inputs); raises with the
+    command's output where it fails."""
+    import time
+
+    from click.testing import CliRunner
+
+    from simdb.cli import cli
+
+    done = CliRunner().invoke(cli, arguments, obj={"started": time.perf_counter()}, prog_name="simdb")
+    if done.exit_code != 0:
+        raise RuntimeError(f"simdb {' '.join(arguments)} exited with {done.exit_code}:\n{done.output[-3000:]}") \
+            from done.exception
+
+
 def simdb_command() -> list[str]:
     """The ``simdb`` CLI of this interpreter's environment."""
     script = Path(sys.executable).with_name("simdb")
     return [str(script)] if script.exists() else [sys.executable, "-c", "from simdb.cli import main; main()"]
 
 
-__all__ = ["INTERVAL", "SAMPLING", "ProcessRun", "quarters", "run_cli", "simdb_command"]
+__all__ = ["INTERVAL", "SAMPLING", "ProcessRun", "quarters", "run_cli", "simdb_command", "simdb_setup"]

@@ -45,7 +45,6 @@ import os
 import random
 import shlex
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -56,7 +55,7 @@ import psutil
 
 from bench_common import DATABASE_HELP, Server, load_average, log, machine, mb, print_table, ratio
 from bench_corpus import corpus_pieces, edited_copy, write_corpus
-from bench_process import ProcessRun, quarters, run_cli, simdb_command
+from bench_process import ProcessRun, quarters, run_cli, simdb_command, simdb_setup
 
 PREFIX = f"simdb_bench_sources_{os.getpid()}"  # its own: the tests run this script beside a longer run
 TARGET = 0.9  # of the JSON-lines rate, end to end
@@ -231,11 +230,10 @@ def measure_reader(path: str, count: int, url: str | None = None, watermark: str
 def measure_ingest(server: Server, schema: str, path: str, count: int, args, directory: str) -> SourceIngest:
     common = ["--database-url", server.url, "--schema", schema]
     server.drop_schemas(schema)
-    subprocess.run([*simdb_command(), "init", *common, "--tokenizer", args.tokenizer], check=True,
-                   stdout=subprocess.DEVNULL)
+    simdb_setup(["init", *common, "--tokenizer", args.tokenizer])
     server.checkpoint()
     if path == f"{TABLE_SCHEMA}.corpus":  # the table: the source is added, then one run ingests it all
-        subprocess.run([*simdb_command(), *ADD_TABLE, *common], check=True, stdout=subprocess.DEVNULL)
+        simdb_setup([*ADD_TABLE, *common])
         command = [*simdb_command(), "sync", "run", "corpus", *common, "--workers", str(args.workers),
                    "--rejects", os.path.join(directory, f"{schema}-rejects.jsonl")]  # not in the working directory
     else:

@@ -45,7 +45,7 @@ from pathlib import Path
 
 from bench_common import DATABASE_HELP, Server, command_line, log, machine, mb, print_table, ratio
 from bench_corpus import SENTENCE, corpus_pieces, write_corpus, write_variants
-from bench_process import ProcessRun, quarters, run_cli, simdb_command
+from bench_process import ProcessRun, quarters, run_cli, simdb_command, simdb_setup
 
 from simdb import native
 from simdb.methods import Method
@@ -183,7 +183,7 @@ def ingest(url: str, admin, schema: str, path: str, documents: int, workers: int
            directory: str) -> tuple[ProcessRun, int]:
     """The CLI's run, and the bytes its archive takes."""
     common = ["--database-url", url, "--schema", schema]
-    subprocess.run([*simdb_command(), "init", *common, *init], check=True, stdout=subprocess.DEVNULL)
+    simdb_setup(["init", *common, *init])
     m = run_cli([*simdb_command(), "ingest", path, *common, "--workers", str(workers), "--batch", "bench"],
                 os.path.join(directory, f"{schema}.log"))
     with admin.connect() as c:

@@ -92,7 +92,7 @@ RUNS = [
     ("eval_quality.py", ["--categories", "short-zh", "--workers", "1", "--devset", str(DEVSET), "--markdown"], True),
     ("simhash_ceiling.py", ["--categories", "long-en", "--seeds", "1", "--devset", str(DEVSET), "--markdown"], True),
     ("short_texts.py", ["--limit", "300", "--devset", str(DEVSET), "--markdown"], True),
-    ("bench_cli.py", ["--runs", "1", "--markdown"], False),
+    ("bench_cli.py", ["--runs", "1", "--no-warm-up", "--markdown"], False),
     ("bench_check.py", ["--docs", "300", "--archive", "300", "--runs", "1", "--baseline", str(ROOT), "--markdown"],
      False),
 ]

@@ -34,10 +34,14 @@ def fast(text: str) -> list[str]:
 def test_rjieba_gives_jiebas_tokens_on_every_devset_text(devset_texts):
     texts = devset_texts
     differing = []
+    compared: set[str] = set()  # a piece met again (most Han runs recur: 219k runs, 96k different) is not cut again
     for text in texts:
         normalized = normalize(text)
         runs = [han for han, _, _ in _RUNS.findall(normalized) if han]
         for piece in (text, normalized, *runs):
+            if piece in compared:
+                continue
+            compared.add(piece)
             if fast(piece) != reference(piece):
                 differing.append(piece[:60])
                 break
