@@ -53,7 +53,7 @@ STEPS = ("lock", "check_layout", "record_segmenter", "open_batch", "place_chunk"
          "attach_indexed", "merge_cluster_rows", "seal", "count_chunk", "refresh_statistics")
 #: Helpers inside the steps, timed in place as well (their seconds are part of the step that calls them):
 #: (module or class, function name, whether it returns a generator)
-INNER = ((segments, "spread_lookups", False), (in_memory, "_read", False), (in_memory, "_sharing", False),
+INNER = ((segments, "spread_lookups", False), (in_memory, "_read", False),
          (in_memory, "key_matches", True), (in_memory, "_verified", False), (Method, "pairs_within", False),
          (decisions, "distinct", False))
 #: MinHash as bench_segments.py --method minhash measures it

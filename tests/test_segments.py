@@ -1297,3 +1297,28 @@ def test_columns_copied_a_block_at_a_time_are_the_rows_copied_one_by_one(server_
                                            "ORDER BY n").all() for table in ("by_row", "by_column")]
     assert [tuple(row) for row in read[1]] == [tuple(row) for row in read[0]]
     assert len(read[0]) == len(rows)
+
+
+@pytest.mark.parametrize("kind, values, error", [
+    ("int4", [1, 2**40], OverflowError), ("int2", [-2**15 - 1], OverflowError),
+    ("int8", [2**63], OverflowError), ("int8", [1.9], TypeError)], ids=["int4", "int2", "uint64", "float"])
+def test_columns_copied_a_block_at_a_time_refuse_what_their_type_cannot_hold(server_engine, kind, values, error):
+    """A numpy array assigned to a narrower field wraps (2**40 into an int4 is 0) and a float truncates: the
+    columns' copy refuses both, as psycopg's write_row does, and the table keeps nothing."""
+    import numpy as np
+
+    from simdb.pg import copy as copy_module
+
+    array = np.array(values, dtype=np.uint64 if values == [2**63] else None)
+    with server_engine.connect() as connection:
+        connection.exec_driver_sql(f"CREATE TEMPORARY TABLE narrow (a {kind}, b text)")
+        connection.commit()
+        try:
+            with pytest.raises(error, match=f"column a \\({kind}\\)"), connection.begin():
+                copy_module.copy_in_columns(connection, "narrow", [("a", kind, array),
+                                                                   ("b", "text", ["x"] * len(array))])
+            assert connection.exec_driver_sql("SELECT count(*) FROM narrow").scalar() == 0
+        finally:
+            connection.rollback()
+            connection.exec_driver_sql("DROP TABLE narrow")
+            connection.commit()

@@ -63,6 +63,7 @@ def copy_in_columns(connection: sa.Connection, table: str, columns: Sequence[tup
     dtype = np.dtype([("fields", ">i2")] + [field for at, (_, kind, _, width) in enumerate(fixed) for field in (
         (f"length{at}", ">i4"), (f"value{at}", _INTEGERS.get(kind, f"V{width}")))])
     encoding = connection.connection.dbapi_connection.info.encoding
+    encoding = "utf-8" if encoding == "ascii" else encoding  # SQL_ASCII: psycopg's text dumper writes UTF-8 there
     encoders = [_encoder(kind, encoding) for _, kind, _, _ in variable]
     names = ", ".join(name for name, *_ in fixed + variable)
     cursor = connection.connection.dbapi_connection.cursor()
@@ -72,10 +73,11 @@ def copy_in_columns(connection: sa.Connection, table: str, columns: Sequence[tup
             stop = min(rows, start + COLUMN_BLOCK)
             block = np.empty(stop - start, dtype)
             block["fields"] = len(columns)
-            for at, (_, kind, values, width) in enumerate(fixed):
+            for at, (name, kind, values, width) in enumerate(fixed):
                 block[f"length{at}"] = width
                 part = values[start:stop]
-                block[f"value{at}"] = part if kind in _INTEGERS else np.frombuffer(b"".join(part), f"V{width}")
+                block[f"value{at}"] = _integers(name, kind, part) if kind in _INTEGERS else \
+                    np.frombuffer(b"".join(part), f"V{width}")
             if not variable:
                 copy.write(block.tobytes())
                 continue
@@ -85,6 +87,21 @@ def copy_in_columns(connection: sa.Connection, table: str, columns: Sequence[tup
             copy.write(b"".join(itertools.chain.from_iterable(zip(
                 (data[at:at + size] for at in range(0, len(data), size)), *fields))))
         copy.write(_TRAILER)
+
+
+def _integers(name: str, kind: str, values: Sequence) -> np.ndarray:
+    """``values`` of integer column ``name`` as an array that assigns to ``kind``'s field unchanged: numpy would
+    wrap a value out of its range (2**40 into an ``int4``) and truncate a float, where psycopg's ``write_row``
+    refuses both."""
+    array = np.asarray(values)
+    if not len(array):
+        return array.astype(np.int64)
+    if array.dtype.kind not in "iu":
+        raise TypeError(f"column {name} ({kind}) takes integers, not {array.dtype} values")
+    limits = np.iinfo(_INTEGERS[kind].lstrip(">"))
+    if int(array.min()) < limits.min or int(array.max()) > limits.max:
+        raise OverflowError(f"column {name} ({kind}) holds a value outside [{limits.min}, {limits.max}]")
+    return array
 
 
 def _fixed_width(kind: str, values: Sequence) -> int | None:
