@@ -367,6 +367,8 @@ def test_a_keyed_lookup_and_a_chunks_candidate_join_are_routed_by_key(database_u
             lookup = "\n".join(connection.exec_driver_sql("EXPLAIN " + keyed.lookup_sql(method),
                                                           {"keys": folded}).scalars())
             keyed.stage_probes(connection, [10**9], method.stored([sketch]), method.keys([sketch]))
+            staged = connection.exec_driver_sql(f"SELECT key, probe, fingerprint FROM {keyed.PROBES}").all()
+            assert sorted(map(tuple, staged)) == sorted((key, 10**9, to_signed(sketch)) for key in folded)
             join = plan(connection, keyed.candidate_join_sql(method, method.max_distance, 10**9))
             store = plan(connection, keyed.store_staged_sql(method))
             connection.rollback()
@@ -380,6 +382,24 @@ def test_a_keyed_lookup_and_a_chunks_candidate_join_are_routed_by_key(database_u
     assert "keys_" in join and "key_probes_" in join
     # moving the probes into keys is pushed down to each shard pair (no coordinator pull, no repartition)
     assert "INSERT/SELECT method" not in store and task_count(store) == shards, store
+
+
+def test_int64_rows_copied_in_as_one_block_arrive_exactly(admin_engine):
+    """:func:`simdb.pg.copy.copy_in_int64` (a keyed chunk's key rows): every row, the int64 extremes included,
+    and none for an empty array."""
+    import numpy as np
+
+    from simdb.pg.copy import copy_in_int64
+
+    rng = np.random.default_rng(3)
+    rows = np.concatenate([np.array([[0, -1, 2**63 - 1], [-2**63, 1, 2**32]], dtype=np.int64),
+                           rng.integers(-2**63, 2**63 - 1, size=(500, 3), dtype=np.int64, endpoint=True)])
+    with admin_engine.begin() as connection:
+        connection.exec_driver_sql("CREATE TEMPORARY TABLE copied (a bigint, b bigint, c bigint) ON COMMIT DROP")
+        copy_in_int64(connection, "copied (a, b, c)", rows)
+        copy_in_int64(connection, "copied (a, b, c)", np.empty((0, 3), dtype=np.int64))
+        copied = connection.exec_driver_sql("SELECT a, b, c FROM copied").all()
+    assert sorted(map(tuple, copied)) == sorted(map(tuple, rows.tolist()))
 
 
 @on_citus

@@ -36,6 +36,21 @@ def copy_in(connection: sa.Connection, table: str, types: list[str], rows: Itera
             copy.write_row(row)
 
 
+def copy_in_int64(connection: sa.Connection, table: str, columns: np.ndarray) -> None:
+    """Binary-COPY the rows of an (n, c) int64 array into ``table`` (``name (column, ...)``, c bigint columns),
+    the COPY data built by numpy in one block (as :func:`copy_out_int64` parses it): :func:`copy_in`'s row by
+    row adaptation took 120 ms of client CPU for a keyed chunk's 60,000 key rows of 4,000 documents, this 10."""
+    columns = np.asarray(columns, dtype=np.int64)
+    rows = np.empty(len(columns), dtype=_dtype([8] * columns.shape[1]))
+    rows["count"] = columns.shape[1]
+    for i in range(columns.shape[1]):
+        rows[f"length{i}"], rows[f"value{i}"] = 8, columns[:, i]
+    cursor = connection.connection.dbapi_connection.cursor()
+    with cursor.copy(f"COPY {table} FROM STDIN (FORMAT BINARY)") as copy:
+        # the whole stream in block mode: psycopg writes neither signature nor trailer for it
+        copy.write(_SIGNATURE + bytes(8) + rows.tobytes() + _TRAILER)
+
+
 def id_table(connection: sa.Connection, name: str, ids: Iterable[int]) -> str:
     """A temporary table ``name (id)`` of ``ids``, analyzed, to join ``documents`` with: never an array of
     ids in the statement, which PostgreSQL copies into every segment's scan (a million ids over 66

@@ -53,7 +53,7 @@ from psycopg.rows import namedtuple_row
 from ..bits import hamming_array, to_unsigned_array
 from ..errors import IncompatibleIndex, SimdbError
 from ..methods import Method
-from .copy import copy_in
+from .copy import copy_in, copy_in_int64
 from .methods import sql_of
 from .methods.simhash import verified_pairs
 
@@ -303,10 +303,9 @@ def stage_probes(connection: sa.Connection, ids: np.ndarray, fingerprints: Seque
     if not len(ids):
         return
     columns = np.asarray(keys).shape[1]
-    folded = fold(keys).tolist()
-    probe = np.repeat(np.asarray(ids, dtype=np.int64), columns).tolist()
-    stored = np.repeat(np.asarray(fingerprints, dtype=np.int64), columns).tolist()
-    copy_in(connection, f"{PROBES} (key, probe, fingerprint)", ["int8", "int8", "int8"], zip(folded, probe, stored))
+    copy_in_int64(connection, f"{PROBES} (key, probe, fingerprint)", np.stack([
+        fold(keys), np.repeat(np.asarray(ids, dtype=np.int64), columns),
+        np.repeat(np.asarray(fingerprints, dtype=np.int64), columns)], axis=1))
 
 
 def chunk_pairs(connection: sa.Connection, method: Method, max_distance: int, below: int) -> Iterator[np.ndarray]:
