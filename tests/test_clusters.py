@@ -99,6 +99,37 @@ def test_clusters_are_the_connected_components_of_the_pairs(database_url, admin_
 
 
 @pytest.mark.citus
+def test_a_chunk_reads_the_clusters_rows_it_merges_once_and_deletes_none_where_there_were_none(
+        database_url, admin_engine, schema):
+    """A chunk's pairs reach stored clusters: their ``clusters`` rows are read by one join (on Citus, a task on
+    every shard; it was two, one for the rows, one for their least similarity), and deleted (to be written
+    afresh) only when some had a row: a chunk that only reaches documents of no cluster yet deletes nothing.
+    The clusters stay brute force's."""
+    import random
+    import re
+
+    rng = random.Random(11)
+    stored = [rng.getrandbits(64) for _ in range(40)]
+    statements: list[str] = []
+    with Index.create(database_url, schema=schema) as index:
+        index.add_fingerprinted(make_batch(stored, "a"), batch="a")
+        sa.event.listen(index.database.engine, "before_cursor_execute",
+                        lambda connection, cursor, statement, *rest: statements.append(statement))
+        chunks = []
+        for batch, fingerprints in (("b", [fp ^ 1 for fp in stored[:3]]), ("c", [stored[0] ^ 6])):
+            statements.clear()
+            index.add_fingerprinted(make_batch(fingerprints, batch), batch=batch)
+            chunks.append((sum(bool(re.search(r"\bJOIN clusters\b", s)) for s in statements),
+                           sum(s.lstrip().startswith("DELETE FROM clusters") for s in statements)))
+    # b: three pairs with documents of no cluster (no row); c: a pair with a document of b's first cluster of two
+    assert chunks == [(1, 0), (1, 1)]
+    assert_consistent(admin_engine, schema)
+    with admin_engine.connect() as connection:
+        assert connection.exec_driver_sql(f"SELECT size FROM {schema}.clusters ORDER BY size").scalars().all() == \
+            [2, 2, 3]
+
+
+@pytest.mark.citus
 def test_an_emptied_index_is_the_index_as_created(database_url, admin_engine, schema, fresh_index):
     """The Hypothesis tests reuse one index, emptied between examples: it must be exactly as created, segments,
     rows, ids and settings included, whatever the example did (merged segments, removals, concurrent chunks)."""

@@ -367,6 +367,8 @@ def test_a_keyed_lookup_and_a_chunks_candidate_join_are_routed_by_key(database_u
             lookup = "\n".join(connection.exec_driver_sql("EXPLAIN " + keyed.lookup_sql(method),
                                                           {"keys": folded}).scalars())
             keyed.stage_probes(connection, [10**9], method.stored([sketch]), method.keys([sketch]))
+            staged = connection.exec_driver_sql(f"SELECT key, probe, fingerprint FROM {keyed.PROBES}").all()
+            assert sorted(map(tuple, staged)) == sorted((key, 10**9, to_signed(sketch)) for key in folded)
             join = plan(connection, keyed.candidate_join_sql(method, method.max_distance, 10**9))
             store = plan(connection, keyed.store_staged_sql(method))
             connection.rollback()
@@ -380,6 +382,24 @@ def test_a_keyed_lookup_and_a_chunks_candidate_join_are_routed_by_key(database_u
     assert "keys_" in join and "key_probes_" in join
     # moving the probes into keys is pushed down to each shard pair (no coordinator pull, no repartition)
     assert "INSERT/SELECT method" not in store and task_count(store) == shards, store
+
+
+def test_int64_rows_copied_in_as_one_block_arrive_exactly(admin_engine):
+    """:func:`simdb.pg.copy.copy_in_columns` of int64 arrays alone (a keyed chunk's key rows): every row, the int64
+    extremes included, and none for empty arrays."""
+    import numpy as np
+
+    from simdb.pg.copy import copy_in_columns
+
+    rng = np.random.default_rng(3)
+    rows = np.concatenate([np.array([[0, -1, 2**63 - 1], [-2**63, 1, 2**32]], dtype=np.int64),
+                           rng.integers(-2**63, 2**63 - 1, size=(20000, 3), dtype=np.int64, endpoint=True)])
+    with admin_engine.begin() as connection:
+        connection.exec_driver_sql("CREATE TEMPORARY TABLE copied (a bigint, b bigint, c bigint) ON COMMIT DROP")
+        for block in (rows, np.empty((0, 3), dtype=np.int64)):
+            copy_in_columns(connection, "copied", [(name, "int8", block[:, at]) for at, name in enumerate("abc")])
+        copied = connection.exec_driver_sql("SELECT a, b, c FROM copied").all()
+    assert sorted(map(tuple, copied)) == sorted(map(tuple, rows.tolist()))
 
 
 @on_citus
@@ -763,10 +783,12 @@ def test_migration_0019_gives_a_keyed_index_its_external_ids(database_url, schem
 
 
 @on_citus
-def test_a_keyed_batch_of_lookups_reads_shard_by_shard_and_finds_what_brute_force_finds(database_url, schema):
+def test_a_keyed_batch_of_lookups_reads_shard_by_shard_and_finds_what_brute_force_finds(database_url, schema,
+                                                                                        monkeypatch):
     """A batch of lookups sends each shard only its own keys (and its own ids when reading the matches): one
     ``= ANY`` over every key made each of the 32 shards probe all of them. Every statement of the batch's
-    probe and read is one shard task, and the answers are brute force's."""
+    probe and read (sent in a pipeline, :func:`simdb.pg.keyed.routed_rows`) is one shard task, and the answers
+    are brute force's."""
     from simdb.pg import keyed
 
     rng = random.Random(31)
@@ -777,21 +799,20 @@ def test_a_keyed_batch_of_lookups_reads_shard_by_shard_and_finds_what_brute_forc
         queries = [flip(fp, rng.sample(range(64), rng.randrange(k + 3))) for fp in rng.sample(stored, 150)]
         assert len(queries) >= keyed.SHARD_BY_SHARD  # and so do the documents they find: most find their own
         statements: list[tuple[str, dict]] = []
+        routed_rows = keyed.routed_rows
 
-        def capture(connection, cursor, statement, parameters, context, executemany):
-            if statement.startswith("SELECT") and "= ANY" in statement and "FROM keys" in statement or \
-                    "FROM documents WHERE id = ANY" in statement:
-                statements.append((statement, parameters))
+        def capture(connection, statement, parameter, groups, *args):
+            statements.extend((statement, {parameter: group.tolist()}) for group in groups)
+            return routed_rows(connection, statement, parameter, groups, *args)
 
-        sa.event.listen(index.database.engine, "before_cursor_execute", capture)
-        try:
-            found = index.query_fingerprints(queries)
-        finally:
-            sa.event.remove(index.database.engine, "before_cursor_execute", capture)
+        monkeypatch.setattr(keyed, "routed_rows", capture)
+        found = index.query_fingerprints(queries)
         with index.database.engine.connect() as connection:
             for statement, parameters in statements:
                 assert task_count(plan_of(connection, statement, parameters)) == 1, statement
     assert len(statements) > 2
+    assert {statement.split(" FROM ")[1].split()[0] for statement, _ in statements} == \
+        {keyed.table(index.settings.method), "documents"}  # the keys probed, then the documents read, by shard
     for query, matches in zip(queries, found):
         assert {(m.external_id, m.distance) for m in matches} == {
             (f"a-{i}", (fp ^ query).bit_count()) for i, fp in enumerate(stored) if (fp ^ query).bit_count() <= k}

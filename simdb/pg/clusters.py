@@ -115,19 +115,19 @@ def merge_cluster_rows(connection: sa.Connection, batch_id: int, method: Method,
                                "WHERE r.id = c.id")
     connection.exec_driver_sql("ANALYZE cluster_joined")
     connection.exec_driver_sql("ANALYZE cluster_canonical")
-    connection.exec_driver_sql(
-        "CREATE TEMPORARY TABLE cluster_spread ON COMMIT DROP AS SELECT root, min(similarity) AS similarity FROM ("
-        " SELECT p.root, c.min_similarity AS similarity FROM cluster_parts p JOIN clusters c ON c.cluster_id = p.old"
-        " WHERE p.old = p.root UNION ALL"
-        f" SELECT d.root, {spread_sql(method, schema)} FROM cluster_joined d JOIN cluster_canonical c"
-        " ON c.id = d.root) s GROUP BY root")
-    connection.exec_driver_sql("ANALYZE cluster_spread")
     # the merged clusters' rows, in steps that each join one temporary table with one distributed table (in
     # one statement, cluster_parts LEFT JOIN clusters LEFT JOIN documents, Citus pulled all of clusters and
     # documents to the coordinator and sent them to every node: per chunk, the whole archive times the nodes)
-    connection.exec_driver_sql(  # the parts that have a clusters row
+    with_rows = connection.exec_driver_sql(  # the parts that have a clusters row (read once: a join on every shard)
         "CREATE TEMPORARY TABLE cluster_merged ON COMMIT DROP AS SELECT p.old, p.root, c.size::bigint AS size, "
-        "c.first_seen, c.last_seen, c.batches FROM cluster_parts p JOIN clusters c ON c.cluster_id = p.old")
+        "c.first_seen, c.last_seen, c.batches, c.min_similarity FROM cluster_parts p "
+        "JOIN clusters c ON c.cluster_id = p.old").rowcount
+    connection.exec_driver_sql(
+        "CREATE TEMPORARY TABLE cluster_spread ON COMMIT DROP AS SELECT root, min(similarity) AS similarity FROM ("
+        " SELECT root, min_similarity AS similarity FROM cluster_merged WHERE old = root UNION ALL"
+        f" SELECT d.root, {spread_sql(method, schema)} FROM cluster_joined d JOIN cluster_canonical c"
+        " ON c.id = d.root) s GROUP BY root")
+    connection.exec_driver_sql("ANALYZE cluster_spread")
     connection.exec_driver_sql(  # the parts that are one document without one
         "CREATE TEMPORARY TABLE cluster_singles ON COMMIT DROP AS SELECT p.old, p.root FROM cluster_parts p "
         "WHERE NOT EXISTS (SELECT 1 FROM cluster_merged m WHERE m.old = p.old)")
@@ -136,14 +136,17 @@ def merge_cluster_rows(connection: sa.Connection, batch_id: int, method: Method,
         "CREATE TEMPORARY TABLE cluster_single_documents ON COMMIT DROP AS SELECT d.id, d.created_at, b.name "
         "FROM documents d JOIN cluster_singles s ON d.id = s.old LEFT JOIN batches b ON b.id = d.batch_id")
     connection.exec_driver_sql(
-        "INSERT INTO cluster_merged SELECT s.old, s.root, 1, d.created_at, d.created_at, ARRAY[d.name] "
+        "INSERT INTO cluster_merged (old, root, size, first_seen, last_seen, batches) "
+        "SELECT s.old, s.root, 1, d.created_at, d.created_at, ARRAY[d.name] "
         "FROM cluster_singles s LEFT JOIN cluster_single_documents d ON d.id = s.old")
     # the chunk's own clusters by a statement of their own (a temporary table alone: nothing sent to the workers)
     connection.exec_driver_sql(f"""
-        INSERT INTO cluster_merged SELECT NULL, s.cluster_id, count(*), now(), now(),
+        INSERT INTO cluster_merged (old, root, size, first_seen, last_seen, batches)
+        SELECT NULL, s.cluster_id, count(*), now(), now(),
                ARRAY[(SELECT name FROM batches WHERE id = {int(batch_id)})]
         FROM staging_clusters s GROUP BY s.cluster_id""")
-    connection.exec_driver_sql("DELETE FROM clusters c USING cluster_parts p WHERE c.cluster_id = p.old")
+    if with_rows:  # (a statement on every shard, for rows that none has when no merged cluster had one)
+        connection.exec_driver_sql("DELETE FROM clusters c USING cluster_parts p WHERE c.cluster_id = p.old")
     connection.exec_driver_sql(  # two aggregates joined (a subquery per root read every row once per root)
         "INSERT INTO clusters (cluster_id, size, first_seen, last_seen, batches, min_similarity) "
         "SELECT m.root, m.size, m.first_seen, m.last_seen, n.batches, s.similarity FROM "

@@ -53,7 +53,7 @@ from psycopg.rows import namedtuple_row
 from ..bits import hamming_array, to_unsigned_array
 from ..errors import IncompatibleIndex, SimdbError
 from ..methods import Method
-from .copy import copy_in
+from .copy import copy_in, copy_in_columns
 from .methods import sql_of
 from .methods.simhash import verified_pairs
 
@@ -303,10 +303,9 @@ def stage_probes(connection: sa.Connection, ids: np.ndarray, fingerprints: Seque
     if not len(ids):
         return
     columns = np.asarray(keys).shape[1]
-    folded = fold(keys).tolist()
-    probe = np.repeat(np.asarray(ids, dtype=np.int64), columns).tolist()
-    stored = np.repeat(np.asarray(fingerprints, dtype=np.int64), columns).tolist()
-    copy_in(connection, f"{PROBES} (key, probe, fingerprint)", ["int8", "int8", "int8"], zip(folded, probe, stored))
+    copy_in_columns(connection, PROBES, [
+        ("key", "int8", fold(keys)), ("probe", "int8", np.repeat(np.asarray(ids, dtype=np.int64), columns)),
+        ("fingerprint", "int8", np.repeat(np.asarray(fingerprints, dtype=np.int64), columns))])
 
 
 def chunk_pairs(connection: sa.Connection, method: Method, max_distance: int, below: int) -> Iterator[np.ndarray]:
@@ -407,9 +406,7 @@ def probe(connection: sa.Connection, method: Method, sketches: Sequence, max_dis
     if len(sketches) < SHARD_BY_SHARD:
         rows = connection.exec_driver_sql(lookup, {"keys": wanted.tolist()}).all()
     else:  # each shard gets only its keys: one = ANY over all of them makes every shard probe every key
-        rows = []
-        for keys_of_shard in by_shard(connection, table(method), wanted):
-            rows += connection.exec_driver_sql(lookup, {"keys": keys_of_shard.tolist()}).all()
+        rows = routed_rows(connection, lookup, "keys", by_shard(connection, table(method), wanted))
     yield from _verified(rows, method, sketches, key_rows, max_distance)
 
 
@@ -469,6 +466,20 @@ def by_shard(connection: sa.Connection, table: str, values: np.ndarray) -> list[
     shards, values = shards[order], values[order]
     starts = np.flatnonzero(np.r_[True, shards[1:] != shards[:-1]])
     return np.split(values, starts[1:])
+
+
+def routed_rows(connection: sa.Connection, statement: str, parameter: str, groups: Sequence[np.ndarray],
+                row_factory=None) -> list[tuple]:
+    """The rows of ``statement`` (in the driver's parameter style) run once per group of values (its array
+    parameter ``parameter``; each group the values of one shard, :func:`by_shard`, so that each statement is
+    routed to that shard), sent in one pipeline on ``connection``'s driver connection: the coordinator runs them
+    one after another as before, but the client no longer waits for each answer before sending the next (64
+    statements for a batch of 1,000 lookups, its keys and its documents)."""
+    driver = connection.connection.driver_connection
+    with driver.pipeline():
+        cursors = [driver.cursor(row_factory=row_factory).execute(statement, {parameter: group.tolist()})
+                   for group in groups]
+    return [row for cursor in cursors for row in cursor.fetchall()]
 
 
 def _verified(rows: Sequence[tuple], method: Method, sketches: Sequence, key_rows: np.ndarray, max_distance: int

@@ -97,18 +97,19 @@ def documents(connection: sa.Connection, method: Method, ids: Sequence[int], *, 
               ) -> dict[int, sa.Row]:
     """{id: (id, external_id, sketch, metadata)} of stored documents, ``metadata`` None where it is empty (``{}``:
     psycopg's decoding of each row's ``{}`` was a tenth of a warm batch of lookups at 3M). On the keyed layout,
-    many ids are read shard by shard (:func:`simdb.pg.keyed.by_shard`): one ``= ANY`` over all of them makes
-    every shard of every segment look up every id."""
+    many ids are read shard by shard (:func:`simdb.pg.keyed.by_shard`, the statements sent in one pipeline:
+    :func:`simdb.pg.keyed.routed_rows`): one ``= ANY`` over all of them makes every shard of every segment look
+    up every id."""
     if not ids:
         return {}
-    statement = sa.text(f"SELECT id, external_id, {sql_of(method).sketch_column[0]} AS sketch, "
-                        "NULLIF(metadata, '{}') AS metadata FROM documents WHERE id = ANY(:ids)")
+    columns = f"id, external_id, {sql_of(method).sketch_column[0]} AS sketch, NULLIF(metadata, '{{}}') AS metadata"
     if not keyed or len(ids) < keyed_layout.SHARD_BY_SHARD:
-        groups = [list(ids)]
-    else:
-        groups = [group.tolist() for group in keyed_layout.by_shard(connection, "documents",
-                                                                    np.asarray(ids, dtype=np.int64))]
-    return {row.id: row for group in groups for row in connection.execute(statement, {"ids": group})}
+        return {row.id: row for row in connection.execute(
+            sa.text(f"SELECT {columns} FROM documents WHERE id = ANY(:ids)"), {"ids": list(ids)})}
+    rows = keyed_layout.routed_rows(
+        connection, f"SELECT {columns} FROM documents WHERE id = ANY(CAST(%(ids)s AS bigint[]))", "ids",
+        keyed_layout.by_shard(connection, "documents", np.asarray(ids, dtype=np.int64)), namedtuple_row)
+    return {row.id: row for row in rows}
 
 
 def stored_document(connection: sa.Connection, method: Method, external_id: str) -> sa.Row:
