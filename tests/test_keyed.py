@@ -1035,3 +1035,27 @@ def test_a_keyed_removal_by_ids_and_a_sync_replace_check_find_documents_through_
         assert sum("external_id_probes" in s for s in statements) >= 3
         remaining = {m.external_id for fp in stored for m in index.query_fingerprint(fp)}
         assert remaining == {f"a-{i}" for i in range(40)} - {"a-3", "a-1"} | {f"b-{i}" for i in range(20)} - {"b-5"}
+
+
+def test_a_failed_statement_of_a_pipeline_is_raised_once_and_the_connection_goes_on(admin_engine, caplog):
+    """routed_rows: the statement of one group fails; its error is raised (for simdb to translate), psycopg does
+    not log it again naming the host, user and database, and the connection takes its next transaction."""
+    import logging
+
+    import numpy as np
+    import psycopg
+
+    from simdb.pg.keyed import routed_rows
+
+    statement = "SELECT 10 / (x - 2) FROM unnest(%(values)s::int8[]) AS x"
+    groups = [np.array([1, 3]), np.array([2]), np.array([4])]
+    caplog.set_level(logging.WARNING, logger="psycopg")
+    with admin_engine.connect() as connection:
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            routed_rows(connection, statement, "values", groups)
+        connection.rollback()
+        assert not [record for record in caplog.records if record.name.startswith("psycopg")], caplog.text
+        assert sorted(row[0] for row in routed_rows(connection, statement, "values", [groups[0], groups[2]])) \
+            == [-10, 5, 10]
+        assert connection.in_transaction()
+        connection.rollback()

@@ -44,6 +44,7 @@ the old one (:func:`rebuild`). Below, ``keys`` names the keys table of the index
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -475,11 +476,29 @@ def routed_rows(connection: sa.Connection, statement: str, parameter: str, group
     routed to that shard), sent in one pipeline on ``connection``'s driver connection: the coordinator runs them
     one after another as before, but the client no longer waits for each answer before sending the next (64
     statements for a batch of 1,000 lookups, its keys and its documents)."""
+    if not connection.in_transaction():  # as SQLAlchemy's own execute would: the driver's transaction is the one
+        connection.begin()               # the caller commits or rolls back
     driver = connection.connection.driver_connection
-    with driver.pipeline():
-        cursors = [driver.cursor(row_factory=row_factory).execute(statement, {parameter: group.tolist()})
-                   for group in groups]
+    quiet = _QuietPipelineExit()
+    _PSYCOPG_LOG.addFilter(quiet)  # a failed statement is raised; psycopg would also log it again on leaving
+    try:
+        with driver.pipeline():
+            cursors = [driver.cursor(row_factory=row_factory).execute(statement, {parameter: group.tolist()})
+                       for group in groups]
+    finally:
+        _PSYCOPG_LOG.removeFilter(quiet)
     return [row for cursor in cursors for row in cursor.fetchall()]
+
+
+_PSYCOPG_LOG = logging.getLogger("psycopg")
+
+
+class _QuietPipelineExit(logging.Filter):
+    """Drops psycopg's "error ignored terminating <Pipeline ...>" warning: the error it repeats is the one the
+    pipeline's block raises (which simdb translates), and the warning would name the host, user and database."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("error ignored terminating")
 
 
 def _verified(rows: Sequence[tuple], method: Method, sketches: Sequence, key_rows: np.ndarray, max_distance: int
