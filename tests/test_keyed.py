@@ -787,8 +787,8 @@ def test_a_keyed_batch_of_lookups_reads_shard_by_shard_and_finds_what_brute_forc
                                                                                         monkeypatch):
     """A batch of lookups sends each shard only its own keys (and its own ids when reading the matches): one
     ``= ANY`` over every key made each of the 32 shards probe all of them. Every statement of the batch's
-    probe and read (sent in a pipeline, :func:`simdb.pg.keyed.routed_rows`) is one shard task, and the answers
-    are brute force's."""
+    probe and read (sent in a pipeline, :func:`simdb.pg.keyed.routed_rows`, or beside it) is one shard task,
+    and the answers are brute force's."""
     from simdb.pg import keyed
 
     rng = random.Random(31)
@@ -805,8 +805,16 @@ def test_a_keyed_batch_of_lookups_reads_shard_by_shard_and_finds_what_brute_forc
             statements.extend((statement, {parameter: group.tolist()}) for group in groups)
             return routed_rows(connection, statement, parameter, groups, *args)
 
+        def beside(connection, cursor, statement, parameters, context, executemany):  # not through the pipeline
+            if " FROM keys" in statement or " FROM documents" in statement:
+                statements.append((statement, parameters))
+
         monkeypatch.setattr(keyed, "routed_rows", capture)
-        found = index.query_fingerprints(queries)
+        sa.event.listen(index.database.engine, "before_cursor_execute", beside)
+        try:
+            found = index.query_fingerprints(queries)
+        finally:
+            sa.event.remove(index.database.engine, "before_cursor_execute", beside)
         with index.database.engine.connect() as connection:
             for statement, parameters in statements:
                 assert task_count(plan_of(connection, statement, parameters)) == 1, statement
