@@ -158,32 +158,36 @@ def main() -> None:
                     ("simdb stats", ["stats"]), ("simdb show ID", ["show", first["id"]]),
                     ("simdb query TEXT", ["query", first["text"][:500]])]
         rows = []
-        bare = timed([sys.executable, "-c", "pass"], this, args.runs, args.warm_up)
+
+        def measure(command: list[str], env: dict[str, str]) -> Timings:
+            return timed(command, env, args.runs, args.warm_up)
+
+        bare = measure([sys.executable, "-c", "pass"], this)
         rows.append(("Python start-up (peer)", str(bare), "", ""))
-        database_layer = timed([sys.executable, "-c", "import sqlalchemy, psycopg"], this, args.runs, args.warm_up)
+        database_layer = measure([sys.executable, "-c", "import sqlalchemy, psycopg"], this)
         rows.append(("import sqlalchemy, psycopg (peer)", str(database_layer), "", ""))
         for name, arguments in commands:
             before = None
             if args.baseline is not None:
                 log(f"{name}: baseline")
-                before = timed([*simdb, *arguments], {**base, "PYTHONPATH": str(args.baseline)}, args.runs, args.warm_up)
+                before = measure([*simdb, *arguments], {**base, "PYTHONPATH": str(args.baseline)})
             log(f"{name}: this simdb")
-            after = timed([*simdb, *arguments], this, args.runs, args.warm_up)
+            after = measure([*simdb, *arguments], this)
             rows.append((name, str(after), "" if before is None else f"{before} (baseline)",
                          "" if before is None
                          else ratio(statistics.median(before.wall) / statistics.median(after.wall))))
             log(f"{name}: in-process and warm, through the entry point")
-            here = timed([*ENTRY, *arguments], this, args.runs, args.warm_up)
-            warm = timed([*ENTRY, *arguments], {**this, launch.WARM_ENV: "require"}, args.runs, args.warm_up)
+            here = measure([*ENTRY, *arguments], this)
+            warm = measure([*ENTRY, *arguments], {**this, launch.WARM_ENV: "require"})
             rows.append((f"{name}, warm process (SIMDB_WARM=require)", str(warm), f"{here} (in-process, SIMDB_WARM=0)",
                          ratio(statistics.median(here.wall) / statistics.median(warm.wall))))
             if name == "simdb fingerprint TEXT":
-                compiling = timed([*simdb, *arguments], {**this, "PYTHONDONTWRITEBYTECODE": "1"}, args.runs, args.warm_up)
+                compiling = measure([*simdb, *arguments], {**this, "PYTHONDONTWRITEBYTECODE": "1"})
                 rows.append(("simdb fingerprint TEXT, sources compiled every run (PYTHONDONTWRITEBYTECODE=1)",
                              str(compiling), f"{after} (bytecode cached)",
                              ratio(statistics.median(compiling.wall) / statistics.median(after.wall))))
             if name == "simdb stats":
-                cold = timed([*simdb, *arguments], {**this, embedded.IDLE_ENV: "0"}, args.runs, args.warm_up)
+                cold = measure([*simdb, *arguments], {**this, embedded.IDLE_ENV: "0"})
                 rows.append(("simdb stats, server started and stopped (SIMDB_SERVER_IDLE=0)", str(cold),
                              f"{after} (server left up)",
                              ratio(statistics.median(cold.wall) / statistics.median(after.wall))))

@@ -123,8 +123,9 @@ def store_chunk(connection: sa.Connection, schema: str, method: Method, chunk, *
     column_list = ", ".join(name for name, _ in columns)
     values = [ids, chunk.external_ids, stored_sketches, *([] if keyed else keys.T), chunk.content_hashes,
               chunk.lengths, [metadata or None for metadata in chunk.metadata], *([texts] if texts is not None else [])]
-    copy_in_columns(connection, "staging", [(name, kind, column) for (name, kind), column
-                                            in zip(columns, values, strict=True)] + [("position", "int8", chunk.positions)])
+    copy_in_columns(connection, "staging", [*((name, kind, column) for (name, kind), column
+                                              in zip(columns, values, strict=True)),
+                                            ("position", "int8", chunk.positions)])
 
     errors, unstored, already = _stored_ids(connection, chunk, ids, None if rereads else batch_id, keyed=keyed,
                                           distributed=distributed)

@@ -88,8 +88,8 @@ def spread_reads(connection: sa.Connection, method: Method, read: Sequence[tuple
     each reading and joining its own slices at the same time: a read is the server's work (21 MinHash band keys
     a row: 4.1 s of a 100k chunk's 13.1 s at 1M documents, load 1), on one core per statement. Each connection
     holds one slice at a time, so up to ``connections`` slices are in memory at once (about 17 MB each for 100k
-    MinHash probes). Only where the caller's connection can share its
-    snapshot (:func:`~simdb.pg.spread.can_share`), else on it alone."""
+    MinHash probes). Only where the caller's connection can share its snapshot
+    (:func:`~simdb.pg.spread.can_share`), else on it alone."""
     step = slice_ids(len(probes.ids))
     slices = [(table, start, min(end, start + step)) for table, first, end in read for start in range(first, end, step)]
     shares = [slices[number::connections] for number in range(max(1, min(connections, len(slices))))] \

@@ -245,8 +245,8 @@ def segment_pairs(connection: sa.Connection, method: Method, probe: str, probes:
     ``connections`` connections (default: :func:`~simdb.pg.spread.default_connections`; see
     :func:`~simdb.pg.spread.spread_lookups`). With ``memory_probes`` (the probes in
     memory), a segment of few documents per probe is read and joined in memory instead, on one server
-    (:mod:`simdb.pg.in_memory`), from as many probes its slices spread over the connections likewise
-    (:func:`~simdb.pg.in_memory.spread_reads`)."""
+    (:mod:`simdb.pg.in_memory`); from ``SHARED_PROBES`` probes on, its slices are spread over the connections
+    as the lookups are (:func:`~simdb.pg.in_memory.spread_reads`)."""
     by_index = not distributed  # Citus plans no LATERAL probe; its join runs on every worker
     lookups, read = [], []
     for segment in list_segments(connection, distributed=distributed):
