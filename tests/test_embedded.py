@@ -70,11 +70,11 @@ def test_the_server_outlives_a_command_and_stops_after_the_idle_time(data_dir):
 
 
 def test_a_connected_client_keeps_it_up(data_dir):
-    simdb(data_dir, "init", idle="10")  # long enough for the next step on a loaded machine
+    simdb(data_dir, "init", idle="5")  # long enough for the next step (a file read and a connect) on a loaded machine
     pid = embedded.postmaster_pid(data_dir)
     socket_dir = (data_dir / "postmaster.pid").read_text().splitlines()[4]
     with psycopg.connect(host=socket_dir, user="postgres", dbname="postgres") as client:
-        time.sleep(15)  # one and a half times the idle time
+        time.sleep(10)  # the idle time, and as long again for a watcher that wrongly stops it to be done
         assert embedded.postmaster_pid(data_dir) == pid
         assert client.execute("SELECT count(*) FROM simdb.documents").fetchone() == (0,)
     assert wait_until(lambda: embedded.postmaster_pid(data_dir) is None)

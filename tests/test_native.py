@@ -257,14 +257,20 @@ def test_a_vocabulary_that_starts_again_mid_batch_gives_the_same_fingerprints(mo
 
 
 @needs_native
-def test_devset_fingerprints_are_those_of_the_pure_python_pipeline(devset_texts, monkeypatch):
-    for settings_ in (FingerprintSettings(), FingerprintSettings(weighting="sublinear_tf", bigrams=0),
-                      FingerprintSettings(tokenizer=TokenizerSettings(stopwords=False))):
-        fast = fingerprints(devset_texts, settings_)
-        with monkeypatch.context() as m:
-            use_python_twins(m)
-            plain = fingerprints(devset_texts, settings_)
-        assert fast == plain
+@pytest.mark.parametrize("settings_", [
+    FingerprintSettings(),
+    pytest.param(FingerprintSettings(weighting="sublinear_tf", bigrams=0), marks=pytest.mark.slow),
+    pytest.param(FingerprintSettings(tokenizer=TokenizerSettings(stopwords=False)), marks=pytest.mark.slow)],
+    ids=["default", "sublinear-no-bigrams", "no-stopwords"])
+def test_devset_fingerprints_are_those_of_the_pure_python_pipeline(devset_texts, monkeypatch, settings_):
+    """The other settings on every devset text are ``slow`` (issue 35: the whole suite runs them, as
+    ``tests/test_fast_paths.py``'s devset runs); ``-m "not slow"`` holds them to Python on generated tokens
+    (``test_simhashes_agree_with_numpy``: every weighting, bigrams and stopwords) and on long texts."""
+    fast = fingerprints(devset_texts, settings_)
+    with monkeypatch.context() as m:
+        use_python_twins(m)
+        plain = fingerprints(devset_texts, settings_)
+    assert fast == plain
 
 
 def _instruction_sets() -> list[int]:
