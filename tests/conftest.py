@@ -21,6 +21,7 @@ import pathlib
 import shutil
 import tempfile
 import uuid
+from collections.abc import Callable, Sequence
 
 import hypothesis
 import psycopg
@@ -972,26 +973,36 @@ def explained(engine: sa.Engine):
     """Collect the plan of every statement run through ``engine`` meanwhile, nested ones included (function
     bodies; the queries of COPY): auto_explain's log lines, sent to the client as notices. A list of
     ``"Query Text: ...\n<plan>"`` strings."""
-    plans: list[str] = []
+    with notices(engine, ("LOAD 'auto_explain'", "SET auto_explain.log_min_duration = 0",
+                          "SET auto_explain.log_nested_statements = on", "SET client_min_messages = log"),
+                 lambda message: message.split("plan:\n", 1)[-1] if message.startswith("duration:") else None) as plans:
+        yield plans
+
+
+@contextlib.contextmanager
+def notices(engine: sa.Engine, settings: Sequence[str], keep: Callable[[str], str | None]):
+    """The notices sent to the client by the statements run through ``engine`` meanwhile, each connection of its
+    pool made anew with the ``settings`` statements run first: a list of what ``keep`` returns for each notice's
+    text (those it returns None for are left out)."""
+    kept: list[str] = []
 
     def handler(diagnostic) -> None:
-        if (diagnostic.message_primary or "").startswith("duration:"):
-            plans.append(diagnostic.message_primary.split("plan:\n", 1)[-1])
+        if (text := keep(diagnostic.message_primary or "")) is not None:
+            kept.append(text)
 
     def setup(dbapi_connection, record) -> None:  # each new connection of the pool
         dbapi_connection.add_notice_handler(handler)
-        for statement in ("LOAD 'auto_explain'", "SET auto_explain.log_min_duration = 0",
-                          "SET auto_explain.log_nested_statements = on", "SET client_min_messages = log"):
+        for statement in settings:
             dbapi_connection.execute(statement)
         dbapi_connection.commit()
 
     engine.dispose()
     sa.event.listen(engine, "connect", setup)
     try:
-        yield plans
+        yield kept
     finally:
         sa.event.remove(engine, "connect", setup)
-        engine.dispose()  # its connections keep auto_explain: drop them
+        engine.dispose()  # its connections keep their settings: drop them
 
 
 def killed(process, done: tuple[int, ...] = (0,)) -> None:

@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from simdb import IncompatibleIndex, Index, SimdbError
 from simdb.bits import to_signed, to_unsigned
 from simdb.pg import keyed, reads
-from tests.conftest import CITUS_SHARDS, Concurrently, assert_consistent, keys_table
+from tests.conftest import CITUS_SHARDS, Concurrently, assert_consistent, keys_table, notices
 from tests.test_index import flip, make_batch
 
 #: The test runs on a Citus coordinator (skipped, saying why, where Citus is not installed).
@@ -829,6 +829,37 @@ def test_a_keyed_batch_of_lookups_reads_shard_by_shard_and_finds_what_brute_forc
         assert {(m.external_id, m.distance) for m in matches} == {
             (f"a-{i}", (fp ^ query).bit_count()) for i, fp in enumerate(stored) if (fp ^ query).bit_count() <= k}
 
+
+
+def remote_commands(engine: sa.Engine):
+    """The commands Citus sends the workers from the statements run through ``engine`` meanwhile
+    (``citus.log_remote_commands``, each sent to the client as a notice): a list of their texts."""
+    return notices(engine, ("SET citus.log_remote_commands = on", "SET client_min_messages = notice"),
+                   lambda message: message.removeprefix("issuing ") if message.startswith("issuing ") else None)
+
+
+@on_citus
+def test_a_keyed_lookup_sends_the_workers_its_shard_reads_alone(database_url, schema):
+    """One lookup (``Index.query_fingerprint``) runs outside a transaction block: Citus sends the workers its
+    key probe's shard tasks (at most one per key column) and, when a key matched, the read of the matched
+    documents (one task), nothing else: no ``BEGIN``/``COMMIT``, ``assign_distributed_transaction_id`` nor
+    ``SET``, each of which would be a round trip on each worker connection."""
+    rng = random.Random(59)
+    with Index.create(database_url, schema=schema, shards=32, **KEYED) as index:
+        method = index.settings.method
+        stored = [rng.getrandbits(64) for _ in range(100)]
+        index.add_fingerprinted(make_batch(stored, "a"), batch="a")
+        query = flip(stored[7], [3])
+        index.query_fingerprint(query)  # the pool's connection made (and its settings sent) before counting
+        with remote_commands(index.database.engine) as issued:
+            matches = index.query_fingerprint(query)
+    assert {(m.external_id, m.distance) for m in matches} == {
+        (f"a-{i}", (fp ^ query).bit_count()) for i, fp in enumerate(stored)
+        if (fp ^ query).bit_count() <= method.max_distance}
+    probes = [command for command in issued if f" FROM {schema}.{keyed.table(method)}_" in command]
+    reads_of_documents = [command for command in issued if f" FROM {schema}.documents_" in command]
+    assert 1 <= len(probes) <= len(method.key_columns) and len(reads_of_documents) == 1, issued
+    assert len(issued) == len(probes) + 1, issued
 
 def document_keys(admin_engine, schema: str) -> tuple[list[str], list[str]]:
     """(key columns of ``documents``, indexes on key columns of it and its segments) in ``schema``."""
