@@ -528,9 +528,8 @@ class Index:
     def query_fingerprints(self, sketches: list[int | bytes], max_distance: int | None = None, *,
                            texts: list[str] | None = None, connections: int | None = None) -> list[list["Match"]]:
         """One result list per sketch (fingerprint or signature bytes), found with one set-based statement per key
-        column (its statements shared out over ``connections`` database connections, all reading one snapshot: on Citus,
-        one per worker;
-        default: this machine's cores for a batch of a few hundred or more, see
+        column (its statements shared out over ``connections`` database connections, all reading one snapshot, on
+        Citus one per worker; default: this machine's cores for a batch of a few hundred or more, see
         :func:`simdb.pg.reads.probe_arrays`); with the sketches' ``texts``, a method that decides by the texts
         decides by them (else by the sketches)."""
         limit = self._max_distance(max_distance)
