@@ -120,6 +120,11 @@ def _decided(connection: sa.Connection, index: IndexContext, matched: list[tuple
         probed = reads.probe_arrays(connection, index, sketches, wide, keys)
         found = np.array(list(probed), dtype=np.int64).reshape(-1, 3)
         found[:, 0] = ids[found[:, 0]]  # sketch index -> the record's id
+        if index.keyed and len(found):  # on Citus each worker reads its own snapshot: a match found by its keys
+            # whose row is not there was being removed or added meanwhile (see Index.query_fingerprints), and is
+            # left out, as if the removal came first or the chunk after
+            present = list(reads.external_ids(connection, np.unique(found[:, 1]).tolist()))
+            found = found[np.isin(found[:, 1], np.asarray(present, dtype=np.int64))]
         yield found
         # what an ingest would have stored of the input by now
         yield from pairs_between(method, ids, stored, keys, earlier.chunks, wide)

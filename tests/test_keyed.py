@@ -855,6 +855,37 @@ def test_a_batch_that_finds_keys_of_a_document_whose_row_is_gone_answers_without
                     if i not in gone and (fp ^ query).bit_count() <= k}
 
 
+@on_citus
+def test_check_of_texts_whose_matches_rows_are_gone_gives_the_verdicts_of_the_archive_without_them(
+        database_url, schema, admin_engine):
+    """``check`` on the keyed layout, in the state of the race above (key rows of documents whose rows are gone):
+    the verdicts of an archive without those documents, from the texts by brute force (the earliest match within
+    k, "exact" where an earlier record has the same text). It raised a bare ``KeyError`` reading their hashes."""
+    rng = random.Random(5)
+    records = planted_texts(rng, "a", 120, [])
+    with Index.create(database_url, schema=schema, shards=32, **KEYED) as index:
+        k = index.settings.method.max_distance
+        index.add_many(records, batch="a")
+        gone = {record["id"] for record in records[:60:2]}
+        with admin_engine.begin() as connection:
+            connection.execute(sa.text(f"DELETE FROM {schema}.documents WHERE external_id = ANY(:ids)"),
+                               {"ids": sorted(gone)})
+        queries = [{"id": "q" + record["id"], "text": record["text"]} for record in records[:100]]
+        checked = [(v.id, v.status, v.duplicate_of, v.distance) for v in index.check_many(queries, batch="q")]
+        pool = [(record["id"], record["text"], index.fingerprint(record["text"])) for record in records
+                if record["id"] not in gone]
+    expected = []
+    for query in queries:
+        fingerprint = index.fingerprint(query["text"])
+        matches = [(name, text, (fp ^ fingerprint).bit_count()) for name, text, fp in pool
+                   if (fp ^ fingerprint).bit_count() <= k]
+        status = "exact" if any(text == query["text"] for _, text, _ in matches) else "near" if matches else "new"
+        expected.append((query["id"], status, *(matches[0][::2] if matches else (None, None))))
+        pool.append((query["id"], query["text"], fingerprint))
+    assert checked == expected
+    # "new": texts whose only matches in the archive are gone (their key rows were found)
+    assert {status for _, status, _, _ in checked} == {"exact", "near", "new"}
+
 def remote_commands(engine: sa.Engine):
     """The commands Citus sends the workers from the statements run through ``engine`` meanwhile
     (``citus.log_remote_commands``, each sent to the client as a notice): a list of their texts."""
