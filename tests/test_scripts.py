@@ -63,7 +63,7 @@ RUNS = [
     ("bench_core.py", ["--documents", "3000", "--queries", "40", "--scan-queries", "2", "--smoke", "--markdown"],
      False),
     ("bench_sql.py", ["--documents", "3000", "--chunk", "1000", "--markdown"], False),
-    ("bench_report.py", ["--documents", "3000", "--chunk", "1000", "--markdown"], False),
+    ("bench_report.py", ["--documents", "3000", "--chunk", "1000", "--runs", "1", "--markdown"], False),
     ("bench_ingest.py", ["--quick", "--min-seconds", "0.2", "--documents", "3000", "--chunk", "1000",
                          "--archive", "20000", "--added", "1000", "--naive", "20", "--peer-documents", "2000",
                          "--text-documents", "300", "--memory-documents", "300,600", "--cli-chunk-size", "100",
