@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 XDIST_ALONE, XDIST_ALONE_ENV = ["-p", "xdist"], {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
 
 
-@pytest.mark.slow  # a pytest run of its own with two workers, each importing simdb: about 10 s of CPU
+@pytest.mark.slow  # a pytest run of its own with three workers: about 2 s of CPU (10 s when they imported simdb)
 @pytest.mark.parametrize("citus_workers", [None, "1"], ids=["default-2", "one"])
 def test_the_tests_on_citus_go_to_their_few_workers(tmp_path, citus_workers):
     """scripts/test runs ``--dist loadgroup``: the tests on Citus go to SIMDB_TEST_CITUS_WORKERS workers (2 when
