@@ -24,6 +24,12 @@ STARTED = time.perf_counter()
 DATABASE_VARIABLE = "SIMDB_DATABASE_URL"
 DATABASE_HELP = (f"PostgreSQL URL (default: ${DATABASE_VARIABLE}, else postgresql://postgres@127.0.0.1:5432/test "
                  "if it answers, else an embedded server in a temporary directory)")
+#: ``--smoke``: a run that only shows that the script works (tests/test_scripts.py runs each benchmark so, on the
+#: server every other test writes to) skips what only makes the figures honest: a CHECKPOINT there waited for
+#: every other test's writes (19 s once), and made their next writes log whole pages
+SMOKE_HELP = ("a run for the tests, whose figures are not worth reading: no CHECKPOINT before the timed steps, no "
+              "wait for the server's WAL counters")
+SMOKE = {"on": False}
 
 
 def log(message: str) -> None:
@@ -150,13 +156,28 @@ def bulk_load(url: str, admin: sa.Engine, schema: str, layout, size: int, rng: n
     return np.concatenate(kept) if kept else np.empty(0, np.uint64), timings
 
 
+def smoke(on: bool) -> None:
+    """``--smoke`` given or not (SMOKE_HELP): whether :func:`checkpoint` and :func:`wal_counters_settle` do nothing."""
+    SMOKE["on"] = on
+
+
 def checkpoint(admin: sa.Engine) -> None:
-    """Flush dirty pages so that one measurement does not pay for the previous one's writes."""
+    """Flush dirty pages so that one measurement does not pay for the previous one's writes (not in a ``--smoke``
+    run)."""
+    if SMOKE["on"]:
+        return
     try:
         with admin.connect() as connection:
             connection.exec_driver_sql("CHECKPOINT")
     except sa.exc.DBAPIError:
         pass  # not a superuser: measure without it
+
+
+def wal_counters_settle() -> None:
+    """Wait until the backends have reported their WAL counters (about once a second) to ``pg_stat_wal`` (not in a
+    ``--smoke`` run, whose full-page image counts then fall short)."""
+    if not SMOKE["on"]:
+        time.sleep(1.0)
 
 
 def machine(version: str, embedded: bool = False) -> str:

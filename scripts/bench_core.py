@@ -35,8 +35,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import sqlalchemy as sa
-from bench_common import (DATABASE_HELP, STARTED, Server, command_line, log, machine, print_table, random_u64, rate,
-                          ratio, rss_bytes)
+from bench_common import (DATABASE_HELP, SMOKE_HELP, STARTED, Server, command_line, log, machine, print_table,
+                          random_u64, rate, ratio, rss_bytes, smoke)
 
 import simdb
 from simdb.bits import to_signed, to_signed_array
@@ -281,7 +281,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="build the PyPI simhash index from only this many fingerprints (default: all)")
     parser.add_argument("--seed", type=int, default=20240601)
     parser.add_argument("--markdown", action="store_true", help="print a GitHub markdown table")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args(argv)
+    smoke(args.smoke)
     n, k = args.documents, args.max_distance
 
     log(f"generating {n:,} fingerprints and {args.queries:,} queries (with numpy brute-force ground truth)")

@@ -60,7 +60,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench_common import DATABASE_HELP, Server, load_average, log, mb, print_table, rate, ratio
+from bench_common import DATABASE_HELP, SMOKE_HELP, Server, load_average, log, mb, print_table, rate, ratio, smoke
 from bench_corpus import NEAR_FRACTION
 from bench_ingest_archive import Archive, EmptyArchive, PeerIndex, ingest_empty, measure_archive, simhash_peer
 from bench_ingest_cli import CliIngest, CliRuns, measure_cli
@@ -249,7 +249,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="k of every index measured (default: simdb's)")
     parser.add_argument("--seed", type=int, default=20240601)
     parser.add_argument("--markdown", action="store_true", help="print a GitHub markdown table")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args(argv)
+    smoke(args.smoke)
     defaults = {"min_seconds": (10.0, 3.0), "documents": (1_000_000, 200_000), "archive": (10_000_000, 10_000_000),
                 "naive": (5_000, 1_000), "peer_documents": (1_000_000, 200_000), "text_documents": (100_000, 5_000),
                 "memory_documents": ("200000,1000000", "20000,100000"),

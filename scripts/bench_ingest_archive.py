@@ -21,7 +21,7 @@ from typing import NamedTuple
 import numpy as np
 import sqlalchemy as sa
 
-from bench_common import bulk_load, checkpoint, log, mb, random_u64, rss_bytes
+from bench_common import bulk_load, checkpoint, log, mb, random_u64, rss_bytes, wal_counters_settle
 from bench_corpus import NEAR_FRACTION, fingerprinted_batch, near_copies, new_fingerprints
 
 import simdb
@@ -200,7 +200,7 @@ def wal_position(admin: sa.Engine) -> WalMark:
 
 def wal_since(admin: sa.Engine, before: WalMark) -> tuple[int, int]:
     """(WAL bytes, full-page images) written by the whole server since ``before``."""
-    time.sleep(1.0)  # backends report their WAL counters at most about once a second
+    wal_counters_settle()
     with admin.connect() as c:
         written = c.execute(sa.text("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), CAST(:lsn AS pg_lsn))"),
                             {"lsn": before.lsn}).scalar_one()

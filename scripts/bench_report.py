@@ -59,8 +59,12 @@ def main() -> None:
     parser.add_argument("--documents", type=int, default=1_000_000)
     parser.add_argument("--chunk", type=int, default=100_000)
     parser.add_argument("--keep", action="store_true", help="keep the archive (and reuse a kept one)")
+    parser.add_argument("--runs", type=int, default=3,
+                        help="timed runs of each read, after one warm-up (default 3; the tests' run takes 1)")
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args()
+    if args.runs < 1:
+        parser.error(f"--runs {args.runs}: give 1 or more")
     server = Server(args.database_url)
     rows = []
     try:
@@ -106,13 +110,13 @@ def main() -> None:
                     with index.database.engine.begin() as connection:
                         reads.read_only_snapshot(connection)
                         return read(connection)
-                rows.append((title, "", median_seconds(call)))
+                rows.append((title, "", median_seconds(call, args.runs)))
                 log(f"{rows[-1][2]:7.2f} s  {title}")
     finally:
         if not args.keep:
             server.drop_schemas(SCHEMA)
         server.close()
-    print(f"{total:,} documents; each read the median of 3 runs after one warm-up; "
+    print(f"{total:,} documents; each read the median of {args.runs} runs after one warm-up; "
           f"command: .venv/bin/python scripts/bench_report.py {' '.join(sys.argv[1:])}\n")
     if args.markdown:
         print("| what | size | s |\n|---|---:|---:|")

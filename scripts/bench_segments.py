@@ -54,8 +54,8 @@ import numpy as np
 import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import (DATABASE_HELP, Server, bulk_load, command_line, load_average, log,  # noqa: E402
-                          machine, print_table, random_u64)
+from bench_common import (DATABASE_HELP, SMOKE_HELP, Server, bulk_load, command_line, load_average,  # noqa: E402
+                          log, machine, print_table, random_u64, smoke, wal_counters_settle)
 
 import simdb  # noqa: E402
 from simdb.bits import to_signed_array  # noqa: E402
@@ -68,6 +68,9 @@ from simdb.pg.server import current, recommended, wal_compressions  # noqa: E402
 from simdb.settings import DEFAULT_BULK_CHUNK  # noqa: E402
 
 NEAR_FRACTION = 0.01
+#: More segments at each point of the lookup cost curve; ``--smoke`` takes the first three points
+CURVE = (0, 1, 3, 7, 15, 31)
+SMOKE_CURVE = CURVE[:3]
 # its own schemas, by process: two runs at once (the tests run it twice) do not collide
 SCHEMA, EMPTY = f"simdb_bench_segments_{os.getpid()}", f"simdb_bench_segments_empty_{os.getpid()}"
 
@@ -187,7 +190,7 @@ def connections_run(server: Server, args, rng: np.random.Generator, counts: list
         # next fingerprints would be the archive's own first ones
         rng = np.random.default_rng([args.seed, 1])
         set_policy(server, segments.SegmentPolicy(bulk_chunk=min(args.added, DEFAULT_BULK_CHUNK)))
-        order = ["warm-up", *counts, *reversed(counts)]
+        order = ["warm-up", *counts, *([] if args.smoke else reversed(counts))]  # ABBA: drift falls on both alike
         for turn, count in enumerate(order):
             connections = max(counts) if count == "warm-up" else count
             loads.append(load_average())
@@ -329,7 +332,7 @@ def wal(admin: sa.Engine) -> tuple[str, int]:
 
 
 def wal_since(admin: sa.Engine, before: tuple[str, int]) -> tuple[int, int]:
-    time.sleep(1.0)  # backends report their WAL counters about once a second
+    wal_counters_settle()
     with admin.connect() as c:
         written = c.execute(sa.text("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), CAST(:l AS pg_lsn))"),
                             {"l": before[0]}).scalar_one()
@@ -443,13 +446,14 @@ def lookup_rows(archive_size: int, found: dict) -> list[tuple[str, str, str, str
                + " q/s", "", "") for spread_over in counts)]
 
 
-def segment_curve(server: Server, stored: np.ndarray, rng, size: int = 1000, probe_count: int = 300
-                  ) -> list[tuple[int, float, float]]:
-    """(segments, lookup p50, simdb_near p50) as the extra documents are split into more segments of ``size``."""
+def segment_curve(server: Server, stored: np.ndarray, rng, size: int = 1000, probe_count: int = 300,
+                  points: tuple[int, ...] = CURVE) -> list[tuple[int, float, float]]:
+    """(segments, lookup p50, simdb_near p50) as the extra documents are split into more segments of ``size``
+    (``points``: how many more at each point)."""
     curve = []
     probes = random_u64(rng, probe_count)
     with simdb.Index.open(server.url, schema=SCHEMA) as index:
-        for extra in (0, 1, 3, 7, 15, 31):
+        for extra in points:
             if extra:  # extra small segments, each of ``size`` documents (ids moved past the active segment)
                 with index.database.engine.begin() as c:
                     segments.save_policy(c, segments.SegmentPolicy(size=size, merge_factor=64))
@@ -518,7 +522,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lookups-only", type=int, metavar="ROUNDS",
                         help="with --connections and --reuse: only the lookups (p50, simdb_near, the batches over "
                              "each number of connections) on the archive an earlier run kept, ROUNDS times")
+    parser.add_argument("--smoke", action="store_true",
+                        help=SMOKE_HELP + f"; the lookup cost curve's first {len(SMOKE_CURVE)} points only; with "
+                             "--connections, each count once (1, 2, not 1, 2, 2, 1)")
     args = parser.parse_args(argv)
+    smoke(args.smoke)
     if args.lookups_only is not None and args.lookups_only < 1:
         parser.error(f"--lookups-only {args.lookups_only}: give the number of rounds, 1 or more")
     if args.lookups_only is not None and not (args.reuse and args.connections):
@@ -573,7 +581,8 @@ def main(argv: list[str] | None = None) -> None:
                     measured = index.stats(exact=exact)["measured_candidates_per_lookup"]
                     stats[exact] = (time.perf_counter() - start, measured)
             log(f"  stats: {stats[False][0]:.1f} s sampled, {stats[True][0]:.1f} s exact")
-            curve = segment_curve(server, stored, rng, args.curve_segment, args.curve_probes)
+            curve = segment_curve(server, stored, rng, args.curve_segment, args.curve_probes,
+                                  SMOKE_CURVE if args.smoke else CURVE)
             if args.plot:
                 plot_curve(curve, args.plot, f"lookups at {args.archive:,} documents, "
                                              f"shared_buffers {int(settings['shared_buffers']) * 8 // 1024:,} MB")

@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from bench_common import DATABASE_HELP, Server, load_average, log, machine, mb, print_table, ratio
+from bench_common import DATABASE_HELP, SMOKE_HELP, Server, load_average, log, machine, mb, print_table, ratio, smoke
 from bench_corpus import corpus_pieces, edited_copy, write_corpus
 from bench_process import ProcessRun, quarters, run_cli, simdb_command, simdb_setup
 
@@ -293,11 +293,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="a source read alone but not ingested end to end (repeatable)")
     parser.add_argument("--readers-only", action="store_true", help="the readers alone, no ingest")
     parser.add_argument("--markdown", action="store_true", help="print a GitHub markdown table")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP + "; JSON lines ingested first only, not "
+                                                                          "first and last")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    smoke(args.smoke)
     load_start = load_average()
     server = Server(args.database_url)
     work = tempfile.mkdtemp(prefix="simdb-bench-sources-")
@@ -321,7 +324,8 @@ def main(argv: list[str] | None = None) -> None:
             log(f"{name}: reader alone")
             results[name] = SourceRuns(measure_reader(path, args.documents, server.url if name in (TABLE, BY_WATERMARK)
                                                       else None, WATERMARK if name == BY_WATERMARK else None))
-        order = [] if args.readers_only else [name for name in [*paths, "JSON lines"]
+        again = [] if args.smoke else ["JSON lines"]  # last too: the baseline is the mean of both, the machine shared
+        order = [] if args.readers_only else [name for name in [*paths, *again]
                                               if name not in (*args.skip, BY_WATERMARK)]
         for i, name in enumerate(order):
             log(f"{name}: simdb ingest --workers {args.workers}")

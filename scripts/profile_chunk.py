@@ -36,7 +36,7 @@ import numpy as np
 import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import DATABASE_HELP, Server, bulk_load, load_average, log  # noqa: E402
+from bench_common import DATABASE_HELP, SMOKE_HELP, Server, bulk_load, load_average, log, smoke  # noqa: E402
 from bench_segments import (batch_of, drop_empty_segments, kept_fingerprints, minhash_batch,  # noqa: E402
                             new_fingerprints, remove_added_batches)
 
@@ -183,7 +183,9 @@ def main() -> None:
                         help=f"read a segment into memory when it holds at most R documents per probe (default "
                              f"{in_memory.ROWS_PER_PROBE}; 0: look every segment up by index)")
     reuse_option(parser)
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args()
+    smoke(args.smoke)
     if args.rows_per_probe is not None:
         in_memory.ROWS_PER_PROBE = args.rows_per_probe
     empty = f"simdb_profile_chunk_empty_{os.getpid()}"

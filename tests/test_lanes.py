@@ -13,16 +13,19 @@ import pytest
 from tests.conftest import EXAMPLES_ENV, examples, examples_of_lane, on_citus
 
 ROOT = Path(__file__).resolve().parents[1]
+#: The pytest runs below load pytest-xdist and tests/scheduling.py alone: Hypothesis's plugin and tests/conftest.py's
+#: imports cost each of their processes (controller and workers) about 0.7 s of CPU for nothing they check
+XDIST_ALONE, XDIST_ALONE_ENV = ["-p", "xdist"], {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
 
 
-@pytest.mark.slow  # a pytest run of its own with two workers, each importing simdb: about 10 s of CPU
+@pytest.mark.slow  # a pytest run of its own with three workers: about 2 s of CPU (10 s when they imported simdb)
 @pytest.mark.parametrize("citus_workers", [None, "1"], ids=["default-2", "one"])
 def test_the_tests_on_citus_go_to_their_few_workers(tmp_path, citus_workers):
     """scripts/test runs ``--dist loadgroup``: the tests on Citus go to SIMDB_TEST_CITUS_WORKERS workers (2 when
     unset), sharing the run's one cluster (xdist's own grouping, by a suffix it writes into the ids, groups nothing
     under pytest 9.2: they spread over every worker). The other tests go to every worker. Oracle: the worker each
     test reports, with 3 workers."""
-    (tmp_path / "conftest.py").write_text("from tests.conftest import pytest_xdist_make_scheduler  # noqa: F401\n")
+    (tmp_path / "conftest.py").write_text("from tests.scheduling import pytest_xdist_make_scheduler  # noqa: F401\n")
     (tmp_path / "test_spread.py").write_text(
         "import os, time\nimport pytest\n\n"
         "@pytest.mark.parametrize('backend', ['postgres', 'citus'])\n"
@@ -33,9 +36,9 @@ def test_the_tests_on_citus_go_to_their_few_workers(tmp_path, citus_workers):
     env = {name: value for name, value in os.environ.items() if name != "SIMDB_TEST_CITUS_WORKERS"}
     if citus_workers is not None:
         env["SIMDB_TEST_CITUS_WORKERS"] = citus_workers
-    done = subprocess.run([sys.executable, "-m", "pytest", "-n", "3", "--dist", "loadgroup", "-v", "-p",
+    done = subprocess.run([sys.executable, "-m", "pytest", *XDIST_ALONE, "-n", "3", "--dist", "loadgroup", "-v", "-p",
                            "no:cacheprovider", "-s", "test_spread.py"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=300, env={**env, "PYTHONPATH": str(ROOT)})
+                          timeout=300, env={**env, **XDIST_ALONE_ENV, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     ran = {}
     for line in done.stdout.splitlines():  # "[gw1] [ 12%] PASSED test_spread.py::test_x[3-citus]"
@@ -53,7 +56,7 @@ def test_a_worker_that_dies_running_a_test_on_citus_ends_the_run_without_a_hang(
     loadgroup), a finished one went out as an empty list, which no worker answers, and once both workers of the
     tests on Citus had been sent one, the rest were never sent and the run waited for ever (found in review).
     Oracle: every test passes once, the one that killed its worker when run again, and the run ends."""
-    (tmp_path / "conftest.py").write_text("from tests.conftest import pytest_xdist_make_scheduler  # noqa: F401\n")
+    (tmp_path / "conftest.py").write_text("from tests.scheduling import pytest_xdist_make_scheduler  # noqa: F401\n")
     (tmp_path / "test_crash.py").write_text(
         "import os, time\nimport pytest\n\n"
         "@pytest.mark.parametrize('backend', ['citus'])\n"
@@ -67,9 +70,10 @@ def test_a_worker_that_dies_running_a_test_on_citus_ends_the_run_without_a_hang(
         "def test_o(n):\n"
         "    time.sleep(0.2)\n")
     try:
-        done = subprocess.run([sys.executable, "-m", "pytest", "-n", "4", "--dist", "loadgroup", "-v", "-p",
-                               "no:cacheprovider", "--max-worker-restart", "1", "test_crash.py"], cwd=tmp_path,
-                              capture_output=True, text=True, timeout=240, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        done = subprocess.run([sys.executable, "-m", "pytest", *XDIST_ALONE, "-n", "4", "--dist", "loadgroup", "-v",
+                               "-p", "no:cacheprovider", "--max-worker-restart", "1", "test_crash.py"], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=240,
+                              env={**os.environ, **XDIST_ALONE_ENV, "PYTHONPATH": str(ROOT)})
     except subprocess.TimeoutExpired as timeout:
         pytest.fail(f"the run did not end after a worker died: {str(timeout.stdout)[-2000:]}")
     passed = [line.split()[-1] for line in done.stdout.splitlines() if line.startswith("[gw") and "PASSED" in line]

@@ -405,7 +405,10 @@ def test_0021_routes_simdb_neighbours_on_citus_and_goes_down_to_the_view_reader(
     lookup, and up again exactly what today's code makes, with the same answers as the view both ways."""
     from simdb.samples import corpus
 
-    records = list(corpus())[:120]
+    # on Citus, the function revision 0021 rewrote answers each name by a repartition join of the view (0.4-0.9 s):
+    # the first 60 records there (every kind of edit; 22 names with neighbours under MinHash, 14 under SimHash), 120
+    # on one server
+    records = list(corpus())[:60 if backend == "citus" else 120]
     before = migrate.revision_chain()["0021"]  # the revision 0021 follows (renumbered at merge)
     with Index.create(database_url, schema=schema, **options) as index:
         index.add_many(records, batch="one")

@@ -57,28 +57,31 @@ def small_devset(tmp_path_factory) -> Path:
 
 
 #: (script, arguments for a run of a few seconds, whether it needs the devset); DEVSET in them stands for
-#: small_devset
+#: small_devset. ``--smoke`` where a script has it (bench_common.SMOKE_HELP): no CHECKPOINT of the server every other
+#: test writes to, no wait for its WAL counters (bench_segments: from 32 s to 9 s, 16 s of CPU to 5 s, quiet)
 RUNS = [
-    ("bench_core.py", ["--documents", "3000", "--queries", "40", "--scan-queries", "2", "--markdown"], False),
+    ("bench_core.py", ["--documents", "3000", "--queries", "40", "--scan-queries", "2", "--smoke", "--markdown"],
+     False),
     ("bench_sql.py", ["--documents", "3000", "--chunk", "1000", "--markdown"], False),
-    ("bench_report.py", ["--documents", "3000", "--chunk", "1000", "--markdown"], False),
+    ("bench_report.py", ["--documents", "3000", "--chunk", "1000", "--runs", "1", "--markdown"], False),
     ("bench_ingest.py", ["--quick", "--min-seconds", "0.2", "--documents", "3000", "--chunk", "1000",
                          "--archive", "20000", "--added", "1000", "--naive", "20", "--peer-documents", "2000",
                          "--text-documents", "300", "--memory-documents", "300,600", "--cli-chunk-size", "100",
-                         "--markdown"], False),
+                         "--smoke", "--markdown"], False),
     ("bench_ingest_fingerprint.py", ["--min-seconds", "0.2", "--workers", "2", "--markdown"], True),
     ("bench_ingest_archive.py", ["--quick", "--documents", "3000", "--chunk", "1000", "--archive", "20000",
-                                 "--added", "1000", "--naive", "20", "--peer-documents", "2000", "--markdown"], False),
+                                 "--added", "1000", "--naive", "20", "--peer-documents", "2000", "--smoke",
+                                 "--markdown"], False),
     ("bench_ingest_cli.py", ["--text-documents", "300", "--memory-documents", "300,600", "--cli-chunk-size", "100",
                              "--workers", "1", "--markdown"], False),
-    ("bench_sources.py", ["--documents", "500", "--workers", "1", "--markdown"], False),
+    ("bench_sources.py", ["--documents", "500", "--workers", "1", "--smoke", "--markdown"], False),
     ("bench_segments.py", ["--archive", "20000", "--added", "1000", "--lookups", "20", "--curve-segment", "100",
-                           "--curve-probes", "20", "--markdown"], False),
+                           "--curve-probes", "20", "--smoke", "--markdown"], False),
     ("bench_segments.py", ["--archive", "20000", "--added", "1000", "--lookups", "20", "--curve-segment", "100",
-                           "--curve-probes", "20", "--connections", "1,2", "--markdown"], False),
-    ("profile_chunk.py", ["--archive", "20000", "--added", "1000", "--rounds", "1"], False),
+                           "--curve-probes", "20", "--connections", "1,2", "--smoke", "--markdown"], False),
+    ("profile_chunk.py", ["--archive", "20000", "--added", "1000", "--rounds", "1", "--smoke"], False),
     ("profile_chunk.py", ["--archive", "20000", "--added", "1000", "--rounds", "1", "--method", "minhash",
-                          "--cprofile", "5"], False),
+                          "--cprofile", "5", "--smoke"], False),
     ("profile_batch.py", ["--archive", "20000", "--batch", "100", "--rounds", "2"], False),
     ("bench_probes.py", ["--archive", "30000", "--chunk", "2000", "--repeat", "1", "--oracle", "20",
                           "--staging", "2000"], False),
@@ -121,7 +124,7 @@ def test_bench_segments_reuses_the_archive_it_kept(database_url, admin_engine):
     segments their removal left); the second uses it as it is."""
     schema = "simdb_bench_segments_kept_20000_k4"
     command = [sys.executable, str(ROOT / "scripts" / "bench_segments.py"), "--database-url", database_url,
-               "--archive", "20000", "--added", "1000", "--lookups", "20", "--connections", "1", "--reuse"]
+               "--archive", "20000", "--added", "1000", "--lookups", "20", "--connections", "1", "--reuse", "--smoke"]
     try:
         for turn in range(2):
             done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600,
