@@ -115,6 +115,7 @@ def _decided(connection: sa.Connection, index: IndexContext, matched: list[tuple
         if method.needs_texts:
             earlier.texts[i] = item.document.text.encode("utf-8")
     wide = method.candidate_distance(method.max_distance)
+    names_read: dict[int, str] = {}  # external ids of stored matches read already (the keyed layout reads them first)
 
     def archive_pairs() -> Iterator[np.ndarray]:
         probed = reads.probe_arrays(connection, index, sketches, wide, keys)
@@ -123,8 +124,8 @@ def _decided(connection: sa.Connection, index: IndexContext, matched: list[tuple
         if index.keyed and len(found):  # on Citus each worker reads its own snapshot: a match found by its keys
             # whose row is not there was being removed or added meanwhile (see Index.query_fingerprints), and is
             # left out, as if the removal came first or the chunk after
-            present = list(reads.external_ids(connection, np.unique(found[:, 1]).tolist()))
-            found = found[np.isin(found[:, 1], np.asarray(present, dtype=np.int64))]
+            names_read.update(reads.external_ids(connection, np.unique(found[:, 1]).tolist()))
+            found = found[np.isin(found[:, 1], np.fromiter(names_read, dtype=np.int64, count=len(names_read)))]
         yield found
         # what an ingest would have stored of the input by now
         yield from pairs_between(method, ids, stored, keys, earlier.chunks, wide)
@@ -141,8 +142,9 @@ def _decided(connection: sa.Connection, index: IndexContext, matched: list[tuple
                         for i, text in input_or_stored(wanted, earlier.texts,
                                                        lambda some: reads.texts(connection, some)).items()},
         lambda wanted: input_or_stored(wanted, earlier.hashes, lambda some: reads.content_hashes(connection, some)))
-    names = input_or_stored(decision.duplicates[:, 1], earlier.names,
-                            lambda some: reads.external_ids(connection, some))
+    names = input_or_stored(decision.duplicates[:, 1], earlier.names, lambda some: {
+        **{i: names_read[i] for i in some if i in names_read},
+        **reads.external_ids(connection, [i for i in some if i not in names_read])})
     statuses = decision.statuses(ids.tolist())
     duplicates = {probe: (names[match], distance) for probe, match, distance in decision.duplicates.tolist()}
     earlier.chunks.append((ids, stored, keys))
