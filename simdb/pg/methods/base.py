@@ -75,9 +75,11 @@ class MethodSQL(ABC):
         :func:`simdb.matches.distinct`)."""
 
     @abstractmethod
-    def lookup_sql(self, sketch, max_distance: int) -> tuple[str, dict]:
+    def lookup_sql(self, sketch, max_distance: int, one_statement: bool = False) -> tuple[str, dict]:
         """``(SELECT of document_id, parameters)``: every stored document that may be within ``max_distance``
-        of one sketch, through the key indexes (the caller verifies each with the method's ``distances``)."""
+        of one sketch, through the key indexes (the caller verifies each with the method's ``distances``): each
+        key column's lookup a branch of a ``UNION``, or, with ``one_statement`` (a distributed index, as its
+        functions), one scan whose condition ORs them."""
 
     @abstractmethod
     def key_sql(self, sketch: str) -> list[str]:

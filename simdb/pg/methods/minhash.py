@@ -179,11 +179,12 @@ class MinHashSQL(MethodSQL):
                                                                    index_probes=index_probes, columns=columns),
                           max_distance, params)
 
-    def lookup_sql(self, sketch: bytes, max_distance: int) -> tuple[str, dict]:
+    def lookup_sql(self, sketch: bytes, max_distance: int, one_statement: bool = False) -> tuple[str, dict]:
         keys = self.method.keys([sketch])[0].tolist()
-        union = " UNION ".join(f"SELECT id AS document_id FROM documents WHERE {column} = :band_{i}"
-                               for i, column in enumerate(self.key_columns))
-        return union, {f"band_{i}": key for i, key in enumerate(keys)}
+        branches = [f"{column} = :band_{i}" for i, column in enumerate(self.key_columns)]
+        found = (f"SELECT id AS document_id FROM documents WHERE {' OR '.join(branches)}" if one_statement
+                 else " UNION ".join(f"SELECT id AS document_id FROM documents WHERE {branch}" for branch in branches))
+        return found, {f"band_{i}": key for i, key in enumerate(keys)}
 
     def key_sql(self, sketch: str) -> list[str]:
         settings = self.method.settings
