@@ -508,14 +508,13 @@ class Index:
     def query_fingerprint(self, sketch: int | bytes, max_distance: int | None = None) -> list["Match"]:
         """Stored documents within ``max_distance`` of a sketch (a SimHash fingerprint or MinHash signature).
 
-        The lookup is one statement of the key columns' equality lookups (those of the analysts' ``simdb_near``),
-        prepared on its connection; Python verifies every answer again.
+        The lookup is the analysts' SQL function where the method has one (``simdb_lookup``, which ``simdb_near``
+        reads), through the key indexes; Python verifies every answer again.
         """
         limit = self._max_distance(max_distance)
         # one statement, one round trip: no BEGIN/ROLLBACK around a read
         with self.database.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
-            found = reads.lookup(connection, self.settings.method, sketch, limit, keyed=self.context.keyed,
-                                 distributed=self.context.distributed)
+            found = reads.lookup(connection, self.settings.method, sketch, limit, keyed=self.context.keyed)
         return sorted((self._match(row, distance) for row, distance in found),
                       key=lambda m: (m.distance, m.external_id))
 

@@ -244,32 +244,35 @@ def _undropped(part: str, rows: list[tuple]) -> list[tuple]:
     return rows
 
 
+@pytest.mark.parametrize("before", ["0011", "0022"])
 @pytest.mark.parametrize("options", [{}, {"method": "minhash"}, {"method": "minhash", "verify": "exact"}],
                          ids=["simhash", "minhash", "minhash-exact"])
-def test_0012_goes_down_to_what_0011_made_and_up_again(options, database_url, schema, admin_engine):
-    """Revision 0012 rewrites the lookups and views from what the index holds (its key or band lookups); down,
-    it gives back revision 0011's functions and views exactly, and up again today's."""
+def test_a_rewrite_of_the_functions_goes_down_to_what_the_revision_before_made_and_up_again(
+        options, before, database_url, schema, admin_engine):
+    """Revisions 0012 and 0023 rewrite the lookups (0012 the views too) from what the index holds (its key or
+    band lookups; 0023 simdb_lookup's query, a SQL function again); down, each gives back the functions and views
+    of the revision ``before`` it exactly, and up again today's."""
     with Index.create(database_url, schema=schema, **options) as index:
         settings = index.settings
-    at_0011 = f"simdb_test_{uuid.uuid4().hex[:12]}"
-    database = Database.connect(database_url, schema=at_0011)
+    at_before = f"simdb_test_{uuid.uuid4().hex[:12]}"
+    database = Database.connect(database_url, schema=at_before)
     try:
         with database.engine.begin() as connection:
-            connection.exec_driver_sql(f"CREATE SCHEMA {at_0011}")
-            migrate.upgrade(connection, at_0011, layout=settings.layout, new_index_settings=settings.to_rows(),
-                            revision="0011")
+            connection.exec_driver_sql(f"CREATE SCHEMA {at_before}")
+            migrate.upgrade(connection, at_before, layout=settings.layout, new_index_settings=settings.to_rows(),
+                            revision=before)
         with admin_engine.begin() as connection:
             head = catalog(connection, schema)
             connection.exec_driver_sql(f"SET LOCAL search_path TO {schema}")
-            migrate.downgrade(connection, schema, "0011")
-            down, made = catalog(connection, schema), catalog(connection, at_0011)
+            migrate.downgrade(connection, schema, before)
+            down, made = catalog(connection, schema), catalog(connection, at_before)
             connection.exec_driver_sql(f"SET LOCAL search_path TO {schema}")
             migrate.upgrade(connection, schema, layout=settings.layout)
             up = catalog(connection, schema)
     finally:
         database.close()
         with admin_engine.begin() as connection:
-            connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {at_0011} CASCADE")
+            connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {at_before} CASCADE")
     for part in made:  # a column a downgrade dropped (0015's) stays in the catalog, marked dropped
         assert _undropped(part, down[part]) == _undropped(part, made[part]), part
     assert up.keys() == head.keys() and head["functions"] != made["functions"]

@@ -127,16 +127,24 @@ ROUTED_NEIGHBOURS = """CREATE OR REPLACE FUNCTION {schema}.simdb_neighbours(exte
 _SQL_BODY = re.compile(r"LANGUAGE sql STABLE PARALLEL SAFE AS \$\$(.*)\$\$\s*$", re.S)
 
 
+#: The SQL functions that stay SQL on one server: inlined into the query of the PL/pgSQL function that calls
+#: them, which keeps that plan for the session (:func:`simdb.pg.methods.base.lookup_functions`).
+INLINED = ("simdb_lookup(",)
+
+
 def as_plpgsql(statement: str, parallel_safe: bool = False) -> str:
     """A ``LANGUAGE sql`` set-returning function that reads tables, rewritten in PL/pgSQL (one written in
     PL/pgSQL keeps its body, and is parallel safe only where ``parallel_safe``): Citus cannot plan a
     SQL function's parameterised statements against distributed tables, and plans PL/pgSQL's with their
     values; on one server, PL/pgSQL keeps the plan for the session where a SQL function is planned on every
-    call. A column still wins over a parameter of the same name, as in SQL functions."""
+    call, except where its callers inline it (:data:`INLINED`). A column still wins over a parameter of the same
+    name, as in SQL functions."""
     attributes = "STABLE PARALLEL SAFE" if parallel_safe else "STABLE"
     statement = statement.replace("LANGUAGE plpgsql STABLE PARALLEL SAFE AS", f"LANGUAGE plpgsql {attributes} AS")
     if not parallel_safe:  # distributed: Citus plans no generic plan's parameters, only PL/pgSQL's values
         statement = statement.replace(" SET plan_cache_mode = force_generic_plan", "")
+    elif any(f".{name}" in statement.split("\n", 1)[0] for name in INLINED):
+        return statement
     return _SQL_BODY.sub(lambda m: f"LANGUAGE plpgsql {attributes} AS $$\n#variable_conflict use_column\nBEGIN\n"
                                    f"RETURN QUERY {m.group(1).strip()};\nEND $$", statement)
 

@@ -167,14 +167,14 @@ def _compiled(sql: str, dialect: sa.Dialect) -> sa.sql.compiler.Compiled:
     return sa.text(sql).compile(dialect=dialect)
 
 
-def lookup(connection: sa.Connection, method: Method, sketch, max_distance: int, *, keyed: bool = False,
-           distributed: bool = False) -> list[tuple[tuple, int]]:
+def lookup(connection: sa.Connection, method: Method, sketch, max_distance: int, *, keyed: bool = False
+           ) -> list[tuple[tuple, int]]:
     """(document, distance) of every stored document within ``max_distance`` of one sketch, in one statement
-    through the method's key lookups (on a ``distributed`` index, one scan ORing them), verified by the method; on
-    the keyed distributed layout, routed through its ``keys`` table (:func:`simdb.pg.keyed.lookup`)."""
+    through the method's lookup (the analysts' function where it has one), verified by the method; on the keyed
+    distributed layout, routed through its ``keys`` table (:func:`simdb.pg.keyed.lookup`)."""
     if keyed:
         return keyed_layout.lookup(connection, method, sketch, max_distance)
-    candidates, params = sql_of(method).lookup_sql(sketch, max_distance, one_statement=distributed)
+    candidates, params = sql_of(method).lookup_sql(sketch, max_distance)
     statement = _compiled(f"SELECT d.id, d.external_id, d.{sql_of(method).sketch_column[0]} AS sketch, d.metadata "
                           f"FROM ({candidates}) c JOIN documents d ON d.id = c.document_id", connection.dialect)
     # the driver's cursor, the statement prepared from its first run: a lookup is planned once per connection

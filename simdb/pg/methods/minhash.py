@@ -132,7 +132,7 @@ def function_statements(schema: str, settings: MinHashSettings, one_statement: b
                   "beyond it")
     else:
         lookup = f"""CREATE OR REPLACE FUNCTION {schema}.simdb_lookup(signature bytea, max_distance integer)
-            RETURNS TABLE (document_id bigint, distance integer) ROWS 10 SET plan_cache_mode = force_generic_plan
+            RETURNS TABLE (document_id bigint, distance integer) ROWS 10
             LANGUAGE sql STABLE PARALLEL SAFE AS $$
             {estimated}
             $$"""
@@ -179,12 +179,11 @@ class MinHashSQL(MethodSQL):
                                                                    index_probes=index_probes, columns=columns),
                           max_distance, params)
 
-    def lookup_sql(self, sketch: bytes, max_distance: int, one_statement: bool = False) -> tuple[str, dict]:
+    def lookup_sql(self, sketch: bytes, max_distance: int) -> tuple[str, dict]:
         keys = self.method.keys([sketch])[0].tolist()
-        branches = [f"{column} = :band_{i}" for i, column in enumerate(self.key_columns)]
-        found = (f"SELECT id AS document_id FROM documents WHERE {' OR '.join(branches)}" if one_statement
-                 else " UNION ".join(f"SELECT id AS document_id FROM documents WHERE {branch}" for branch in branches))
-        return found, {f"band_{i}": key for i, key in enumerate(keys)}
+        union = " UNION ".join(f"SELECT id AS document_id FROM documents WHERE {column} = :band_{i}"
+                               for i, column in enumerate(self.key_columns))
+        return union, {f"band_{i}": key for i, key in enumerate(keys)}
 
     def key_sql(self, sketch: str) -> list[str]:
         settings = self.method.settings

@@ -122,7 +122,7 @@ def function_statements(schema: str, layout: BlockLayout, one_statement: bool = 
          "The stored (signed BIGINT) form of a fingerprint given in hex."),
         ("simdb_lookup(bigint, integer)",
          f"""CREATE OR REPLACE FUNCTION {schema}.simdb_lookup(fingerprint bigint, max_distance integer)
-            RETURNS TABLE (document_id bigint, distance integer) ROWS 10 SET plan_cache_mode = force_generic_plan
+            RETURNS TABLE (document_id bigint, distance integer) ROWS 10
             LANGUAGE sql STABLE PARALLEL SAFE AS $$
             SELECT c.id, bit_count((c.simhash # fingerprint)::bit(64))::integer
             FROM (
@@ -157,20 +157,13 @@ class SimHashSQL(MethodSQL):
                                                         index_probes=index_probes, columns=columns),
                               max_distance, params)
 
-    def lookup_sql(self, sketch: int, max_distance: int, one_statement: bool = False) -> tuple[str, dict]:
-        # the key lookups themselves, keys computed here, not a call of simdb_near: the prepared statement that
-        # holds them keeps one plan on its connection, where simdb_near's PL/pgSQL called simdb_lookup's, a plan
-        # of 15 index scans per segment set up and torn down again on every call (beside 16 segments, 240 of
-        # them: about 7 MB and up to 1,700 page faults a call; p50 4.4-5.7 ms, 2.1-3.6 ms before that nesting)
-        layout = self.method.layout
-        keys = self.method.keys([sketch])[0].tolist()
-        branches = [f"{column} = :key_{i}" for i, column in enumerate(layout.key_columns)]
-        found = (f"SELECT id, simhash FROM documents WHERE {' OR '.join(branches)}" if one_statement
-                 else " UNION ".join(f"SELECT id, simhash FROM documents WHERE {branch}" for branch in branches))
-        return (f"SELECT c.id AS document_id FROM ({found}) c "
-                f"WHERE bit_count((c.simhash # CAST(:fingerprint AS bigint))::bit(64)) <= :max_distance",
-                {"fingerprint": to_signed(sketch), "max_distance": max_distance,
-                 **{f"key_{i}": key for i, key in enumerate(keys)}})
+    def lookup_sql(self, sketch: int, max_distance: int) -> tuple[str, dict]:
+        # simdb_lookup, not simdb_near (whose checks the Index makes itself): on one server a SQL function, inlined
+        # into the prepared statement that calls it, whose plan the connection keeps until a relayout makes the
+        # function anew (simdb_near's PL/pgSQL set a nested plan of 15 index scans per segment up anew on every
+        # call: beside 16 segments, about 7 MB and 1,700 page faults a call, p50 6.1-7.7 ms against 1.9-2.6 ms)
+        return ("SELECT document_id FROM simdb_lookup(CAST(:fingerprint AS bigint), :max_distance)",
+                {"fingerprint": to_signed(sketch), "max_distance": max_distance})
 
     def key_sql(self, sketch: str) -> list[str]:
         layout = self.method.layout
