@@ -85,9 +85,14 @@ def _rewrite(schema: str, arguments: str, body: str, language: str, setting: str
     _run(f"{head}AS $function${body}$function$")
 
 
+def _changed(schema: str) -> tuple[str, str, str, list[str]] | None:
+    """simdb_lookup of an index this revision changes: one server's, not a keyed schema's."""
+    return None if _distributed(schema) or _keyed() else _lookup(schema)
+
+
 def upgrade() -> None:
     schema = context.config.attributes["schema"]
-    if _distributed(schema) or _keyed() or (lookup := _lookup(schema)) is None:
+    if (lookup := _changed(schema)) is None:
         return
     arguments, language, body, settings = lookup
     wrapped = WRAPPED.match(body)
@@ -99,7 +104,7 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     schema = context.config.attributes["schema"]
-    if _distributed(schema) or _keyed() or (lookup := _lookup(schema)) is None:
+    if (lookup := _changed(schema)) is None:
         return
     arguments, language, body, _ = lookup
     if language == "sql":
