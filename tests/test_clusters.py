@@ -12,11 +12,11 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from simdb import Index, to_signed
-from tests.conftest import Concurrently, GATHERING_TABLES, assert_consistent, catalog, examples, stored_max_distance
+from tests.conftest import (Concurrently, GATHERING_TABLES, assert_consistent, catalog, check_property,
+                            stored_max_distance)
 from tests.maintained import assert_maintained
 from tests.test_index import make_batch
 
@@ -87,15 +87,16 @@ def replay(database_url, admin_engine, schema, index, history, after_chunk=None)
         assert_maintained(admin_engine, schema, expected, stored_max_distance(admin_engine, schema), batch_of)
 
 
-@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                 HealthCheck.too_slow])
-@pytest.mark.citus
-@pytest.mark.slow_on_citus
-@given(history=histories())
-def test_clusters_are_the_connected_components_of_the_pairs(database_url, admin_engine, schema, fresh_index,
-                                                           history):
+def replayed_on_a_fresh_index(database_url, admin_engine, schema, fresh_index, history) -> None:
     with fresh_index(count_by=["source"]) as index:  # each example on an index as created
         replay(database_url, admin_engine, schema, index, history)
+
+
+@pytest.mark.citus
+@pytest.mark.slow_on_citus
+def test_clusters_are_the_connected_components_of_the_pairs(backend, database_url, admin_engine, schema, fresh_index):
+    check_property(backend, 40, replayed_on_a_fresh_index, database_url, admin_engine, schema, fresh_index,
+                   history=histories())
 
 
 @pytest.mark.citus

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import EXAMPLES_ENV, examples, examples_of_lane, on_citus
+from tests.conftest import EXAMPLES_ENV, check_property, examples, examples_of_lane, on_citus
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The pytest runs below load pytest-xdist and tests/scheduling.py alone: Hypothesis's plugin and tests/conftest.py's
@@ -124,6 +124,28 @@ def test_the_quick_lane_runs_a_tenth_of_the_examples_and_the_full_lane_all(monke
     monkeypatch.setenv(EXAMPLES_ENV, "most")
     with pytest.raises(pytest.UsageError, match="SIMDB_TEST_EXAMPLES='most': use one of full, quick"):
         examples(10)
+
+
+@pytest.mark.parametrize("lane, backend, count, drawn", [("full", "postgres", 40, 40), ("full", "citus", 40, 10),
+                                                          ("full", "citus", 25, 10), ("full", "citus", 12, 10),
+                                                          ("full", "citus", 5, 5), ("quick", "postgres", 40, 10),
+                                                          ("quick", "citus", 40, 10)])
+def test_a_property_draws_a_quarter_of_its_examples_on_citus(monkeypatch, lane, backend, count, drawn):
+    """check_property: the lane's examples on the test database, a quarter of them (at least 10, at most all) on
+    Citus; the fixtures given reach every example, and an example that fails fails the test."""
+    from hypothesis import strategies as st
+
+    monkeypatch.setenv(EXAMPLES_ENV, lane)
+    seen: list[tuple[str, int]] = []
+    check_property(backend, count, lambda fixture, number: seen.append((fixture, number)), "fixture",
+                   number=st.integers())
+    assert len(seen) == drawn and {fixture for fixture, _ in seen} == {"fixture"}
+
+    def fails(number):
+        assert number < 1000
+
+    with pytest.raises(AssertionError):
+        check_property(backend, count, fails, number=st.integers())
 
 
 @pytest.mark.parametrize("selection, lane", [("", "full"), ("slow", "full"), ("citus", "full"),

@@ -24,7 +24,8 @@ from simdb.pg import segments
 from simdb.pg.methods import sql_of
 from simdb.pg.segments import SegmentPolicy
 from simdb.text import content_hash
-from tests.conftest import Concurrently, _distributed, assert_consistent, count_rows, examples, killed
+from tests.conftest import (Concurrently, _distributed, assert_consistent, check_property, count_rows, examples,
+                            killed)
 from tests.test_clusters import histories, replay
 from tests.test_index import flip, make_batch
 
@@ -240,13 +241,8 @@ def test_a_merge_that_fails_mid_batch_leaves_the_batch_to_finish(database_url, s
     assert_consistent(admin_engine, schema)
 
 
-@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                 HealthCheck.too_slow])
-@pytest.mark.citus
-@pytest.mark.slow_on_citus
-@given(history=histories(), merge_after=st.lists(st.booleans(), min_size=20, max_size=20))
-def test_segments_merges_and_removals_keep_pairs_and_clusters_exact(database_url, admin_engine, schema, fresh_index,
-                                                                   history, merge_after):
+def merged_and_removed_on_a_fresh_index(database_url, admin_engine, schema, fresh_index, history, merge_after
+                                        ) -> None:
     # chunks of three or more documents are bulk-loaded into segments of their own, smaller ones are not; each
     # example on an index as created
     with fresh_index(segment_size=4, merge_factor=2, bulk_chunk=3) as index:
@@ -256,6 +252,14 @@ def test_segments_merges_and_removals_keep_pairs_and_clusters_exact(database_url
         index.compact(full=True)
         assert_consistent(admin_engine, schema)
         assert len([s for s in segment_rows(admin_engine, schema) if not s.active]) <= 1
+
+
+@pytest.mark.citus
+@pytest.mark.slow_on_citus
+def test_segments_merges_and_removals_keep_pairs_and_clusters_exact(backend, database_url, admin_engine, schema,
+                                                                   fresh_index):
+    check_property(backend, 25, merged_and_removed_on_a_fresh_index, database_url, admin_engine, schema, fresh_index,
+                   history=histories(), merge_after=st.lists(st.booleans(), min_size=20, max_size=20))
 
 
 @pytest.mark.citus
