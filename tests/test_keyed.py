@@ -1260,3 +1260,40 @@ def test_a_failed_statement_on_any_coordinator_connection_is_raised_and_every_co
             == [-10, 2, 2, 3, 5, 10]
         assert len(set(sent_on)) == 4
         connection.rollback()
+
+
+def test_a_coordinator_connection_that_would_wait_for_a_lock_leaves_its_groups_to_the_callers(admin_engine, schema):
+    """routed_rows over 2 connections while an ``ACCESS EXCLUSIVE`` lock (a relayout's ``ALTER TABLE``) is queued
+    behind the caller's lock on the table read: the other connection's read would queue behind it while the
+    caller waits for that read, a cycle PostgreSQL cannot see; it gives up after its lock wait, and the
+    caller's connection, holding its lock, reads every group: the rows of all of them."""
+    import numpy as np
+
+    from simdb.pg.keyed import routed_rows
+
+    with admin_engine.begin() as connection:
+        connection.exec_driver_sql(f"CREATE SCHEMA {schema}")
+        connection.exec_driver_sql(f"CREATE TABLE {schema}.t AS SELECT x::int8 FROM generate_series(1, 10) x")
+    statement = f"SELECT x FROM {schema}.t WHERE x = ANY(%(values)s::int8[])"
+    groups = [np.array([1, 2]), np.array([5]), np.array([7, 9])]
+    with admin_engine.connect() as connection:
+        connection.exec_driver_sql(f"LOCK TABLE {schema}.t IN ACCESS SHARE MODE")  # as a batch holds documents
+
+        def exclusive():
+            with admin_engine.connect() as other:
+                other.exec_driver_sql(f"LOCK TABLE {schema}.t IN ACCESS EXCLUSIVE MODE")
+                other.rollback()
+
+        waiter = threading.Thread(target=exclusive)
+        waiter.start()
+        with admin_engine.connect() as watcher:
+            while not watcher.exec_driver_sql(
+                    "SELECT count(*) FROM pg_locks WHERE relation = CAST(%(t)s AS regclass) AND NOT granted",
+                    {"t": f"{schema}.t"}).scalar_one():
+                time.sleep(0.05)
+        try:
+            assert sorted(row[0] for row in routed_rows(connection, statement, "values", groups, connections=2)) \
+                == [1, 2, 5, 7, 9]
+        finally:
+            connection.rollback()
+            waiter.join(60)
