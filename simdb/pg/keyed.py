@@ -515,17 +515,23 @@ def routed_rows(connection: sa.Connection, statement: str, parameter: str, group
             for driver, pipeline in (held.enter_context(_reader(connection.engine)) for _ in shares[1:]):
                 drivers.append(driver)
                 pipelines.append(pipeline)
-            cursors = [[driver.cursor(row_factory=row_factory).execute(statement, {parameter: group.tolist()})
-                        for group in share] for driver, share in zip(drivers, shares)]
-            failed = []
-            for number, pipeline in enumerate(pipelines):  # each sent already: read them in turn
+            cursors: list[list[psycopg.Cursor]] = [[] for _ in shares]
+            failed: dict[int, psycopg.Error] = {}
+            for number, (driver, share) in enumerate(zip(drivers, shares)):
+                try:  # an error that came back while sending stops this connection's sending, not the others'
+                    for group in share:
+                        cursors[number].append(driver.cursor(row_factory=row_factory).execute(
+                            statement, {parameter: group.tolist()}))
+                except psycopg.Error as error:
+                    failed[number] = error
+            for number, pipeline in enumerate(pipelines):  # each sent already: read them in turn, each to its end
                 try:
                     pipeline.sync()
                 except psycopg.Error as error:
-                    failed.append((number, error))
+                    failed.setdefault(number, error)
             if failed and not all(number and isinstance(error, psycopg.errors.LockNotAvailable)
-                                  for number, error in failed):
-                raise next(error for _, error in failed)
+                                  for number, error in failed.items()):
+                raise failed[min(failed)]
     finally:
         _PSYCOPG_LOG.removeFilter(quiet)
     if failed:  # another connection would not wait for its lock: this one, holding it, reads every group
