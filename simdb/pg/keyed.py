@@ -541,8 +541,8 @@ def routed_rows(connection: sa.Connection, statement: str, parameter: str, group
 
 #: The most coordinator connections a batch's routed statements are spread over by default: the engine's pool
 #: keeps 5 open between uses (more are opened and closed each time, and each new coordinator backend opens its
-#: own connection to every worker it reads), and a fifth gained little in the prototype (4 connections: 215 ms
-#: a batch of 1,000 lookups at 8 workers, 2: 241 ms, 1: 345 ms).
+#: own connection to every worker it reads), and past 2 the gain was small (a batch of 1,000 lookups at 8 workers,
+#: 32 shards, 2 shared cores at load 7, medians of 16 interleaved: 358 / 301 / 289 ms on 1 / 2 / 4 connections).
 COORDINATOR_CONNECTIONS = 4
 #: The fewest routed statements a coordinator connection is given by default: another connection costs its
 #: transaction's round trips (its ``BEGIN``, and ``BEGIN`` and ``COMMIT`` on each worker it reads), about
