@@ -487,10 +487,10 @@ def routed_rows(connection: sa.Connection, statement: str, parameter: str, group
     pipeline is sent before any is read, and the coordinator's backends run theirs at the same time, with
     no thread here.
 
-    The other connections read in a ``REPEATABLE READ, READ ONLY`` transaction begun after ``connection``'s
-    batch took its lock on ``documents`` (:func:`simdb.pg.reads.hold_segments`), so no merge or relayout
-    commits under them; each worker connection of theirs takes its own snapshot, as ``connection``'s own
-    do (Citus gives a transaction no snapshot of the whole cluster: each worker's is its own). A worker
+    The other connections read in a ``REPEATABLE READ, READ ONLY`` transaction begun while ``connection``'s
+    holds its locks (a batch of lookups locks ``documents`` first, :func:`simdb.pg.reads.hold_segments`), so no
+    merge or relayout commits under them; each worker connection of theirs takes its own snapshot, as
+    ``connection``'s own do (Citus gives a transaction no snapshot of the whole cluster: each worker's is its own). A worker
     read through several coordinator connections is read in several snapshots, the race the batch already
     had between workers (a removal or a chunk whose two-phase commit reached one worker before another),
     and answered the same way: a match whose ``documents`` row is not seen is left out, as if the removal
@@ -545,7 +545,7 @@ def routed_rows(connection: sa.Connection, statement: str, parameter: str, group
 #: 32 shards, 2 shared cores at load 7, medians of 16 interleaved: 358 / 301 / 289 ms on 1 / 2 / 4 connections).
 COORDINATOR_CONNECTIONS = 4
 #: The fewest routed statements a coordinator connection is given by default: another connection costs its
-#: transaction's round trips (its ``BEGIN``, and ``BEGIN`` and ``COMMIT`` on each worker it reads), about
+#: transaction's round trips (its ``BEGIN``, and ``BEGIN`` and ``ROLLBACK`` on each worker it reads), about
 #: what a few routed statements cost.
 STATEMENTS_PER_CONNECTION = 8
 
