@@ -542,7 +542,9 @@ def routed_rows(connection: sa.Connection, statement: str, parameter: str, group
 #: The most coordinator connections a batch's routed statements are spread over by default: the engine's pool
 #: keeps 5 open between uses (more are opened and closed each time, and each new coordinator backend opens its
 #: own connection to every worker it reads), and past 2 the gain was small (a batch of 1,000 lookups at 8 workers,
-#: 32 shards, 2 shared cores at load 7, medians of 16 interleaved: 358 / 301 / 289 ms on 1 / 2 / 4 connections).
+#: 32 shards, 2 shared cores at load 7, medians of 16 interleaved: 358 / 301 / 289 ms on 1 / 2 / 4 connections;
+#: at load 4, 82 / 78 ms on 1 / 2, and at 1 worker 113 / 131 ms: two cores hold the coordinator, the workers and
+#: the client, so that the measured gain is a floor where the coordinator has cores of its own).
 COORDINATOR_CONNECTIONS = 4
 #: The fewest routed statements a coordinator connection is given by default: another connection costs its
 #: transaction's round trips (its ``BEGIN``, and ``BEGIN`` and ``ROLLBACK`` on each worker it reads), about
