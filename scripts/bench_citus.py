@@ -22,7 +22,8 @@ local server, else an embedded one):
 - bytes stored per document (tables and their indexes, every shard): the keyed layout's ``keys`` table, and
   the rest (documents and segments, pairs, clusters, verdicts);
 - the shard queries one lookup makes (the plans inside ``simdb_near``: one task per shard a statement reaches);
-- single lookups (``Index.query_fingerprint``, p50) and a batch of ``--queries`` (``query_fingerprints``);
+- single lookups (``Index.query_fingerprint``, p50) and a batch of ``--queries`` (``query_fingerprints``, its
+  statements over ``--connections`` connections: on the keyed layout, coordinator connections);
 - each distributed layout of ``--layouts`` in the same run: ``id`` (documents by id, every probe to every
   shard) and ``keyed`` (``--distributed-layout keyed``: a keys table by key, each probe routed; its
   candidate join's rows sent are the key rows a chunk stages, each to one shard, and its lookup's shard
@@ -183,7 +184,7 @@ def measure(url: str, schema: str, args, options: dict, worker_ports: list[int] 
         result["p50"] = statistics.median(times)
         queries = [int(x) for x in rng.choice(stored, args.queries)]
         started = time.perf_counter()
-        index.query_fingerprints(queries)
+        index.query_fingerprints(queries, connections=args.connections)
         result["batch"] = time.perf_counter() - started
         result["tasks"] = (keyed_lookup_tasks if keyed else lookup_tasks)(index, probes[0])
     with admin.connect() as connection:
@@ -393,6 +394,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--archive", type=int, default=200_000, help="fingerprints stored first")
     parser.add_argument("--batch", type=int, default=20_000, help="new fingerprints ingested and timed")
     parser.add_argument("--queries", type=int, default=1000, help="fingerprints in the timed batch of lookups")
+    parser.add_argument("--connections", type=int, default=None,
+                        help="connections the batch of lookups is spread over (default: the library's)")
     parser.add_argument("--single", type=int, default=200, help="single lookups timed (their median reported)")
     parser.add_argument("--workers", default="1,2,4", help="worker counts, comma-separated")
     parser.add_argument("--shards", type=int, default=32, help="shards per distributed table")

@@ -528,10 +528,11 @@ class Index:
     def query_fingerprints(self, sketches: list[int | bytes], max_distance: int | None = None, *,
                            texts: list[str] | None = None, connections: int | None = None) -> list[list["Match"]]:
         """One result list per sketch (fingerprint or signature bytes), found with one set-based statement per key
-        column (its statements shared out over ``connections`` database connections, all reading one snapshot, on
-        Citus one per worker; default: this machine's cores for a batch of a few hundred or more, see
-        :func:`simdb.pg.reads.probe_arrays`); with the sketches' ``texts``, a method that decides by the texts
-        decides by them (else by the sketches)."""
+        column (its statements shared out over ``connections`` database connections, all reading one snapshot;
+        default: this machine's cores for a batch of a few hundred or more, see
+        :func:`simdb.pg.reads.probe_arrays`; on the keyed distributed layout, its routed statements over that many
+        coordinator connections, see :func:`simdb.pg.keyed.routed_rows`); with the sketches' ``texts``, a method
+        that decides by the texts decides by them (else by the sketches)."""
         limit = self._max_distance(max_distance)
         if (problem := connections_problem(connections)) is not None:
             raise SimdbError(f"{parameter('connections')} {problem}")
@@ -552,7 +553,7 @@ class Index:
                 for query, d, distance in decided.tolist():
                     found[-query - 1][d] = distance
             rows = reads.documents(connection, method, sorted({d for distances in found for d in distances}),
-                                   keyed=self.context.keyed)
+                                   keyed=self.context.keyed, connections=connections)
         # on Citus each worker reads its own snapshot: a match whose documents row is not there was being removed
         # or added meanwhile (the two-phase commit reached its keys' worker and its row's at different moments),
         # and is left out, as if the removal came first or the chunk after

@@ -786,6 +786,25 @@ def test_migration_0019_gives_a_keyed_index_its_external_ids(database_url, schem
             migrate.head_revision()
 
 
+def stored_and_queries(index: Index, rng: random.Random) -> tuple[list[int], list[int]]:
+    """400 random fingerprints stored in ``index`` (batch "a", ids a-0, a-1, ...), and 150 queries near some of
+    them (each up to k + 2 bits away): enough for a batch to read shard by shard, its keys and its documents."""
+    k = index.settings.method.max_distance
+    stored = [rng.getrandbits(64) for _ in range(400)]
+    index.add_fingerprinted(make_batch(stored, "a"), batch="a")
+    queries = [flip(fp, rng.sample(range(64), rng.randrange(k + 3))) for fp in rng.sample(stored, 150)]
+    assert len(queries) >= keyed.SHARD_BY_SHARD  # and so do the documents they find: most find their own
+    return stored, queries
+
+
+def assert_brute_force(index: Index, stored: list[int], queries: list[int], answers: list[list]) -> None:
+    """Each query's matches are the stored fingerprints within the index's distance, by brute force."""
+    k = index.settings.method.max_distance
+    for query, matches in zip(queries, answers, strict=True):
+        assert {(m.external_id, m.distance) for m in matches} == {
+            (f"a-{i}", (fp ^ query).bit_count()) for i, fp in enumerate(stored) if (fp ^ query).bit_count() <= k}
+
+
 @on_citus
 def test_a_keyed_batch_of_lookups_reads_shard_by_shard_and_finds_what_brute_force_finds(database_url, schema,
                                                                                         monkeypatch):
@@ -797,11 +816,7 @@ def test_a_keyed_batch_of_lookups_reads_shard_by_shard_and_finds_what_brute_forc
 
     rng = random.Random(31)
     with Index.create(database_url, schema=schema, shards=32, **KEYED) as index:
-        k = index.settings.method.max_distance
-        stored = [rng.getrandbits(64) for _ in range(400)]
-        index.add_fingerprinted(make_batch(stored, "a"), batch="a")
-        queries = [flip(fp, rng.sample(range(64), rng.randrange(k + 3))) for fp in rng.sample(stored, 150)]
-        assert len(queries) >= keyed.SHARD_BY_SHARD  # and so do the documents they find: most find their own
+        stored, queries = stored_and_queries(index, rng)
         statements: list[tuple[str, dict]] = []
         routed_rows = keyed.routed_rows
 
@@ -825,9 +840,7 @@ def test_a_keyed_batch_of_lookups_reads_shard_by_shard_and_finds_what_brute_forc
     assert len(statements) > 2
     assert {statement.split(" FROM ")[1].split()[0] for statement, _ in statements} == \
         {keyed.table(index.settings.method), "documents"}  # the keys probed, then the documents read, by shard
-    for query, matches in zip(queries, found):
-        assert {(m.external_id, m.distance) for m in matches} == {
-            (f"a-{i}", (fp ^ query).bit_count()) for i, fp in enumerate(stored) if (fp ^ query).bit_count() <= k}
+    assert_brute_force(index, stored, queries, found)
 
 
 @on_citus
@@ -1159,3 +1172,129 @@ def test_a_failed_statement_of_a_pipeline_is_raised_once_and_the_connection_goes
             == [-10, 5, 10]
         assert connection.in_transaction()
         connection.rollback()
+
+
+def sent_on_backends(monkeypatch, marker: str) -> list[int]:
+    """The backend pids of the driver connections that send each statement containing ``marker`` from now on (the
+    routed statements go to psycopg's cursors directly, past SQLAlchemy's events): a list, in sending order."""
+    import psycopg
+
+    pids: list[int] = []
+    execute = psycopg.Cursor.execute
+
+    def sending(cursor, query, *args, **kwargs):
+        if marker in str(query):
+            pids.append(cursor.connection.info.backend_pid)
+        return execute(cursor, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Cursor, "execute", sending)
+    return pids
+
+
+@on_citus
+@pytest.mark.parametrize("connections", [1, 2, 4])
+def test_a_keyed_batch_spread_over_coordinator_connections_finds_what_brute_force_finds(database_url, schema,
+                                                                                       monkeypatch, connections):
+    """A batch of lookups on the keyed layout sends its routed statements, the keys' and the
+    documents', over ``connections`` coordinator connections, each a backend of its own, so that the coordinator
+    runs them at the same time (one backend ran a batch's 64 statements one after another); the answers are
+    brute force's, as on one."""
+    rng = random.Random(71)
+    with Index.create(database_url, schema=schema, shards=32, **KEYED) as index:
+        stored, queries = stored_and_queries(index, rng)
+        keys_sent_on = sent_on_backends(monkeypatch, f"FROM {keyed.table(index.settings.method)} ")
+        found = index.query_fingerprints(queries, connections=connections)
+        documents_sent_on = sent_on_backends(monkeypatch, "FROM documents WHERE id = ANY")
+        again = index.query_fingerprints(queries, connections=connections)
+    assert len(keys_sent_on) > 4 * connections and len(documents_sent_on) > 2 * connections
+    for sent_on in (keys_sent_on[:len(keys_sent_on) // 2], documents_sent_on):  # each of one batch's two reads
+        assert len(set(sent_on)) == connections, sent_on
+        assert max(sent_on.count(pid) for pid in sent_on) - min(sent_on.count(pid) for pid in sent_on) <= 1
+    for answers in (found, again):
+        assert_brute_force(index, stored, queries, answers)
+
+
+@pytest.mark.parametrize("failing", [0, 1, 3], ids=["own-connection", "second", "fourth"])
+def test_a_failed_statement_on_any_coordinator_connection_is_raised_and_every_connection_goes_on(
+        admin_engine, monkeypatch, caplog, failing):
+    """routed_rows over 4 connections: the statement of one group fails, on the caller's connection or another;
+    its error is raised (once, not logged again), and every connection is left out of its pipeline and its
+    transaction (the others' rolled back): the caller's takes its next statement after its rollback, and the
+    pool's give their next batch the right rows."""
+    import logging
+
+    import numpy as np
+    import psycopg
+
+    from simdb.pg.keyed import routed_rows
+
+    statement = "SELECT 10 / (x - 2) FROM unnest(%(values)s::int8[]) AS x"
+    groups = [np.array([1, 3]), np.array([4]), np.array([5]), np.array([6]), np.array([7])]
+    groups[failing] = np.array([2, *groups[failing].tolist()])  # group i goes to connection i % 4
+    sent_on = sent_on_backends(monkeypatch, "unnest(")
+    drivers: list[psycopg.Connection] = []
+    connection_of = psycopg.Connection.cursor
+
+    def cursor_of(driver, *args, **kwargs):
+        if driver not in drivers:
+            drivers.append(driver)
+        return connection_of(driver, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Connection, "cursor", cursor_of)
+    caplog.set_level(logging.WARNING, logger="psycopg")
+    with admin_engine.connect() as connection:
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            routed_rows(connection, statement, "values", groups, connections=4)
+        assert len(set(sent_on)) == 4
+        assert not [record for record in caplog.records if record.name.startswith("psycopg")], caplog.text
+        status = psycopg.pq.TransactionStatus
+        own = connection.connection.driver_connection
+        assert len(drivers) == 4 and own in drivers
+        for driver in drivers:  # the caller's still in its transaction (failed or not), for it to roll back
+            assert driver.pgconn.pipeline_status == psycopg.pq.PipelineStatus.OFF
+            assert driver.info.transaction_status == (status.IDLE if driver is not own else
+                                                      status.INERROR if failing == 0 else status.INTRANS)
+        connection.rollback()
+        sent_on.clear()
+        groups[failing] = groups[failing][1:]
+        assert sorted(row[0] for row in routed_rows(connection, statement, "values", groups, connections=4)) \
+            == [-10, 2, 2, 3, 5, 10]
+        assert len(set(sent_on)) == 4
+        connection.rollback()
+
+
+def test_a_coordinator_connection_that_would_wait_for_a_lock_leaves_its_groups_to_the_callers(admin_engine, schema):
+    """routed_rows over 2 connections while an ``ACCESS EXCLUSIVE`` lock (a relayout's ``ALTER TABLE``) is queued
+    behind the caller's lock on the table read: the other connection's read would queue behind it while the
+    caller waits for that read, a cycle PostgreSQL cannot see; it gives up after its lock wait, and the
+    caller's connection, holding its lock, reads every group: the rows of all of them."""
+    import numpy as np
+
+    from simdb.pg.keyed import routed_rows
+
+    with admin_engine.begin() as connection:
+        connection.exec_driver_sql(f"CREATE SCHEMA {schema}")
+        connection.exec_driver_sql(f"CREATE TABLE {schema}.t AS SELECT x::int8 FROM generate_series(1, 10) x")
+    statement = f"SELECT x FROM {schema}.t WHERE x = ANY(%(values)s::int8[])"
+    groups = [np.array([1, 2]), np.array([5]), np.array([7, 9])]
+    with admin_engine.connect() as connection:
+        connection.exec_driver_sql(f"LOCK TABLE {schema}.t IN ACCESS SHARE MODE")  # as a batch holds documents
+
+        def exclusive():
+            with admin_engine.connect() as other:
+                other.exec_driver_sql(f"LOCK TABLE {schema}.t IN ACCESS EXCLUSIVE MODE")
+                other.rollback()
+
+        waiter = threading.Thread(target=exclusive)
+        waiter.start()
+        with admin_engine.connect() as watcher:
+            while not watcher.exec_driver_sql(
+                    "SELECT count(*) FROM pg_locks WHERE relation = CAST(%(t)s AS regclass) AND NOT granted",
+                    {"t": f"{schema}.t"}).scalar_one():
+                time.sleep(0.05)
+        try:
+            assert sorted(row[0] for row in routed_rows(connection, statement, "values", groups, connections=2)) \
+                == [1, 2, 5, 7, 9]
+        finally:
+            connection.rollback()
+            waiter.join(60)

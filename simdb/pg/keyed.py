@@ -44,16 +44,19 @@ the old one (:func:`rebuild`). Below, ``keys`` names the keys table of the index
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterator, Sequence
 
 import numpy as np
+import psycopg
 import sqlalchemy as sa
 from psycopg.rows import namedtuple_row
 
 from ..bits import hamming_array, to_unsigned_array
 from ..errors import IncompatibleIndex, SimdbError
 from ..methods import Method
+from . import spread
 from .copy import copy_in, copy_in_columns
 from .methods import sql_of
 from .methods.simhash import verified_pairs
@@ -395,10 +398,13 @@ def removal_statements(method: Method, shards: np.ndarray, folded: np.ndarray, o
 # -- reads: lookups, queries, check --------------------------------------------------------------------
 
 def probe(connection: sa.Connection, method: Method, sketches: Sequence, max_distance: int,
-          keys: Sequence[Sequence[int]] | None = None) -> Iterator[tuple[int, int, int]]:
+          keys: Sequence[Sequence[int]] | None = None, *, connections: int | None = 1
+          ) -> Iterator[tuple[int, int, int]]:
     """``(sketch index, document id, distance)`` of the stored documents within ``max_distance`` of each sketch:
     one ``key = ANY(...)`` statement that Citus prunes to the shards holding the sketches' keys (one sketch:
-    at most one task per key column). Writes nothing: it runs in a read-only transaction."""
+    at most one task per key column), or for many sketches one statement per shard, spread over
+    ``connections`` coordinator connections (:func:`routed_rows`). Writes nothing: it runs in a read-only
+    transaction."""
     if not len(sketches):
         return
     key_rows = method.keys(sketches) if keys is None else np.asarray(keys, dtype=np.int64)
@@ -407,7 +413,8 @@ def probe(connection: sa.Connection, method: Method, sketches: Sequence, max_dis
     if len(sketches) < SHARD_BY_SHARD:
         rows = connection.exec_driver_sql(lookup, {"keys": wanted.tolist()}).all()
     else:  # each shard gets only its keys: one = ANY over all of them makes every shard probe every key
-        rows = routed_rows(connection, lookup, "keys", by_shard(connection, table(method), wanted))
+        rows = routed_rows(connection, lookup, "keys", by_shard(connection, table(method), wanted), None,
+                           connections)
     yield from _verified(rows, method, sketches, key_rows, max_distance)
 
 
@@ -470,24 +477,106 @@ def by_shard(connection: sa.Connection, table: str, values: np.ndarray) -> list[
 
 
 def routed_rows(connection: sa.Connection, statement: str, parameter: str, groups: Sequence[np.ndarray],
-                row_factory=None) -> list[tuple]:
+                row_factory=None, connections: int | None = 1) -> list[tuple]:
     """The rows of ``statement`` (in the driver's parameter style) run once per group of values (its array
     parameter ``parameter``; each group the values of one shard, :func:`by_shard`, so that each statement is
-    routed to that shard), sent in one pipeline on ``connection``'s driver connection: the coordinator runs them
-    one after another as before, but the client no longer waits for each answer before sending the next (64
-    statements for a batch of 1,000 lookups, its keys and its documents)."""
+    routed to that shard), sent in one pipeline on each of ``connections`` coordinator connections (None:
+    :func:`coordinator_connections`): ``connection``'s own and others from its engine's pool, the groups
+    dealt out in turn. A coordinator backend runs its statements one after another (64 for a batch of 1,000
+    lookups, its keys and its documents: every worker but one waited at any moment), so each connection's
+    pipeline is sent before any is read, and the coordinator's backends run theirs at the same time, with
+    no thread here.
+
+    The other connections read in a ``REPEATABLE READ, READ ONLY`` transaction begun while ``connection``'s
+    holds its locks (a batch of lookups locks ``documents`` first, :func:`simdb.pg.reads.hold_segments`), so no
+    merge or relayout commits under them; each worker connection of theirs takes its own snapshot, as
+    ``connection``'s own do (Citus gives a transaction no snapshot of the whole cluster: each worker's is its own). A worker
+    read through several coordinator connections is read in several snapshots, the race the batch already
+    had between workers (a removal or a chunk whose two-phase commit reached one worker before another),
+    and answered the same way: a match whose ``documents`` row is not seen is left out, as if the removal
+    came first or the chunk after (:meth:`simdb.Index.query_fingerprints`, :mod:`simdb.check`).
+
+    A statement's error is raised (the first connection's first); every connection's pipeline is read to its
+    end and the others' transactions rolled back before it is, so each is left usable. The other connections
+    wait for no lock longer than :data:`simdb.pg.spread.LOCK_WAIT`: a relayout's ``ALTER TABLE`` queued for
+    ``documents`` behind ``connection``'s lock would queue their reads behind it while ``connection`` waits for
+    them, a cycle PostgreSQL cannot see; where one gives up so, ``connection`` reads every group alone."""
     if not connection.in_transaction():  # as SQLAlchemy's own execute would: the driver's transaction is the one
         connection.begin()               # the caller commits or rolls back
-    driver = connection.connection.driver_connection
+    if connections is None:
+        connections = coordinator_connections(connection, len(groups))
+    shares = [groups[start::connections] for start in range(max(1, min(connections, len(groups))))]
     quiet = _QuietPipelineExit()
     _PSYCOPG_LOG.addFilter(quiet)  # a failed statement is raised; psycopg would also log it again on leaving
     try:
-        with driver.pipeline():
-            cursors = [driver.cursor(row_factory=row_factory).execute(statement, {parameter: group.tolist()})
-                       for group in groups]
+        with contextlib.ExitStack() as held:
+            drivers = [connection.connection.driver_connection]
+            pipelines = [held.enter_context(drivers[0].pipeline())]
+            for driver, pipeline in (held.enter_context(_reader(connection.engine)) for _ in shares[1:]):
+                drivers.append(driver)
+                pipelines.append(pipeline)
+            cursors: list[list[psycopg.Cursor]] = [[] for _ in shares]
+            failed: dict[int, psycopg.Error] = {}
+            for number, (driver, share) in enumerate(zip(drivers, shares)):
+                try:  # an error that came back while sending stops this connection's sending, not the others'
+                    for group in share:
+                        cursors[number].append(driver.cursor(row_factory=row_factory).execute(
+                            statement, {parameter: group.tolist()}))
+                except psycopg.Error as error:
+                    failed[number] = error
+            for number, pipeline in enumerate(pipelines):  # each sent already: read them in turn, each to its end
+                try:
+                    pipeline.sync()
+                except psycopg.Error as error:
+                    failed.setdefault(number, error)
+            if failed and not all(number and isinstance(error, psycopg.errors.LockNotAvailable)
+                                  for number, error in failed.items()):
+                raise failed[min(failed)]
     finally:
         _PSYCOPG_LOG.removeFilter(quiet)
-    return [row for cursor in cursors for row in cursor.fetchall()]
+    if failed:  # another connection would not wait for its lock: this one, holding it, reads every group
+        return routed_rows(connection, statement, parameter, groups, row_factory)
+    return [row for share in cursors for cursor in share for row in cursor.fetchall()]
+
+
+#: The most coordinator connections a batch's routed statements are spread over by default: the engine's pool
+#: keeps 5 open between uses (more are opened and closed each time, and each new coordinator backend opens its
+#: own connection to every worker it reads), and past 2 the gain was small (a batch of 1,000 lookups at 8 workers,
+#: 32 shards, 2 shared cores at load 7, medians of 16 interleaved: 358 / 301 / 289 ms on 1 / 2 / 4 connections;
+#: at load 4, 82 / 78 ms on 1 / 2, and at 1 worker 113 / 131 ms: two cores hold the coordinator, the workers and
+#: the client, so that the measured gain is a floor where the coordinator has cores of its own).
+COORDINATOR_CONNECTIONS = 4
+#: The fewest routed statements a coordinator connection is given by default: another connection costs its
+#: transaction's round trips (its ``BEGIN``, and ``BEGIN`` and ``ROLLBACK`` on each worker it reads), about
+#: what a few routed statements cost.
+STATEMENTS_PER_CONNECTION = 8
+
+
+def coordinator_connections(connection: sa.Connection, statements: int) -> int:
+    """How many coordinator connections ``statements`` routed statements are spread over when not told: the
+    cores a batch may use (:func:`simdb.pg.spread.default_connections`: this machine's, and what the
+    coordinator lets a parallel query use: its backends run the statements' Citus planning and execution,
+    which is most of a routed read's time), at least :data:`STATEMENTS_PER_CONNECTION` statements each, at
+    most :data:`COORDINATOR_CONNECTIONS`."""
+    return max(1, min(spread.default_connections(connection), statements // STATEMENTS_PER_CONNECTION,
+                      COORDINATOR_CONNECTIONS))
+
+
+@contextlib.contextmanager
+def _reader(engine: sa.Engine) -> Iterator[tuple[psycopg.Connection, psycopg.Pipeline]]:
+    """A connection from ``engine``'s pool (its driver's, and the pipeline entered on it) in a read-only
+    ``REPEATABLE READ`` transaction that waits for no lock longer than :data:`simdb.pg.spread.LOCK_WAIT` (its
+    ``BEGIN`` and ``SET`` sent with the statements, in the pipeline); rolled back on leaving (it wrote nothing:
+    a commit costs the same round trips)."""
+    with engine.connect().execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True) as other:
+        other.begin()
+        driver = other.connection.driver_connection
+        try:
+            with driver.pipeline() as pipeline:
+                driver.execute(f"SET LOCAL lock_timeout = '{spread.LOCK_WAIT}'")
+                yield driver, pipeline
+        finally:
+            other.rollback()
 
 
 _PSYCOPG_LOG = logging.getLogger("psycopg")

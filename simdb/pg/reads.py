@@ -93,13 +93,13 @@ def external_ids(connection: sa.Connection, ids: Iterable[int]) -> dict[int, str
                                    {"ids": ids}).all())
 
 
-def documents(connection: sa.Connection, method: Method, ids: Sequence[int], *, keyed: bool = False
-              ) -> dict[int, sa.Row]:
+def documents(connection: sa.Connection, method: Method, ids: Sequence[int], *, keyed: bool = False,
+              connections: int | None = 1) -> dict[int, sa.Row]:
     """{id: (id, external_id, sketch, metadata)} of stored documents, ``metadata`` None where it is empty (``{}``:
     psycopg's decoding of each row's ``{}`` was a tenth of a warm batch of lookups at 3M). On the keyed layout,
-    many ids are read shard by shard (:func:`simdb.pg.keyed.by_shard`, the statements sent in one pipeline:
-    :func:`simdb.pg.keyed.routed_rows`): one ``= ANY`` over all of them makes every shard of every segment look
-    up every id."""
+    many ids are read shard by shard (:func:`simdb.pg.keyed.by_shard`, the statements sent in a pipeline on each
+    of ``connections`` coordinator connections: :func:`simdb.pg.keyed.routed_rows`): one ``= ANY`` over all of
+    them makes every shard of every segment look up every id."""
     if not ids:
         return {}
     columns = f"id, external_id, {sql_of(method).sketch_column[0]} AS sketch, NULLIF(metadata, '{{}}') AS metadata"
@@ -108,7 +108,8 @@ def documents(connection: sa.Connection, method: Method, ids: Sequence[int], *, 
             sa.text(f"SELECT {columns} FROM documents WHERE id = ANY(:ids)"), {"ids": list(ids)})}
     rows = keyed_layout.routed_rows(
         connection, f"SELECT {columns} FROM documents WHERE id = ANY(CAST(%(ids)s AS bigint[]))", "ids",
-        keyed_layout.by_shard(connection, "documents", np.asarray(ids, dtype=np.int64)), namedtuple_row)
+        keyed_layout.by_shard(connection, "documents", np.asarray(ids, dtype=np.int64)), namedtuple_row,
+        connections)
     return {row.id: row for row in rows}
 
 
@@ -257,11 +258,12 @@ def probe_arrays(connection: sa.Connection, index: IndexContext, sketches: Seque
 
     The key columns are shared out over connections (:func:`spread_over`), each reading ``connection``'s
     snapshot (:func:`simdb.pg.spread.on_shared_snapshot`), as an ingest's chunk spreads its lookups. A pair may come more than once. On the keyed distributed layout, routed by key
-    through its ``keys`` table (:func:`simdb.pg.keyed.probe`)."""
+    through its ``keys`` table (:func:`simdb.pg.keyed.probe`), its statements spread over ``connections``
+    coordinator connections (None: :func:`simdb.pg.keyed.coordinator_connections`)."""
     method = index.method
     without_jit(connection)
     if index.keyed:
-        yield from keyed_layout.probe(connection, method, sketches, max_distance, keys)
+        yield from keyed_layout.probe(connection, method, sketches, max_distance, keys, connections=connections)
         return
     if not len(sketches):
         return
