@@ -46,7 +46,8 @@ def merged_index(url: str, stored: list[str], messages: list[str]) -> Index:
     for part in range(3):
         index.add_many([{"id": f"d{i}", "text": text} for i, text in enumerate(stored) if i % 3 == part],
                        batch=f"b{part}", compact=False)
-    assert len(index.compact(full=True, progress=messages.append).merged) == 1
+    merged = index.compact(full=True, progress=messages.append).merged
+    assert len(merged) == 1 and merged[0]["ready"]["segment"] == merged[0]["name"]
     return index
 
 

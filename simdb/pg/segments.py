@@ -293,7 +293,7 @@ def _documents_at_most(connection: sa.Connection, segment: Segment, capacity: in
 
 @dataclass(frozen=True)
 class CompactionSummary:
-    merged: list[dict]  #: one per new segment: its name, range, documents, the segments it replaced, seconds
+    merged: list[dict]  #: one per new segment: its name, range, documents, the segments it replaced, seconds, ready
     segments_before: int
     segments_after: int
 
@@ -418,7 +418,8 @@ def compact(engine: sa.Engine, schema: str, *, distributed: bool, full: bool = F
     transaction (see :func:`simdb.pg.database.lock`), or merges nothing more now. Each merge's summary
     is appended to ``merged`` (a new list by default) as it commits, so that a caller still knows the
     merges made before one fails. Each merged segment is then vacuumed and its indexes of ``key_columns`` read
-    into shared buffers (:func:`simdb.pg.prewarm.ready`; not on Citus, whose segments are the workers' shards).
+    into shared buffers (:func:`simdb.pg.prewarm.ready`, whose account its summary keeps as ``ready``; not on
+    Citus, whose segments are the workers' shards).
     """
     say = progress or (lambda message: None)
     with engine.connect() as connection:
@@ -438,7 +439,7 @@ def compact(engine: sa.Engine, schema: str, *, distributed: bool, full: bool = F
             say(f"merged into {summary['name']}: {summary['documents']:,} documents in {summary['seconds']} s")
             if not distributed:
                 try:  # the merge is stored: a failure here (a dropped connection) leaves the probes slower for a while
-                    prewarm.ready(engine, summary["name"], key_columns, say)
+                    summary["ready"] = prewarm.ready(engine, summary["name"], key_columns, say)
                 except sa.exc.DBAPIError as error:
                     say(f"{summary['name']} was not vacuumed and read into shared buffers: {error.orig}")
         elif free or not wait:
