@@ -10,6 +10,12 @@ merge's transaction: VACUUM cannot run inside one), then reads the segment's key
 with ``pg_prewarm`` where the database has that extension (a superuser must install it: simdb does not assume
 it), else by an index-only scan of each whole index, which reads its pages through shared buffers and, once the
 visibility map is set, none of the heap's.
+
+Measured (2 cores, load 2-6, 6 GB of shared buffers): a chunk's 100k probes of one key index of a 3M segment took
+235-258 ms with the visibility map unset (71,244 heap fetches) against 141-151 ms vacuumed; reading 3M's 15 key
+indexes (1.7 GB) took 1.9-4.6 s with pg_prewarm and 7.6-10.1 s by index-only scans, 10M's 11 that fit (4.3 GB)
+6.6-19 s and 14-30 s. Batches of new lookups after a restart ran 1.2-1.3x faster with 10M's indexes read in,
+still below the same batch repeated: the operating system's page cache served the rest.
 """
 
 from __future__ import annotations
