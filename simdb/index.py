@@ -458,7 +458,7 @@ class Index:
         """Merge sealed segments as the index's policy asks (``full``: all of them into one); see
         :mod:`simdb.pg.segments`."""
         return segments.compact(self.database.engine, self.database.schema, distributed=self.context.distributed,
-                                full=full, progress=progress)
+                                full=full, progress=progress, key_columns=self.settings.method.key_columns)
 
     def segments(self) -> list[segments.Segment]:
         """The segments of ``documents`` in id order, with their document counts and sizes."""

@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -40,6 +40,7 @@ import sqlalchemy as sa
 from ..errors import SimdbError
 from ..methods import Method
 from ..settings import SegmentPolicy
+from . import prewarm
 from . import probes as probes_module
 from .citus import distribute_like_documents
 from .database import LOCK_POLL, lock, try_lock
@@ -292,7 +293,7 @@ def _documents_at_most(connection: sa.Connection, segment: Segment, capacity: in
 
 @dataclass(frozen=True)
 class CompactionSummary:
-    merged: list[dict]  #: one per new segment: its name, range, documents, the segments it replaced, seconds
+    merged: list[dict]  #: one per new segment: its name, range, documents, the segments it replaced, seconds, ready
     segments_before: int
     segments_after: int
 
@@ -407,7 +408,7 @@ def _lock_documents(connection: sa.Connection, attempts: int = 24, wait: str = "
 
 def compact(engine: sa.Engine, schema: str, *, distributed: bool, full: bool = False,
             progress: Callable[[str], None] | None = None, merged: list | None = None,
-            lock_attempts: int = 24, wait: bool = True) -> CompactionSummary:
+            lock_attempts: int = 24, wait: bool = True, key_columns: Sequence[str] = ()) -> CompactionSummary:
     """Merge sealed segments as the policy says (or all of them, ``full``), one merge per transaction.
 
     Each merge holds the ingest lock (ingests wait for it) and, for its last moments, an ACCESS
@@ -416,7 +417,9 @@ def compact(engine: sa.Engine, schema: str, *, distributed: bool, full: bool = F
     builds its indexes (it holds the migrate lock) a merge waits for it, ``wait``, outside any
     transaction (see :func:`simdb.pg.database.lock`), or merges nothing more now. Each merge's summary
     is appended to ``merged`` (a new list by default) as it commits, so that a caller still knows the
-    merges made before one fails.
+    merges made before one fails. Each merged segment is then vacuumed and its indexes of ``key_columns`` read
+    into shared buffers (:func:`simdb.pg.prewarm.ready`, whose account its summary keeps as ``ready``; not on
+    Citus, whose segments are the workers' shards).
     """
     say = progress or (lambda message: None)
     with engine.connect() as connection:
@@ -434,6 +437,11 @@ def compact(engine: sa.Engine, schema: str, *, distributed: bool, full: bool = F
         if run:
             merged.append(summary)  # committed
             say(f"merged into {summary['name']}: {summary['documents']:,} documents in {summary['seconds']} s")
+            if not distributed:
+                try:  # the merge is stored: a failure here (a dropped connection) leaves the probes slower for a while
+                    summary["ready"] = prewarm.ready(engine, summary["name"], key_columns, say)
+                except sa.exc.DBAPIError as error:
+                    say(f"{summary['name']} was not vacuumed and read into shared buffers: {error.orig}")
         elif free or not wait:
             break
         else:
