@@ -235,8 +235,9 @@ def ingest(engine: sa.Engine, schema: str, method: Method,
             if options.compact and merge_failed is None:  # between chunks too: bulk chunks must not pile up
                 try:  # housekeeping: its failure (a lock timeout, a full disk, a merge simdb refuses) must not
                     # fail a stored batch, nor may it hold the batch up for long behind an analyst's long query
-                    compact(engine, schema, distributed=distributed, merged=compacted, lock_attempts=1, wait=False,
-                            key_columns=method.key_columns)
+                    # (its merged segments vacuumed, their key indexes not read in: that is `simdb compact`'s, up
+                    # to 14-30 s at 10M, which would hold the batch up)
+                    compact(engine, schema, distributed=distributed, merged=compacted, lock_attempts=1, wait=False)
                 except sa.exc.DBAPIError as error:
                     merge_failed = str(translate(error, engine.url))
                 except SimdbError as error:
