@@ -125,8 +125,8 @@ def lookup_functions(schema: str, *, sketch: str, sketch_type: str, max_distance
     guaranteed (``beyond``). ``min_similarity`` is the default of ``simdb_similar`` as SQL text. On one server
     ``simdb_lookup`` stays a SQL function, inlined into their query, whose plan is generic from the first call
     and kept for the session (PL/pgSQL calling a PL/pgSQL ``simdb_lookup`` set its 15 index scans per segment up
-    anew on every call: beside 16 segments 7.2-7.5 ms a call against 1.8-2.1 ms, and 84 against 56-68 ms for a
-    session's first six calls, where five custom plans had spent 37 of 43 ms planning at 11 segments)."""
+    anew on every call: beside 16 segments 5.2-9.0 ms a call against 1.2-3.7 ms; a session's first six calls
+    cost about the same either way, where five custom plans had spent 37 of 43 ms planning at 11 segments)."""
     k, beyond = max_distance, beyond.replace("'", "''")  # inside an SQL string
     similarity = similarity_sql("l.distance", scale)
     return [
