@@ -289,6 +289,37 @@ def test_a_keyed_index_relaid_out_answers_from_a_keys_table_of_its_new_blocks(da
 
 
 @on_citus
+def test_an_open_that_a_relayouts_switch_comes_between_reads_the_new_layout(database_url, schema, monkeypatch):
+    """Opening a keyed index reads its settings, then checks the keys table they name: a relayout whose switch
+    committed between the two reads had renamed that table, and the open raised IncompatibleIndex ("not
+    co-located ... open it on the coordinator that holds it"; seen once in CI's whole suite, from a thread of
+    test_relayout_beside_concurrent_ingests_merges_and_lookups_keeps_every_pair). It reads the settings again."""
+    from simdb.pg import catalog
+
+    rng = random.Random(43)
+    fingerprints = [rng.getrandbits(64) for _ in range(60)]
+    with Index.create(database_url, schema=schema, shards=CITUS_SHARDS, max_distance=3, **KEYED) as index:
+        index.add_fingerprinted(make_batch(fingerprints, "a"), batch="a")
+    loaded = catalog.load_settings
+    relaid = []
+
+    def load_then_relayout(connection):
+        stored = loaded(connection)
+        if not relaid:  # the first read only: the switch commits before the open reads the keys table
+            relaid.append(True)
+            with Index.open(database_url, schema=schema) as other:
+                other.relayout(5)
+        return stored
+
+    monkeypatch.setattr(catalog, "load_settings", load_then_relayout)
+    with Index.open(database_url, schema=schema) as opened:
+        assert relaid and opened.layout.blocks == 5
+        query = fingerprints[7] ^ 1
+        assert {(m.external_id, m.distance) for m in opened.query_fingerprint(query)} == {
+            (f"a-{i}", (fp ^ query).bit_count()) for i, fp in enumerate(fingerprints) if (fp ^ query).bit_count() <= 3}
+
+
+@on_citus
 @pytest.mark.parametrize("leftover", [False, True], ids=["", "leftover-key-column"])
 def test_lookups_go_on_while_a_keyed_relayout_rebuilds_keys(database_url, schema, monkeypatch, admin_engine,
                                                             leftover):

@@ -184,7 +184,11 @@ def open_index(connection: sa.Connection, schema: str, where: str) -> IndexSetti
         raise IncompatibleIndex(f"the documents table lacks key columns {sorted(missing)} that its layout "
                                 "needs; the schema was changed by hand")
     if stored.distributed is not None:  # after the upgrade, which makes the layout's tables as today's (0019, 0020)
-        keyed.check(connection, schema, keyed.layout_of(stored.distributed), stored.method)
+        try:
+            keyed.check(connection, schema, keyed.layout_of(stored.distributed), stored.method)
+        except IncompatibleIndex:  # a relayout's switch between the two reads (its keys table renamed): read again
+            stored = load_settings(connection)
+            keyed.check(connection, schema, keyed.layout_of(stored.distributed), stored.method)
     return stored
 
 
