@@ -417,8 +417,8 @@ def compact(engine: sa.Engine, schema: str, *, distributed: bool, full: bool = F
     builds its indexes (it holds the migrate lock) a merge waits for it, ``wait``, outside any
     transaction (see :func:`simdb.pg.database.lock`), or merges nothing more now. Each merge's summary
     is appended to ``merged`` (a new list by default) as it commits, so that a caller still knows the
-    merges made before one fails. Each merged segment is then vacuumed and its indexes of ``key_columns`` read
-    into shared buffers (:func:`simdb.pg.prewarm.ready`, whose account its summary keeps as ``ready``; not on
+    merges made before one fails. Each merged segment is then vacuumed and its indexes of ``key_columns`` (none:
+    the VACUUM alone) read into shared buffers (:func:`simdb.pg.prewarm.ready`, whose account its summary keeps as ``ready``; not on
     Citus, whose segments are the workers' shards).
     """
     say = progress or (lambda message: None)
