@@ -83,6 +83,8 @@ RUNS = [
     ("profile_chunk.py", ["--archive", "20000", "--added", "1000", "--rounds", "1", "--method", "minhash",
                           "--cprofile", "5", "--smoke"], False),
     ("profile_batch.py", ["--archive", "20000", "--batch", "100", "--rounds", "2"], False),
+    ("profile_faults.py", ["--archive", "20000", "--batch", "100", "--rounds", "1", "--single", "10", "--markdown"],
+     False),
     ("bench_probes.py", ["--archive", "30000", "--chunk", "2000", "--repeat", "1", "--oracle", "20",
                           "--staging", "2000"], False),
     ("bench_key_entries.py", ["--archive", "20000", "--rounds", "1", "--singles", "4", "--oracle", "20",
@@ -193,7 +195,8 @@ def test_the_scripts_sample_processes_with_psutil_not_proc():
     readers = [f"{path.name}:{number}" for path in sorted((ROOT / "scripts").glob("*.py"))
                for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
                if '"/proc' in line or "'/proc" in line]
-    assert readers == []
+    # the one exception: minor page faults, which psutil does not count (profile_faults.server_faults)
+    assert [reader.split(":")[0] for reader in readers] == ["profile_faults.py"], readers
 
 
 def test_the_printed_command_masks_a_database_password(monkeypatch):

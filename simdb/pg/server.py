@@ -5,13 +5,15 @@ every 5 minutes) suit a small database. An archive's ingest probes key indexes o
 writes a fresh full-page image of every index page it touches after each checkpoint; both costs
 fall sharply with a buffer cache that holds the hot indexes and with checkpoints that come
 rarely. The embedded server (:func:`tune_embedded`) applies :func:`recommended` for its machine;
-``simdb stats`` warns about a server below :data:`MINIMUMS`.
+``simdb stats`` warns about a server below :data:`MINIMUMS`, and about one whose shared buffers are mapped
+without huge pages (:func:`huge_pages_warning`).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from pathlib import Path
 
 import sqlalchemy as sa
 
@@ -51,9 +53,13 @@ def current(connection: sa.Connection) -> dict[str, tuple[str, str | None]]:
     return {name: (row.setting, row.unit) for name, row in _settings(connection).items()}
 
 
+#: Settings read for :func:`huge_pages_warning` (``huge_pages_status`` from PostgreSQL 17 on; absent before).
+_HUGE_PAGES = ("huge_pages", "huge_pages_status", "shared_memory_size_in_huge_pages")
+
+
 def _settings(connection: sa.Connection) -> dict[str, sa.Row]:
     """name, setting, unit and accepted values (``enumvals``) of the settings simdb cares about, in one query."""
-    names = sorted(set(recommended()) | set(MINIMUMS) | {"wal_compression"})
+    names = sorted(set(recommended()) | set(MINIMUMS) | {"wal_compression", *_HUGE_PAGES})
     return {row.name: row for row in connection.execute(sa.text(
         "SELECT name, setting, unit, enumvals FROM pg_settings WHERE name = ANY(:names)"), {"names": names})}
 
@@ -81,7 +87,58 @@ def warnings(connection: sa.Connection) -> list[str]:
     elif compression in ("on", "pglz") and advice["wal_compression"] == "lz4":
         lines.append("the server's wal_compression is pglz, which makes index builds (merges) about 2.6x slower "
                      "than lz4; as a superuser: ALTER SYSTEM SET wal_compression = 'lz4' (then reload)")
-    return lines
+    buffers = found.get("shared_buffers")
+    huge = huge_pages_warning(
+        {name: found[name][0] for name in _HUGE_PAGES if name in found},
+        int(buffers[0]) * _UNITS["shared_buffers"] if buffers else 0,
+        reserved_huge_pages() if _on_this_machine(connection) else None)
+    return lines + ([huge] if huge else [])
+
+
+def huge_pages_warning(settings: dict[str, str], shared_buffers_kb: int, reserved: int | None) -> str | None:
+    """A line when the server maps its shared buffers in 4 kB pages, else None.
+
+    Each backend maps every shared buffer it touches for the first time with a page fault of its own: a
+    batch of new lookups into a 10M archive took 9,000-21,000 of them on a fresh connection, and ran at
+    5,000-6,100 queries/s against 6,800-9,600 with huge pages, the same batch repeated at 9,000-11,500
+    either way (docs/performance.md). ``settings``: ``huge_pages``, ``shared_memory_size_in_huge_pages``
+    and, from PostgreSQL 17 on, ``huge_pages_status``; ``reserved``: the huge pages this machine reserves
+    (``/proc/meminfo``) when the server runs on it, else None. Below :data:`MINIMUMS`' shared buffers the
+    mapping costs little and nothing is said; with ``huge_pages = try`` on a PostgreSQL before 17 whose
+    machine is not this one, whether it has them cannot be known, and nothing is said either."""
+    needed = int(settings.get("shared_memory_size_in_huge_pages") or -1)
+    if shared_buffers_kb < MINIMUMS["shared_buffers"] or needed <= 0:  # (-1: no huge pages on this platform)
+        return None
+    reserve = (f"reserve {needed:,} huge pages (as root: sysctl -w vm.nr_hugepages={needed}, and the same line "
+               "in /etc/sysctl.d/ to keep it), then restart the server")
+    cost = "each connection maps the shared buffers 4 kB at a time, which made new lookups about 1.5x slower"
+    mode, status = settings.get("huge_pages"), settings.get("huge_pages_status")
+    if mode == "off":
+        return f"the server's huge_pages is off: {cost}; {reserve} after ALTER SYSTEM SET huge_pages = 'try'"
+    if status == "off" or (status is None and reserved is not None and reserved < needed):
+        why = "the server runs without huge pages" if status == "off" else \
+            f"this machine reserves {reserved:,} huge pages, fewer than the {needed:,} the server's shared memory needs"
+        return f"{why}: {cost}; {reserve}"
+    return None
+
+
+def reserved_huge_pages(meminfo: Path = Path("/proc/meminfo")) -> int | None:
+    """The huge pages this machine reserves (``HugePages_Total``), None where it does not say (not Linux)."""
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("HugePages_Total:"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _on_this_machine(connection: sa.Connection) -> bool:
+    """Whether the server listens on this machine (a Unix socket, or a loopback address)."""
+    url = connection.engine.url
+    host = url.host or url.query.get("host") or ""
+    host = host[0] if isinstance(host, tuple) else host
+    return host in ("", "localhost", "127.0.0.1", "::1") or host.startswith("/")
 
 
 def _human(name: str, value: int) -> str:
