@@ -22,8 +22,13 @@ local server, else an embedded one):
 - bytes stored per document (tables and their indexes, every shard): the keyed layout's ``keys`` table, and
   the rest (documents and segments, pairs, clusters, verdicts);
 - the shard queries one lookup makes (the plans inside ``simdb_near``: one task per shard a statement reaches);
-- single lookups (``Index.query_fingerprint``, p50) and a batch of ``--queries`` (``query_fingerprints``, its
-  statements over ``--connections`` connections: on the keyed layout, coordinator connections);
+- single lookups (``Index.query_fingerprint``, p50) and ``--batches`` batches of ``--queries`` each
+  (``query_fingerprints``, its statements over ``--connections`` connections: on the keyed layout, coordinator
+  connections; the median batch);
+- the CPU seconds the whole machine spent (busy time of every core, ``/proc/stat``) per 1,000 documents
+  ingested and per 1,000 lookups in batches, less what it keeps busy idle (3 s measured before the ingest): on
+  a quiet machine, the work of the client, the coordinator and every worker together, which is what a cluster of nodes with cores of their own has to provide, whatever
+  two shared cores make of the wall-clock rates; the machine's load before each run is printed with it;
 - each distributed layout of ``--layouts`` in the same run: ``id`` (documents by id, every probe to every
   shard) and ``keyed`` (``--distributed-layout keyed``: a keys table by key, each probe routed; its
   candidate join's rows sent are the key rows a chunk stages, each to one shard, and its lookup's shard
@@ -60,6 +65,20 @@ from simdb.pg.database import postgres_url
 
 CHUNK = 20_000
 TOOLS = Path(os.environ.get("SIMDB_CITUS", Path(__file__).resolve().parents[2] / "shared" / "citus"))
+
+
+def busy_seconds() -> float:
+    """CPU seconds every core of the machine has been busy since boot (``/proc/stat``: all but idle and iowait)."""
+    times = psutil.cpu_times()
+    return sum(times) - times.idle - getattr(times, "iowait", 0.0)
+
+
+def idle_rate(seconds: float = 3.0) -> float:
+    """Cores the machine keeps busy while the measured code does nothing (the nodes' own background work, the
+    rest of the machine): subtracted from the busy time of what is measured."""
+    busy = busy_seconds()
+    time.sleep(seconds)
+    return (busy_seconds() - busy) / seconds
 
 
 def loopback_bytes() -> int:
@@ -163,11 +182,13 @@ def measure(url: str, schema: str, args, options: dict, worker_ports: list[int] 
                 join_traffic(index, fresh[:CHUNK])
         rows_before = stored_rows(index)
         before, between = loopback_bytes(), node_bytes(worker_ports or [])
-        started = time.perf_counter()
+        result["load"], result["idle"] = os.getloadavg()[0], idle_rate()
+        busy, started = busy_seconds(), time.perf_counter()
         for start in range(0, len(fresh), CHUNK):
             index.add_fingerprinted(fingerprinted_batch(rng, fresh[start:start + CHUNK], f"n{start}"),
                                     batch=f"new-{start}")
         result["ingest"] = time.perf_counter() - started
+        result["ingest_cpu"] = busy_seconds() - busy - result["idle"] * result["ingest"]
         result["bytes"] = loopback_bytes() - before
         result["between"] = bytes_since(between, worker_ports or [])
         result["rows"] = stored_rows(index) - rows_before
@@ -182,10 +203,15 @@ def measure(url: str, schema: str, args, options: dict, worker_ports: list[int] 
             index.query_fingerprint(probe)
             times.append(time.perf_counter() - started)
         result["p50"] = statistics.median(times)
-        queries = [int(x) for x in rng.choice(stored, args.queries)]
-        started = time.perf_counter()
-        index.query_fingerprints(queries, connections=args.connections)
-        result["batch"] = time.perf_counter() - started
+        index.query_fingerprints([int(x) for x in rng.choice(stored, args.queries)], connections=args.connections)
+        batches, busy = [], busy_seconds()  # (after one batch, which opened the coordinator connections)
+        for _ in range(args.batches):
+            queries = [int(x) for x in rng.choice(stored, args.queries)]
+            started = time.perf_counter()
+            index.query_fingerprints(queries, connections=args.connections)
+            batches.append(time.perf_counter() - started)
+        result["batch"] = statistics.median(batches)
+        result["batch_cpu"] = (busy_seconds() - busy - result["idle"] * sum(batches)) / args.batches
         result["tasks"] = (keyed_lookup_tasks if keyed else lookup_tasks)(index, probes[0])
     with admin.connect() as connection:
         connection.exec_driver_sql(f"DROP SCHEMA {schema} CASCADE")
@@ -389,11 +415,22 @@ def clusters(args) -> Iterator[tuple[int, str, dict]]:
                 yield workers, layout, found
 
 
+def cpu(found: dict, args) -> str:
+    """CPU seconds of the whole machine per 1,000 documents ingested and per 1,000 lookups in batches."""
+    return (f"{found['ingest_cpu'] * 1000 / args.batch:.2f} s / "
+            f"{found['batch_cpu'] * 1000 / args.queries:.2f} s")
+
+
+def background(found: dict) -> str:
+    return f"load {found['load']:.1f}, idle {found['idle']:.2f} cores busy"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--archive", type=int, default=200_000, help="fingerprints stored first")
     parser.add_argument("--batch", type=int, default=20_000, help="new fingerprints ingested and timed")
     parser.add_argument("--queries", type=int, default=1000, help="fingerprints in the timed batch of lookups")
+    parser.add_argument("--batches", type=int, default=5, help="batches of lookups timed (their median reported)")
     parser.add_argument("--connections", type=int, default=None,
                         help="connections the batch of lookups is spread over (default: the library's)")
     parser.add_argument("--single", type=int, default=200, help="single lookups timed (their median reported)")
@@ -418,6 +455,8 @@ def main(argv: list[str] | None = None) -> None:
     rows.append(("one server: client bytes per document", f"{single['bytes'] / per_document:,.0f} B", "", ""))
     rows.append(("one server: lookup p50", f"{single['p50'] * 1000:.2f} ms", "", ""))
     rows.append(("one server: batch of lookups", rate(args.queries, single["batch"], "queries"), "", ""))
+    rows.append(("one server: the machine's CPU seconds per 1,000 documents ingested / per 1,000 lookups in batches",
+                 cpu(single, args), "", background(single)))
     layouts = []
     for workers, layout, found in clusters(args):
         label = f"Citus {workers} worker{'s' if workers > 1 else ''}, layout {layout}"
@@ -449,6 +488,8 @@ def main(argv: list[str] | None = None) -> None:
                      ratio(single["p50"] / found["p50"])))
         rows.append((f"{label}: batch of lookups", rate(args.queries, found["batch"], "queries"),
                      rate(args.queries, single["batch"], "queries"), ratio(single["batch"] / found["batch"])))
+        rows.append((f"{label}: the machine's CPU seconds per 1,000 documents ingested / per 1,000 lookups in "
+                     "batches", cpu(found, args), cpu(single, args) + " (one server)", background(found)))
         layouts = found.get("alternatives", layouts)
     largest = max(int(w) for w in args.workers.split(","))
     for name, tasks, seconds in layouts:  # (measured on the largest cluster, with the first layout)
