@@ -57,7 +57,8 @@ import psutil
 import psycopg
 import sqlalchemy as sa
 
-from bench_common import DATABASE_HELP, Server, command_line, log, machine, print_table, rate, ratio
+from bench_common import (DATABASE_HELP, Server, busy_seconds, command_line, log, machine, print_table, rate,
+                          ratio)
 from bench_corpus import fingerprinted_batch, new_fingerprints
 
 from simdb import Index
@@ -65,12 +66,6 @@ from simdb.pg.database import postgres_url
 
 CHUNK = 20_000
 TOOLS = Path(os.environ.get("SIMDB_CITUS", Path(__file__).resolve().parents[2] / "shared" / "citus"))
-
-
-def busy_seconds() -> float:
-    """CPU seconds every core of the machine has been busy since boot (``/proc/stat``: all but idle and iowait)."""
-    times = psutil.cpu_times()
-    return sum(times) - times.idle - getattr(times, "iowait", 0.0)
 
 
 def idle_rate(seconds: float = 3.0) -> float:

@@ -214,6 +214,15 @@ def mb(count_bytes: float) -> str:
     return f"{count_bytes / 2**20:,.0f} MB"
 
 
+def busy_seconds() -> float:
+    """CPU seconds every core of the machine has been busy since boot (``/proc/stat`` through psutil: all but idle
+    and iowait): around a step, what the client and the server did for it together, on a quiet machine."""
+    import psutil  # (a bench extra; only the benchmarks that count CPU need it)
+
+    times = psutil.cpu_times()
+    return sum(times) - times.idle - getattr(times, "iowait", 0.0)
+
+
 def load_average() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 

@@ -54,8 +54,8 @@ import numpy as np
 import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import (DATABASE_HELP, SMOKE_HELP, Server, bulk_load, command_line, load_average,  # noqa: E402
-                          log, machine, print_table, random_u64, smoke, wal_counters_settle)
+from bench_common import (DATABASE_HELP, SMOKE_HELP, Server, bulk_load, busy_seconds, command_line,  # noqa: E402
+                          load_average, log, machine, print_table, random_u64, smoke, wal_counters_settle)
 
 import simdb  # noqa: E402
 from simdb.bits import to_signed_array  # noqa: E402
@@ -166,14 +166,16 @@ def connections_run(server: Server, args, rng: np.random.Generator, counts: list
     (ABBA order after a cold warm-up), beside the empty archive and raw COPY of the same run."""
     layout = BlockLayout.for_size(args.max_distance, args.archive)
     lookups_seconds: list[float] = []
+    lookups_cpu: list[float] = []
     real = segments.spread_lookups
 
     def timed_lookups(*arguments):
-        start = time.perf_counter()
+        start, busy = time.perf_counter(), busy_seconds()
         try:
             return real(*arguments)
         finally:
             lookups_seconds.append(time.perf_counter() - start)
+            lookups_cpu.append(busy_seconds() - busy)
 
     segments.spread_lookups = timed_lookups
     loads = [load_average()]
@@ -196,9 +198,10 @@ def connections_run(server: Server, args, rng: np.random.Generator, counts: list
             loads.append(load_average())
             log(f"  {count} connection(s), load {loads[-1]}")
             lookups_seconds.clear()
+            lookups_cpu.clear()
             result = timed_ingest(server, SCHEMA, new_fingerprints(rng, args.added, stored), f"spread{turn}", rng,
                                   connections=connections)
-            result["lookups"] = sum(lookups_seconds)
+            result["lookups"], result["lookups_cpu"] = sum(lookups_seconds), sum(lookups_cpu)
             log(f"    lookups into the archive: {result['lookups']:.2f} s")
             if count != "warm-up":
                 measured[count].append(result)
@@ -229,6 +232,10 @@ def connections_run(server: Server, args, rng: np.random.Generator, counts: list
                      f"{statistics.mean(rates) / empty['rate']:.2f}x the empty archive; lookups "
                      f"{statistics.mean(r['lookups'] for r in base) / max(statistics.mean(r['lookups'] for r in runs), 1e-9):.2f}x"
                      f" faster than {counts[0]}"))
+        rows.append(("the same: CPU seconds of each chunk, the whole machine's (client and server) / of its lookups",
+                     " / ".join(f"{r['cpu']:.2f}" for r in runs) + " s",
+                     " / ".join(f"{r['lookups_cpu']:.2f}" for r in runs) + " s",
+                     f"the empty archive's chunk {empty['cpu']:.2f} s"))
     bulk_rate = statistics.mean(r["rate"] for runs in measured.values() for r in runs)
     rows += [(f"{args.added:,} into {args.archive:,} through the active segment's indexes", f"{active['rate']:,.0f} docs/s",
               "", f"{active['rate'] / empty['rate']:.2f}x the empty archive; bulk chunks (mean) "
@@ -366,12 +373,14 @@ def timed_ingest(server: Server, schema: str, fps: np.ndarray | None, prefix: st
     server.checkpoint()
     before = wal(server.admin)
     with simdb.Index.open(server.url, schema=schema) as index:
+        busy = busy_seconds()
         summary = index.add_fingerprinted(batch, batch=prefix, connections=connections)
+        cpu = busy_seconds() - busy
     written, images = wal_since(server.admin, before)
     log(f"  {prefix}: {summary} ({len(batch) / summary.seconds:,.0f} docs/s); WAL {written / 2**20:,.0f} MB, "
-        f"{images:,} full-page images")
+        f"{images:,} full-page images; {cpu:.2f} CPU seconds (the machine's)")
     return {"seconds": summary.seconds, "rate": len(batch) / summary.seconds, "wal": written, "fpi": images,
-            "duplicates": summary.near_duplicates + summary.exact_duplicates, "documents": len(batch)}
+            "duplicates": summary.near_duplicates + summary.exact_duplicates, "documents": len(batch), "cpu": cpu}
 
 
 def raw_copy(server: Server, layout: BlockLayout, fps: np.ndarray, rng) -> float:
