@@ -26,9 +26,11 @@ local server, else an embedded one):
   (``query_fingerprints``, its statements over ``--connections`` connections: on the keyed layout, coordinator
   connections; the median batch);
 - the CPU seconds the whole machine spent (busy time of every core, ``/proc/stat``) per 1,000 documents
-  ingested and per 1,000 lookups in batches, less what it keeps busy idle (3 s measured before the ingest): on
-  a quiet machine, the work of the client, the coordinator and every worker together, which is what a cluster of nodes with cores of their own has to provide, whatever
-  two shared cores make of the wall-clock rates; the machine's load before each run is printed with it;
+  ingested and per 1,000 lookups in batches (the mean of the batches, whose median time is reported), less
+  what it keeps busy idle (3 s measured before each measure, the cluster started and empty): on a quiet
+  machine, the work of the client, the coordinator and every worker together, which is what a cluster of
+  nodes with cores of their own has to provide, whatever two shared cores make of the wall-clock rates; the
+  machine's load before each measure is printed with it;
 - each distributed layout of ``--layouts`` in the same run: ``id`` (documents by id, every probe to every
   shard) and ``keyed`` (``--distributed-layout keyed``: a keys table by key, each probe routed; its
   candidate join's rows sent are the key rows a chunk stages, each to one shard, and its lookup's shard
@@ -146,11 +148,13 @@ class Cluster:
 def measure(url: str, schema: str, args, options: dict, worker_ports: list[int] | None = None) -> dict:
     """Fill an index, then time a batch's ingest and the lookups."""
     rng = np.random.default_rng(7)
+    # before any work of its own: how loaded the machine is, and what it (with this cluster's idle nodes) keeps
+    # busy doing nothing, subtracted from what the ingest and the batches are counted to cost
+    result: dict = {"load": os.getloadavg()[0], "idle": idle_rate()}
     admin = sa.create_engine(postgres_url(url), isolation_level="AUTOCOMMIT")
     with admin.connect() as connection:
         connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
     stored = new_fingerprints(rng, args.archive, None)
-    result: dict = {}
     local = f"{schema}_local" if options.get("distributed") else schema
     with admin.connect() as connection:
         connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {local} CASCADE")
@@ -177,7 +181,6 @@ def measure(url: str, schema: str, args, options: dict, worker_ports: list[int] 
                 join_traffic(index, fresh[:CHUNK])
         rows_before = stored_rows(index)
         before, between = loopback_bytes(), node_bytes(worker_ports or [])
-        result["load"], result["idle"] = os.getloadavg()[0], idle_rate()
         busy, started = busy_seconds(), time.perf_counter()
         for start in range(0, len(fresh), CHUNK):
             index.add_fingerprinted(fingerprinted_batch(rng, fresh[start:start + CHUNK], f"n{start}"),
@@ -417,7 +420,8 @@ def cpu(found: dict, args) -> str:
 
 
 def background(found: dict) -> str:
-    return f"load {found['load']:.1f}, idle {found['idle']:.2f} cores busy"
+    """How loaded the machine was before the measure began, and what it kept busy idle (subtracted)."""
+    return f"load {found['load']:.1f} before, {found['idle']:.2f} cores busy idle"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -450,8 +454,8 @@ def main(argv: list[str] | None = None) -> None:
     rows.append(("one server: client bytes per document", f"{single['bytes'] / per_document:,.0f} B", "", ""))
     rows.append(("one server: lookup p50", f"{single['p50'] * 1000:.2f} ms", "", ""))
     rows.append(("one server: batch of lookups", rate(args.queries, single["batch"], "queries"), "", ""))
-    rows.append(("one server: the machine's CPU seconds per 1,000 documents ingested / per 1,000 lookups in batches",
-                 cpu(single, args), "", background(single)))
+    rows.append((f"one server: the machine's CPU seconds per 1,000 documents ingested / per 1,000 lookups in "
+                 f"batches (the mean of the batches; {background(single)})", cpu(single, args), "", ""))
     layouts = []
     for workers, layout, found in clusters(args):
         label = f"Citus {workers} worker{'s' if workers > 1 else ''}, layout {layout}"
@@ -484,7 +488,9 @@ def main(argv: list[str] | None = None) -> None:
         rows.append((f"{label}: batch of lookups", rate(args.queries, found["batch"], "queries"),
                      rate(args.queries, single["batch"], "queries"), ratio(single["batch"] / found["batch"])))
         rows.append((f"{label}: the machine's CPU seconds per 1,000 documents ingested / per 1,000 lookups in "
-                     "batches", cpu(found, args), cpu(single, args) + " (one server)", background(found)))
+                     f"batches ({background(found)}); ratio: of the lookups, one server's against Citus's",
+                     cpu(found, args), cpu(single, args) + " (one server)",
+                     ratio(single["batch_cpu"] / found["batch_cpu"]) if found["batch_cpu"] > 0 else ""))
         layouts = found.get("alternatives", layouts)
     largest = max(int(w) for w in args.workers.split(","))
     for name, tasks, seconds in layouts:  # (measured on the largest cluster, with the first layout)

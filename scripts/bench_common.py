@@ -54,15 +54,14 @@ class Server:
 
     def version(self) -> str:
         """The server's version, and whether its shared memory is in huge pages (which moved batch lookups into
-        10M by 1.4-1.7x): ``huge_pages`` and, where the server is on this machine, the huge pages it reserves."""
-        from simdb.pg.server import reserved_huge_pages
+        10M by 1.4-1.7x): ``huge_pages`` and, where the server runs on this machine, the huge pages it has."""
+        from simdb.pg.server import machine_huge_pages, on_this_machine
 
         with self.admin.connect() as connection:
             version, huge = connection.exec_driver_sql(
                 "SELECT current_setting('server_version'), current_setting('huge_pages')").one()
-        local = (self.admin.url.host or "") in ("", "localhost", "127.0.0.1", "::1") or self.embedded
-        reserved = reserved_huge_pages() if local else None
-        return f"{version}, huge_pages {huge}" + ("" if reserved is None else f" ({reserved:,} reserved here)")
+            here = machine_huge_pages() if on_this_machine(connection) else None
+        return f"{version}, huge_pages {huge}" + ("" if here is None else f" ({here.total:,} reserved here)")
 
     def drop_schemas(self, *schemas: str) -> None:
         with self.admin.connect() as connection:
@@ -215,12 +214,13 @@ def mb(count_bytes: float) -> str:
 
 
 def busy_seconds() -> float:
-    """CPU seconds every core of the machine has been busy since boot (``/proc/stat`` through psutil: all but idle
-    and iowait): around a step, what the client and the server did for it together, on a quiet machine."""
+    """CPU seconds every core of the machine has been busy since boot (``/proc/stat`` through psutil): around a
+    step, what the client and the server did for it together, on a quiet machine. Not idle, not waiting for I/O,
+    not stolen by other guests of the host; a guest's own time is in user and nice already."""
     import psutil  # (a bench extra; only the benchmarks that count CPU need it)
 
     times = psutil.cpu_times()
-    return sum(times) - times.idle - getattr(times, "iowait", 0.0)
+    return sum(times) - sum(getattr(times, name, 0.0) for name in ("idle", "iowait", "steal", "guest", "guest_nice"))
 
 
 def load_average() -> str:
@@ -235,9 +235,10 @@ def ratio(x: float) -> str:
     return f"{x:,.1f}x" if x >= 10 else f"{x:.2f}x"
 
 
-def print_table(header: list[str], rows: list[tuple[str, str, str, str]], markdown: bool) -> None:
-    """The header lines, then (operation, simdb, peer, ratio) rows: GitHub markdown, or aligned columns."""
-    names = ("operation", "simdb", "peer", "ratio")
+def print_table(header: list[str], rows: list[tuple[str, str, str, str]], markdown: bool,
+                names: tuple[str, str, str, str] = ("operation", "simdb", "peer", "ratio")) -> None:
+    """The header lines, then rows of four columns (``names``; by default operation, simdb, peer, ratio): GitHub
+    markdown, or aligned columns."""
     if markdown:
         print("\n".join(f"- {line}" for line in header) + "\n")
         print("| " + " | ".join(names) + " |\n|---|---:|---|---:|")

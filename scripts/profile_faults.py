@@ -5,7 +5,8 @@ here and dropped at the end), runs ``--rounds`` batches of ``--batch`` new
 probes (half near copies of stored fingerprints), each followed by the same batch twice, on one open index (its
 pooled connections), and prints for each batch its rate, the minor page faults of every server process
 (``/proc/PID/stat``, which psutil does not count: the server must run on this machine) and the shared blocks its
-statements hit and read (``pg_stat_statements``, where the server preloads it); then single lookups, new and repeated. A backend maps
+statements hit and read (``pg_stat_statements``, where the server preloads it: the extension is then created in
+the database, if it is not there, and left); then single lookups, new and repeated. A backend maps
 each shared buffer into its own page table the first time it touches it: with 4 kB pages that is a fault per
 page, with huge pages one per 2 MB (docs/performance.md, "Huge pages for the shared buffers").
 
@@ -68,7 +69,7 @@ def main() -> None:
                          f"archive {args.archive:,} (k = {args.max_distance}); batches of {args.batch:,} new probes, "
                          f"each then repeated twice, over {args.connections} connection(s); faults: minor page "
                          "faults of every server process; blocks: shared blocks hit and read (pg_stat_statements)"],
-                        rows, args.markdown)
+                        rows, args.markdown, names=("what", "rate", "page faults", "shared blocks"))
         finally:
             if made:
                 server.drop_schemas(schema)
@@ -78,8 +79,8 @@ def measure(server: Server, schema: str, stored: np.ndarray, args, rng: np.rando
             ) -> list[tuple[str, str, str, str]]:
     """The table's rows: each batch's rate, faults and blocks, then the single lookups'."""
     with server.admin.connect() as c:
-        counted = c.exec_driver_sql("SELECT 'pg_stat_statements' = ANY(string_to_array("
-                                    "current_setting('shared_preload_libraries'), ', '))").scalar_one()
+        counted = c.exec_driver_sql("SELECT 'pg_stat_statements' = ANY(regexp_split_to_array("
+                                    "current_setting('shared_preload_libraries'), '\\s*,\\s*'))").scalar_one()
         if counted:
             c.exec_driver_sql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
             view = c.exec_driver_sql("SELECT quote_ident(extnamespace::regnamespace::text) || '.pg_stat_statements' "

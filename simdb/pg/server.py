@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -53,8 +54,9 @@ def current(connection: sa.Connection) -> dict[str, tuple[str, str | None]]:
     return {name: (row.setting, row.unit) for name, row in _settings(connection).items()}
 
 
-#: Settings read for :func:`huge_pages_warning` (``huge_pages_status`` from PostgreSQL 17 on; absent before).
-_HUGE_PAGES = ("huge_pages", "huge_pages_status", "shared_memory_size_in_huge_pages")
+#: Settings read for :func:`huge_pages_warning` (absent where the server is older: ``huge_page_size`` from
+#: PostgreSQL 14, ``shared_memory_size_in_huge_pages`` from 15, ``huge_pages_status`` from 17).
+_HUGE_PAGES = ("huge_pages", "huge_pages_status", "huge_page_size", "shared_memory_size_in_huge_pages")
 
 
 def _settings(connection: sa.Connection) -> dict[str, sa.Row]:
@@ -91,54 +93,83 @@ def warnings(connection: sa.Connection) -> list[str]:
     huge = huge_pages_warning(
         {name: found[name][0] for name in _HUGE_PAGES if name in found},
         int(buffers[0]) * _UNITS["shared_buffers"] if buffers else 0,
-        reserved_huge_pages() if _on_this_machine(connection) else None)
+        machine_huge_pages() if on_this_machine(connection) else None)
     return lines + ([huge] if huge else [])
 
 
-def huge_pages_warning(settings: dict[str, str], shared_buffers_kb: int, reserved: int | None) -> str | None:
-    """A line when the server maps its shared buffers in 4 kB pages, else None.
+@dataclass(frozen=True)
+class HugePages:
+    """This machine's huge pages (``/proc/meminfo``): reserved, free, and the size of each in kB."""
+
+    total: int
+    free: int
+    size_kb: int
+
+
+def huge_pages_warning(settings: dict[str, str], shared_buffers_kb: int, machine: HugePages | None) -> str | None:
+    """A line when the server maps its shared buffers 4 kB at a time and could have huge pages, else None.
 
     Each backend maps every shared buffer it touches for the first time with a page fault of its own: a
-    batch of new lookups into a 10M archive took 9,000-21,000 of them on a fresh connection, and ran at
-    5,000-6,100 queries/s against 6,800-9,600 with huge pages, the same batch repeated at 9,000-11,500
-    either way (docs/performance.md). ``settings``: ``huge_pages``, ``shared_memory_size_in_huge_pages``
-    and, from PostgreSQL 17 on, ``huge_pages_status``; ``reserved``: the huge pages this machine reserves
-    (``/proc/meminfo``) when the server runs on it, else None. Below :data:`MINIMUMS`' shared buffers the
-    mapping costs little and nothing is said; with ``huge_pages = try`` on a PostgreSQL before 17 whose
-    machine is not this one, whether it has them cannot be known, and nothing is said either."""
+    batch of new lookups into a 10M archive took 9,000-21,000 of them on a fresh connection and ran at
+    5,000-6,100 queries/s, against 6,800-9,600 with huge pages (docs/performance.md). ``settings``:
+    ``huge_pages``, ``huge_page_size``, ``shared_memory_size_in_huge_pages`` (PostgreSQL 15 on) and
+    ``huge_pages_status`` (17 on); ``machine``: this machine's huge pages when the server runs on it, else None.
+
+    Nothing is said below :data:`MINIMUMS`' shared buffers (the mapping costs little), before PostgreSQL 15 (no
+    page count to give), with ``huge_pages = on`` (it has them), or where the size of the pages PostgreSQL
+    counts is not this machine's. A server on another machine may be set ``off`` on purpose (a container
+    without a hugetlb limit can die of SIGBUS with ``try``; a managed service gives no root): only PostgreSQL
+    17's word that a server that asks for them (``try``) runs without them is passed on. On this machine,
+    with ``try`` before 17, huge pages that another server holds cannot be told apart from free ones' lack."""
     needed = int(settings.get("shared_memory_size_in_huge_pages") or -1)
-    if shared_buffers_kb < MINIMUMS["shared_buffers"] or needed <= 0:  # (-1: no huge pages on this platform)
-        return None
-    reserve = (f"reserve {needed:,} huge pages (as root: sysctl -w vm.nr_hugepages={needed}, and the same line "
-               "in /etc/sysctl.d/ to keep it), then restart the server")
-    cost = "each connection maps the shared buffers 4 kB at a time, which made new lookups about 1.5x slower"
     mode, status = settings.get("huge_pages"), settings.get("huge_pages_status")
-    if mode == "off":
-        return f"the server's huge_pages is off: {cost}; {reserve} after ALTER SYSTEM SET huge_pages = 'try'"
-    if status == "off" or (status is None and reserved is not None and reserved < needed):
-        why = "the server runs without huge pages" if status == "off" else \
-            f"this machine reserves {reserved:,} huge pages, fewer than the {needed:,} the server's shared memory needs"
-        return f"{why}: {cost}; {reserve}"
-    return None
-
-
-def reserved_huge_pages(meminfo: Path = Path("/proc/meminfo")) -> int | None:
-    """The huge pages this machine reserves (``HugePages_Total``), None where it does not say (not Linux)."""
-    try:
-        for line in meminfo.read_text().splitlines():
-            if line.startswith("HugePages_Total:"):
-                return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
+    if shared_buffers_kb < MINIMUMS["shared_buffers"] or needed <= 0 or mode == "on" or status == "on":
+        return None  # (-1: no huge pages on the server's platform)
+    cost = "each connection maps the shared buffers 4 kB at a time, which made new lookups about 1.5x slower"
+    if machine is None:
+        if mode == "try" and status == "off":
+            return (f"the server runs without the huge pages it asks for (huge_pages = try): {cost}; on its "
+                    f"machine, as root, reserve {needed:,} more (vm.nr_hugepages), then restart the server")
         return None
+    size = int(settings.get("huge_page_size") or 0)  # kB; 0: the machine's default size
+    if size and size != machine.size_kb:
+        return None  # counted in pages of another size than /proc/meminfo's
+    if machine.free >= needed:
+        reserve = f"this machine has {machine.free:,} huge pages free, enough for its {needed:,}"
+    else:
+        wanted = machine.total - machine.free + needed  # the pages others hold, and the server's
+        reserve = (f"as root, reserve {needed:,} huge pages for it: sysctl -w vm.nr_hugepages={wanted} (a line "
+                   f"'vm.nr_hugepages = {wanted}' in /etc/sysctl.d/ keeps it)")
+    if mode == "off":
+        return (f"the server's huge_pages is off: {cost}; as a superuser: ALTER SYSTEM SET huge_pages = 'try'; "
+                f"{reserve}; then restart the server")
+    if status == "off" or (status is None and machine.total < needed):
+        return f"the server runs without huge pages: {cost}; {reserve}; then restart the server"
     return None
 
 
-def _on_this_machine(connection: sa.Connection) -> bool:
-    """Whether the server listens on this machine (a Unix socket, or a loopback address)."""
-    url = connection.engine.url
-    host = url.host or url.query.get("host") or ""
-    host = host[0] if isinstance(host, tuple) else host
-    return host in ("", "localhost", "127.0.0.1", "::1") or host.startswith("/")
+def machine_huge_pages(meminfo: Path = Path("/proc/meminfo")) -> HugePages | None:
+    """This machine's huge pages, None where it does not say (not Linux)."""
+    try:
+        found = {name.strip(): int(value.split()[0]) for name, _, value in
+                 (line.partition(":") for line in meminfo.read_text().splitlines())
+                 if name.strip() in ("HugePages_Total", "HugePages_Free", "Hugepagesize")}
+        return HugePages(found["HugePages_Total"], found["HugePages_Free"], found["Hugepagesize"])
+    except (OSError, ValueError, IndexError, KeyError):
+        return None
+
+
+def on_this_machine(connection: sa.Connection) -> bool:
+    """Whether the server runs on this machine: the backend of this connection is a process here, reached by a
+    Unix socket or a loopback address (an address alone is not enough: a tunnel or a proxy listens on loopback
+    for a server elsewhere, and a PID alone could be another server's process here)."""
+    pid, loopback = connection.execute(sa.text(
+        "SELECT pg_backend_pid(), inet_server_addr() IS NULL OR host(inet_server_addr()) IN ('127.0.0.1', '::1')"
+    )).one()
+    try:
+        return bool(loopback) and Path(f"/proc/{pid}/comm").read_text().strip() == "postgres"
+    except OSError:
+        return False
 
 
 def _human(name: str, value: int) -> str:
