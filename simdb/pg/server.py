@@ -99,7 +99,8 @@ def warnings(connection: sa.Connection) -> list[str]:
 
 @dataclass(frozen=True)
 class HugePages:
-    """This machine's huge pages (``/proc/meminfo``): reserved, free, and the size of each in kB."""
+    """This machine's huge pages (``/proc/meminfo``): reserved for huge pages at all, free for a new program, and
+    the size of each in kB."""
 
     total: int
     free: int
@@ -149,12 +150,14 @@ def huge_pages_warning(settings: dict[str, str], shared_buffers_kb: int, machine
 
 
 def machine_huge_pages(meminfo: Path = Path("/proc/meminfo")) -> HugePages | None:
-    """This machine's huge pages, None where it does not say (not Linux)."""
+    """This machine's huge pages, None where it does not say (not Linux). Free: neither in use nor reserved by a
+    running program (a server reserves its pages at start and uses them as it touches them)."""
     try:
         found = {name.strip(): int(value.split()[0]) for name, _, value in
                  (line.partition(":") for line in meminfo.read_text().splitlines())
-                 if name.strip() in ("HugePages_Total", "HugePages_Free", "Hugepagesize")}
-        return HugePages(found["HugePages_Total"], found["HugePages_Free"], found["Hugepagesize"])
+                 if name.strip() in ("HugePages_Total", "HugePages_Free", "HugePages_Rsvd", "Hugepagesize")}
+        return HugePages(found["HugePages_Total"], found["HugePages_Free"] - found.get("HugePages_Rsvd", 0),
+                         found["Hugepagesize"])
     except (OSError, ValueError, IndexError, KeyError):
         return None
 
