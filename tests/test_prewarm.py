@@ -93,11 +93,15 @@ def test_a_merged_segment_is_probed_from_shared_buffers_without_visiting_its_hea
     with merged_index(own_database, stored, messages) as index:
         key_columns = index.sketcher.key_columns
         probe = index.fingerprint(stored[7])
-        for column, value in zip(key_columns, index.sketcher.keys([probe])[0].tolist()):
-            plan = probe_plan(own_database, index, column, value)
-            # unvacuumed, each entry visited the heap; unwarmed, the index pages were read from outside
-            assert (plan["Heap Fetches"], plan["Shared Read Blocks"]) == (0, 0), (column, plan)
-            assert plan["Actual Rows"] >= 1
+        plans = {column: probe_plan(own_database, index, column, value)
+                 for column, value in zip(key_columns, index.sketcher.keys([probe])[0].tolist())}
+        for column, plan in plans.items():  # unvacuumed, each entry visited the heap
+            assert plan["Heap Fetches"] == 0 and plan["Actual Rows"] >= 1, (column, plan)
+        # unwarmed, every probe read its index's pages from outside shared buffers (15 probes, 15 pages or more
+        # each); warmed, none, but for a page the other tests' work evicts from the test server's 128 MB
+        # meanwhile (a CI run once saw 1 read among 15 probes)
+        read = {column: plan["Shared Read Blocks"] for column, plan in plans.items() if plan["Shared Read Blocks"]}
+        assert sum(read.values()) <= 2, read
         said = [m for m in messages if "key indexes" in m]
         assert said and f"{len(key_columns)} of {len(key_columns)} key indexes" in said[0]
         assert ("pg_prewarm" if extension else "index-only scans") in said[0]
