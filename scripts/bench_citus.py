@@ -25,12 +25,12 @@ local server, else an embedded one):
 - single lookups (``Index.query_fingerprint``, p50) and ``--batches`` batches of ``--queries`` each
   (``query_fingerprints``, its statements over ``--connections`` connections: on the keyed layout, coordinator
   connections; the median batch);
-- the CPU seconds the whole machine spent (busy time of every core, ``/proc/stat``) per 1,000 documents
-  ingested and per 1,000 lookups in batches (the mean of the batches, whose median time is reported), less
-  what it keeps busy idle (3 s measured before each measure, the cluster started and empty): on a quiet
-  machine, the work of the client, the coordinator and every worker together, which is what a cluster of
-  nodes with cores of their own has to provide, whatever two shared cores make of the wall-clock rates; the
-  machine's load before each measure is printed with it;
+- the CPU seconds the whole machine spent (busy time of every core, ``/proc/stat``) per 1,000 documents ingested
+  and per 1,000 lookups in batches (the mean of the batches, whose median time is reported), less what it keeps
+  busy idle (``--idle-seconds`` measured before each measure, the cluster started and empty): on a quiet machine,
+  the work of the client, the coordinator and every worker together, which is what a cluster of nodes with cores
+  of their own has to provide, whatever two shared cores make of the wall-clock rates; the machine's load before
+  each measure is printed with it;
 - each distributed layout of ``--layouts`` in the same run: ``id`` (documents by id, every probe to every
   shard) and ``keyed`` (``--distributed-layout keyed``: a keys table by key, each probe routed; its
   candidate join's rows sent are the key rows a chunk stages, each to one shard, and its lookup's shard
@@ -150,7 +150,7 @@ def measure(url: str, schema: str, args, options: dict, worker_ports: list[int] 
     rng = np.random.default_rng(7)
     # before any work of its own: how loaded the machine is, and what it (with this cluster's idle nodes) keeps
     # busy doing nothing, subtracted from what the ingest and the batches are counted to cost
-    result: dict = {"load": os.getloadavg()[0], "idle": idle_rate()}
+    result: dict = {"load": os.getloadavg()[0], "idle": idle_rate(args.idle_seconds)}
     admin = sa.create_engine(postgres_url(url), isolation_level="AUTOCOMMIT")
     with admin.connect() as connection:
         connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
@@ -430,6 +430,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=20_000, help="new fingerprints ingested and timed")
     parser.add_argument("--queries", type=int, default=1000, help="fingerprints in the timed batch of lookups")
     parser.add_argument("--batches", type=int, default=5, help="batches of lookups timed (their median reported)")
+    parser.add_argument("--idle-seconds", type=float, default=3.0,
+                        help="how long the idle machine's busy CPU is sampled before each measure")
     parser.add_argument("--connections", type=int, default=None,
                         help="connections the batch of lookups is spread over (default: the library's)")
     parser.add_argument("--single", type=int, default=200, help="single lookups timed (their median reported)")

@@ -261,7 +261,8 @@ def test_the_citus_benchmark_runs_and_prints_its_table(database_url):
         pytest.skip(missing)
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_citus.py"), "--database-url", database_url,
                            "--archive", "3000", "--batch", "1000", "--workers", "1", "--single", "3", "--queries",
-                           "20", "--batches", "2", "--shards", "4", "--port", str(free_port(3)), "--markdown"],
+                           "20", "--batches", "2", "--idle-seconds", "0.5", "--shards", "4", "--port", str(free_port(3)),
+                           "--markdown"],
                           cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "SIMDB_CITUS": str(CITUS_TOOLS), "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr[-3000:]
