@@ -24,7 +24,7 @@ import sqlalchemy as sa
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import DATABASE_HELP, Server, load_average  # noqa: E402
 from bench_segments import near_and_random  # noqa: E402
-from profile_chunk import after, archive_for, before, reuse_option, statements  # noqa: E402
+from profile_chunk import after, archive_in_use, before, reuse_option, statements  # noqa: E402
 
 import simdb  # noqa: E402
 from simdb.methods.simhash.blocks import DEFAULT_MAX_DISTANCE  # noqa: E402
@@ -43,12 +43,8 @@ def main() -> None:
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
     with Server(args.database_url) as server:
-        schema, stored, made = archive_for(server, args.archive, args.max_distance, rng, args.reuse)
-        try:
+        with archive_in_use(server, args, rng) as (schema, stored):
             measured_batches(server, schema, stored, args, rng)
-        finally:
-            if made:
-                server.drop_schemas(schema)
 
 
 def measured_batches(server: Server, schema: str, stored: np.ndarray, args, rng: np.random.Generator) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import cProfile
 import io
 import os
@@ -30,6 +31,7 @@ import re
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -127,6 +129,18 @@ def archive_for(server: Server, archive: int, max_distance: int, rng: np.random.
     layout = BlockLayout.for_size(max_distance, archive)
     return bench_segments.SCHEMA, bulk_load(server.url, server.admin, bench_segments.SCHEMA, layout, archive, rng,
                                             max_distance)[0], True
+
+
+@contextlib.contextmanager
+def archive_in_use(server: Server, args, rng: np.random.Generator) -> Iterator[tuple[str, np.ndarray]]:
+    """(schema, its fingerprints) of :func:`archive_for` (``args.archive``, ``args.max_distance``, ``args.reuse``)
+    for the ``with`` block; an archive made here is dropped after it, a kept one left as it is."""
+    schema, stored, made = archive_for(server, args.archive, args.max_distance, rng, args.reuse)
+    try:
+        yield schema, stored
+    finally:
+        if made:
+            server.drop_schemas(schema)
 
 
 def minhash_archive(server: Server, archive: int, rng: np.random.Generator, reuse: bool

@@ -28,7 +28,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import DATABASE_HELP, Server, command_line, load_average, log, machine, print_table  # noqa: E402
 from bench_segments import near_and_random  # noqa: E402
-from profile_chunk import archive_for, reuse_option  # noqa: E402
+from profile_chunk import archive_in_use, reuse_option  # noqa: E402
 
 import simdb  # noqa: E402
 from simdb.methods.simhash.blocks import DEFAULT_MAX_DISTANCE  # noqa: E402
@@ -62,17 +62,13 @@ def main() -> None:
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
     with Server(args.database_url) as server:
-        schema, stored, made = archive_for(server, args.archive, args.max_distance, rng, args.reuse)
-        try:
+        with archive_in_use(server, args, rng) as (schema, stored):
             rows = measure(server, schema, stored, args, rng)
             print_table([machine(server.version(), server.embedded), command_line("profile_faults.py"),
                          f"archive {args.archive:,} (k = {args.max_distance}); batches of {args.batch:,} new probes, "
                          f"each then repeated twice, over {args.connections} connection(s); faults: minor page "
                          "faults of every server process; blocks: shared blocks hit and read (pg_stat_statements)"],
                         rows, args.markdown, names=("what", "rate", "page faults", "shared blocks"))
-        finally:
-            if made:
-                server.drop_schemas(schema)
 
 
 def measure(server: Server, schema: str, stored: np.ndarray, args, rng: np.random.Generator
