@@ -1399,3 +1399,38 @@ def test_columns_copied_a_block_at_a_time_refuse_what_their_type_cannot_hold(ser
             connection.rollback()
             connection.exec_driver_sql("DROP TABLE narrow")
             connection.commit()
+
+
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(values=st.lists(st.integers(-2**63, 2**63 - 1), max_size=40), as_array=st.booleans())
+def test_a_bigint_array_parameter_is_the_values_psycopg_sends_as_a_list(server_engine, values, as_array):
+    """int8_array (the keyed layout's routed keys and ids, a batch's probes as arrays) sends, in binary, the
+    values that psycopg's own text dump of the list sends: the same array back, the same = ANY matches."""
+    import numpy as np
+
+    from simdb.pg.copy import copy_out_int64, int8_array
+
+    sent = int8_array(np.array(values, dtype=np.int64) if as_array else values)
+    probe = values[0] if values else 0
+    statement = ("SELECT CAST(%(a)s AS bigint[]), %(probe)s = ANY(CAST(%(a)s AS bigint[])), "
+                 "cardinality(CAST(%(a)s AS bigint[]))")
+    with server_engine.connect() as connection:
+        ours = connection.exec_driver_sql(statement, {"a": sent, "probe": probe}).one()
+        theirs = connection.exec_driver_sql(statement, {"a": values, "probe": probe}).one()
+        # bound into the statement's text here, as psycopg binds a COPY's parameters
+        copied = list(copy_out_int64(connection, "SELECT unnest(CAST(%(a)s AS bigint[]))", 1, {"a": sent}))
+    assert list(ours[0]) == values
+    assert tuple(ours) == tuple(theirs)
+    assert np.concatenate(copied)[:, 0].tolist() == values
+
+
+@pytest.mark.parametrize("values, error", [([1.9], TypeError), ([2**63], OverflowError), ([[1, 2]], ValueError),
+                                           (["1"], TypeError)], ids=["float", "uint64", "2-d", "text"])
+def test_a_bigint_array_parameter_refuses_what_bigint_cannot_hold(values, error):
+    """A float would truncate and a uint64 above int64 wrap, silently: int8_array refuses them."""
+    import numpy as np
+
+    from simdb.pg.copy import int8_array
+
+    with pytest.raises(error):
+        int8_array(np.array(values, dtype=np.uint64) if values == [2**63] else values)

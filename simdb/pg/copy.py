@@ -1,19 +1,24 @@
-"""The one binary COPY path between Python and PostgreSQL.
+"""The one binary COPY path between Python and PostgreSQL, and the binary ``bigint[]`` parameter.
 
 In: psycopg's binary COPY with ``set_types`` writes rows of any column types, inside the
 caller's transaction, so a failure discards them. Out: a query's result as a binary COPY parsed
 by numpy without a Python loop per row, for the big results (candidate pairs, key values):
-every column is a NOT NULL ``bigint`` or a ``bytea`` of a fixed width.
+every column is a NOT NULL ``bigint`` or a ``bytea`` of a fixed width. A statement's array of
+keys or ids (``= ANY(...)``): :func:`int8_array`, built by numpy in PostgreSQL's binary format.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import struct
 from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
+import psycopg
 import sqlalchemy as sa
+from psycopg.adapt import Dumper
+from psycopg.pq import Format
 
 _SIGNATURE = b"PGCOPY\n\xff\r\n\x00"
 _HEADER = len(_SIGNATURE) + 8
@@ -191,3 +196,71 @@ def copy_out_int64(connection: sa.Connection, sql: str, columns: int, params: di
     for rows in copy_out(connection, sql, [8] * columns, params, chunk_rows):
         yield np.stack([rows[f"value{i}"].astype(np.int64) for i in range(columns)], axis=1) \
             if rows.size else np.empty((0, columns), dtype=np.int64)
+
+
+# -- a bigint[] parameter ---------------------------------------------------------------------------------
+
+class Int8Array:
+    """int64 values sent as one ``bigint[]`` parameter in PostgreSQL's binary array format (see
+    :func:`int8_array`)."""
+
+    __slots__ = ("values",)
+
+    def __init__(self, values: np.ndarray) -> None:
+        self.values = values
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+
+def int8_array(values: Sequence[int] | np.ndarray) -> Int8Array:
+    """``values`` (int64, one dimension) as a ``bigint[]`` statement parameter, encoded by numpy: psycopg's own
+    dumper writes a list of ints as text through a regular expression per element, about 0.7 microseconds each
+    (a batch of 1,000 lookups sends 15,000 keys and its matches' ids: a quarter of the client's CPU), and the
+    server parses that text again."""
+    array = np.asarray(values)
+    if array.ndim != 1:
+        raise ValueError(f"a bigint[] parameter takes one dimension, not {array.ndim}")
+    if array.size and array.dtype.kind not in "iu":  # floats would truncate, objects are beyond int64
+        raise TypeError(f"a bigint[] parameter takes integers within int64, not {array.dtype} values")
+    if array.dtype.kind == "u" and array.size and array.max() > np.iinfo(np.int64).max:
+        raise OverflowError(f"a bigint[] parameter takes integers within int64, not {int(array.max())}")
+    return Int8Array(array.astype(np.int64, copy=False))
+
+
+class _Int8ArrayDumper(Dumper):
+    """:class:`Int8Array` in the binary format of ``array_recv``: dimensions, flags, element type, then each
+    dimension's length and lower bound, then each element's length and big-endian value (none of them NULL)."""
+
+    format = Format.BINARY
+    oid = 1016  # bigint[]
+
+    def dump(self, obj: Int8Array) -> bytes:
+        values = obj.values
+        if not len(values):
+            return _ARRAY_HEADER.pack(0, 0, _INT8_OID)
+        elements = np.empty(len(values), dtype=[("length", ">i4"), ("value", ">i8")])
+        elements["length"] = 8
+        elements["value"] = values
+        return _ARRAY_HEADER.pack(1, 0, _INT8_OID) + _DIMENSION.pack(len(values), 1) + elements.tobytes()
+
+
+class _Int8ArrayTextDumper(Dumper):
+    """:class:`Int8Array` as the text of an array, ``{1,-2,3}``: for a statement whose parameters psycopg binds
+    into its text on this side (a ``COPY (...) TO STDOUT``, :func:`copy_out`, takes no server-side ones)."""
+
+    format = Format.TEXT
+    oid = 1016  # bigint[]
+
+    def dump(self, obj: Int8Array) -> bytes:
+        return ("{" + ",".join(map(str, obj.values.tolist())) + "}").encode()
+
+
+_INT8_OID = 20
+_ARRAY_HEADER = struct.Struct(">iiI")
+_DIMENSION = struct.Struct(">ii")
+# every connection made from here on (each copies psycopg's global adapters when it opens) sends Int8Array so:
+# in binary where the server binds it (the last dumper registered is the one %s takes), as text where psycopg
+# binds it into the statement; nothing else is an Int8Array, so no other parameter changes
+psycopg.adapters.register_dumper(Int8Array, _Int8ArrayTextDumper)
+psycopg.adapters.register_dumper(Int8Array, _Int8ArrayDumper)

@@ -57,7 +57,7 @@ from ..bits import hamming_array, to_unsigned_array
 from ..errors import IncompatibleIndex, SimdbError
 from ..methods import Method
 from . import spread
-from .copy import copy_in, copy_in_columns
+from .copy import copy_in, copy_in_columns, int8_array
 from .methods import sql_of
 from .methods.simhash import verified_pairs
 
@@ -391,8 +391,8 @@ def removal_statements(method: Method, shards: np.ndarray, folded: np.ndarray, o
     for start, end in zip(starts, np.r_[starts[1:], len(shards)]):
         for first in range(start, end, REMOVAL_KEYS):
             last = min(first + REMOVAL_KEYS, end)
-            yield statement, {"keys": np.unique(folded[first:last]).tolist(),
-                               "ids": np.unique(owner[first:last]).tolist()}
+            yield statement, {"keys": int8_array(np.unique(folded[first:last])),
+                               "ids": int8_array(np.unique(owner[first:last]))}
 
 
 # -- reads: lookups, queries, check --------------------------------------------------------------------
@@ -411,7 +411,7 @@ def probe(connection: sa.Connection, method: Method, sketches: Sequence, max_dis
     wanted = np.unique(fold(key_rows))
     lookup = lookup_sql(method)
     if len(sketches) < SHARD_BY_SHARD:
-        rows = connection.exec_driver_sql(lookup, {"keys": wanted.tolist()}).all()
+        rows = connection.exec_driver_sql(lookup, {"keys": int8_array(wanted)}).all()
     else:  # each shard gets only its keys: one = ANY over all of them makes every shard probe every key
         rows = routed_rows(connection, lookup, "keys", by_shard(connection, table(method), wanted), None,
                            connections)
@@ -521,7 +521,7 @@ def routed_rows(connection: sa.Connection, statement: str, parameter: str, group
                 try:  # an error that came back while sending stops this connection's sending, not the others'
                     for group in share:
                         cursors[number].append(driver.cursor(row_factory=row_factory).execute(
-                            statement, {parameter: group.tolist()}))
+                            statement, {parameter: int8_array(group)}))
                 except psycopg.Error as error:
                     failed[number] = error
             for number, pipeline in enumerate(pipelines):  # each sent already: read them in turn, each to its end
@@ -623,7 +623,7 @@ def lookup(connection: sa.Connection, method: Method, sketch, max_distance: int)
     driver = connection.connection.driver_connection
     prepare = True if driver.prepare_threshold is not None else None
     key_rows = method.keys([sketch])
-    rows = driver.cursor().execute(lookup_sql(method), {"keys": np.unique(fold(key_rows)).tolist()}, prepare=prepare
+    rows = driver.cursor().execute(lookup_sql(method), {"keys": int8_array(np.unique(fold(key_rows)))}, prepare=prepare
                                    ).fetchall()
     distances = {document: distance for _, document, distance in
                  _verified(rows, method, [sketch], key_rows, max_distance)}
@@ -631,5 +631,5 @@ def lookup(connection: sa.Connection, method: Method, sketch, max_distance: int)
         return []
     documents = driver.cursor(row_factory=namedtuple_row).execute(
         f"SELECT id, external_id, {sql_of(method).sketch_column[0]} AS sketch, metadata FROM documents "
-        "WHERE id = ANY(CAST(%(ids)s AS bigint[]))", {"ids": sorted(distances)}, prepare=prepare).fetchall()
+        "WHERE id = ANY(CAST(%(ids)s AS bigint[]))", {"ids": int8_array(sorted(distances))}, prepare=prepare).fetchall()
     return [(row, distances[row.id]) for row in documents]

@@ -21,7 +21,7 @@ from ..methods import Method
 from . import keyed as keyed_layout
 from . import spread
 from .context import IndexContext
-from .copy import copy_in
+from .copy import copy_in, int8_array
 from .methods import sql_of
 from .probes import Lookup, without_jit
 
@@ -105,7 +105,7 @@ def documents(connection: sa.Connection, method: Method, ids: Sequence[int], *, 
     columns = f"id, external_id, {sql_of(method).sketch_column[0]} AS sketch, NULLIF(metadata, '{{}}') AS metadata"
     if not keyed or len(ids) < keyed_layout.SHARD_BY_SHARD:
         return {row.id: row for row in connection.execute(
-            sa.text(f"SELECT {columns} FROM documents WHERE id = ANY(:ids)"), {"ids": list(ids)})}
+            sa.text(f"SELECT {columns} FROM documents WHERE id = ANY(:ids)"), {"ids": int8_array(ids)})}
     rows = keyed_layout.routed_rows(
         connection, f"SELECT {columns} FROM documents WHERE id = ANY(CAST(%(ids)s AS bigint[]))", "ids",
         keyed_layout.by_shard(connection, "documents", np.asarray(ids, dtype=np.int64)), namedtuple_row,
@@ -273,7 +273,7 @@ def probe_arrays(connection: sa.Connection, index: IndexContext, sketches: Seque
     at = {column: i for i, column in enumerate(method.key_columns)}
 
     def share_pairs(columns: tuple[str, ...], on: sa.Connection) -> list[np.ndarray]:
-        probe, params = _array_probe(method, ids, stored, {column: keys[:, at[column]].tolist() for column in columns})
+        probe, params = _array_probe(method, ids, stored, {column: keys[:, at[column]] for column in columns})
         return list(index.sql.candidate_pairs(on, probe, "documents", max_distance, params=params,
                                               index_probes=not index.distributed, columns=columns))
 
@@ -286,15 +286,16 @@ def probe_arrays(connection: sa.Connection, index: IndexContext, sketches: Seque
             yield from chunk.tolist()
 
 
-def _array_probe(method: Method, ids: list[int], stored: list, keys: dict[str, list[int]]) -> tuple[str, dict]:
+def _array_probe(method: Method, ids: list[int], stored: list, keys: dict[str, np.ndarray]) -> tuple[str, dict]:
     """Probes (``ids``, their sketches as ``method`` stores them, and their values of the key columns ``keys``
     names) as a derived table of arrays sent as parameters, and those parameters: it needs no table, and Citus
     joins it with a distributed table on any column (each shard gets the arrays)."""
-    columns = [("id", "int8"), sql_of(method).sketch_column, *((c, "int8") for c in keys)]
+    sketch, kind = sql_of(method).sketch_column
+    columns = [("id", "int8"), (sketch, kind), *((c, "int8") for c in keys)]
     arrays = ", ".join(f"CAST(%(p_{name})s AS {'bigint' if kind == 'int8' else kind}[])" for name, kind in columns)
     probe = f"(SELECT * FROM unnest({arrays}) AS probe({', '.join(name for name, _ in columns)}))"
-    return probe, {"p_id": ids, f"p_{sql_of(method).sketch_column[0]}": stored,
-                   **{f"p_{column}": values for column, values in keys.items()}}
+    return probe, {"p_id": int8_array(ids), f"p_{sketch}": int8_array(stored) if kind == "int8" else stored,
+                   **{f"p_{column}": int8_array(values) for column, values in keys.items()}}
 
 
 def stored_ids(connection: sa.Connection, external_ids: Sequence[str]) -> dict[str, sa.Row]:
@@ -434,7 +435,7 @@ def keyed_sample_buckets(connection: sa.Connection, method: Method, stored: list
     folded = keyed_layout.fold(key_rows).reshape(-1, len(columns))
     buckets = dict(connection.exec_driver_sql(
         f"SELECT key, count(*) FROM {keyed_layout.table(method)} WHERE key = ANY(CAST(%(keys)s AS bigint[])) "
-        "GROUP BY key", {"keys": np.unique(folded).tolist()}).all())
+        "GROUP BY key", {"keys": int8_array(np.unique(folded))}).all())
     means, largest = [], []
     for i, column in enumerate(columns):
         values = folded[:, i].tolist()
