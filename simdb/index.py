@@ -531,8 +531,8 @@ class Index:
         column (its statements shared out over ``connections`` database connections, all reading one snapshot;
         default: this machine's cores for a batch of a few hundred or more, see
         :func:`simdb.pg.reads.probe_arrays`; on the keyed distributed layout, its routed statements over that many
-        coordinator connections, see :func:`simdb.pg.keyed.routed_rows`); with the sketches' ``texts``, a method
-        that decides by the texts decides by them (else by the sketches)."""
+        coordinator connections, outside a transaction block, see :func:`simdb.pg.keyed.routed_rows`); with the
+        sketches' ``texts``, a method that decides by the texts decides by them (else by the sketches)."""
         limit = self._max_distance(max_distance)
         if (problem := connections_problem(connections)) is not None:
             raise SimdbError(f"{parameter('connections')} {problem}")
@@ -540,8 +540,11 @@ class Index:
             return []
         method = self.settings.method
         by_texts = texts is not None and method.needs_texts
-        # one snapshot for the lookups (over several connections) and the rows read after them
-        with self.database.engine.connect().execution_options(isolation_level="REPEATABLE READ") as connection, \
+        # one snapshot for the lookups (over several connections) and the rows read after them; on the keyed
+        # layout none (each worker reads in its own snapshot there anyway): its routed reads run outside a
+        # transaction block, which spares every worker connection a BEGIN, a transaction id and a COMMIT
+        isolation = "AUTOCOMMIT" if self.context.keyed else "REPEATABLE READ"
+        with self.database.engine.connect().execution_options(isolation_level=isolation) as connection, \
                 connection.begin():
             found = reads.match_many(connection, self.context, sketches,
                                      method.candidate_distance(limit) if by_texts else limit, connections=connections)

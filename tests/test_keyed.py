@@ -961,6 +961,34 @@ def test_a_keyed_lookup_sends_the_workers_its_shard_reads_alone(database_url, sc
     assert len(issued) == len(probes) + 1, issued
 
 
+@on_citus
+def test_a_keyed_batch_of_lookups_sends_the_workers_its_shard_reads_alone(database_url, schema):
+    """A batch of lookups (``Index.query_fingerprints``, its routed statements spread over two coordinator
+    connections) runs outside a transaction block: Citus sends the workers the key probes (one statement per
+    shard) and the matched documents' reads (one per shard), nothing else: no ``BEGIN``/``COMMIT``,
+    ``assign_distributed_transaction_id``, ``LOCK`` nor ``SET`` (in a transaction block each coordinator
+    connection sent every worker connection three more, and the lock on ``documents`` went to every worker);
+    and it answers as brute force does."""
+    rng = random.Random(61)
+    with Index.create(database_url, schema=schema, shards=32, **KEYED) as index:
+        method = index.settings.method
+        stored = [rng.getrandbits(64) for _ in range(300)]
+        index.add_fingerprinted(make_batch(stored, "a"), batch="a")
+        queries = [flip(fp, rng.sample(range(64), rng.randint(0, 5))) for fp in rng.sample(stored, 80)] + \
+            [rng.getrandbits(64) for _ in range(20)]
+        index.query_fingerprints(queries, connections=2)  # the pool's connections made before counting
+        with remote_commands(index.database.engine) as issued:
+            found = index.query_fingerprints(queries, connections=2)
+    assert [{(m.external_id, m.distance) for m in matches} for matches in found] == [
+        {(f"a-{i}", (fp ^ query).bit_count()) for i, fp in enumerate(stored)
+         if (fp ^ query).bit_count() <= method.max_distance} for query in queries]
+    probes = [command for command in issued if f" FROM {schema}.{keyed.table(method)}_" in command]
+    reads_of_documents = [command for command in issued if f" FROM {schema}.documents_" in command]
+    assert 1 < len(probes) <= 32 and 1 < len(reads_of_documents) <= 32, issued
+    assert len(issued) == len(probes) + len(reads_of_documents), \
+        [command for command in issued if command not in probes + reads_of_documents]
+
+
 def document_keys(admin_engine, schema: str) -> tuple[list[str], list[str]]:
     """(key columns of ``documents``, indexes on key columns of it and its segments) in ``schema``."""
     with admin_engine.connect() as connection:
@@ -1329,3 +1357,91 @@ def test_a_coordinator_connection_that_would_wait_for_a_lock_leaves_its_groups_t
         finally:
             connection.rollback()
             waiter.join(60)
+
+
+@pytest.mark.parametrize("failing", [0, 1], ids=["own-connection", "second"])
+def test_outside_a_transaction_a_failed_statement_is_raised_and_every_connection_goes_on(admin_engine, caplog,
+                                                                                         failing):
+    """routed_rows over 2 connections in autocommit (how a batch of lookups reads the keyed layout): the statement
+    of one group fails, on the caller's connection or the other; its error is raised once, and every connection
+    is left idle, out of its pipeline, its lock wait the server's again (set for the pipeline's implicit
+    transaction only); the next call gives the right rows."""
+    import logging
+
+    import numpy as np
+    import psycopg
+
+    from simdb.pg.keyed import routed_rows
+
+    statement = "SELECT 10 / (x - 2) FROM unnest(%(values)s::int8[]) AS x"
+    groups = [np.array([1, 3]), np.array([4]), np.array([5])]
+    groups[failing] = np.array([2, *groups[failing].tolist()])  # group i goes to connection i % 2
+    drivers: list[psycopg.Connection] = []
+    pipeline_of = psycopg.Connection.pipeline
+
+    def pipeline(driver, *args, **kwargs):
+        drivers.append(driver)
+        return pipeline_of(driver, *args, **kwargs)
+
+    caplog.set_level(logging.WARNING, logger="psycopg")
+    with admin_engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(psycopg.Connection, "pipeline", pipeline)
+            with pytest.raises(psycopg.errors.DivisionByZero):
+                routed_rows(connection, statement, "values", groups, connections=2)
+        assert not [record for record in caplog.records if record.name.startswith("psycopg")], caplog.text
+        assert len(drivers) == 2 and len({driver.info.backend_pid for driver in drivers}) == 2
+        for driver in drivers:
+            assert driver.pgconn.pipeline_status == psycopg.pq.PipelineStatus.OFF
+            assert driver.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+            assert driver.execute("SHOW lock_timeout").fetchone()[0] == "0"
+            driver.rollback()  # (the other is back in the pool, out of autocommit: leave it idle)
+        groups[failing] = groups[failing][1:]
+        assert sorted(row[0] for row in routed_rows(connection, statement, "values", groups, connections=2)) \
+            == [-10, 3, 5, 10]
+
+
+def test_outside_a_transaction_connections_that_would_wait_for_a_lock_leave_every_group_to_the_callers(
+        admin_engine, schema):
+    """routed_rows over 2 connections in autocommit while another transaction holds ``ACCESS EXCLUSIVE`` on the
+    table read (a relayout's ``ALTER TABLE``): no connection holds its lock before the others begin, and one whose
+    results this process has not read yet may keep its locks until it does, a cycle PostgreSQL cannot see where
+    the others queue behind that lock; so each waits at most its lock wait, then the caller's connection reads
+    every group alone, waiting for the lock as long as it takes: the rows of all of them."""
+    import numpy as np
+
+    from simdb.pg import spread
+    from simdb.pg.keyed import routed_rows
+
+    with admin_engine.begin() as connection:
+        connection.exec_driver_sql(f"CREATE SCHEMA {schema}")
+        connection.exec_driver_sql(f"CREATE TABLE {schema}.t AS SELECT x::int8 FROM generate_series(1, 10) x")
+    statement = f"SELECT x FROM {schema}.t WHERE x = ANY(%(values)s::int8[])"
+    groups = [np.array([1, 2]), np.array([5]), np.array([7, 9])]
+    held, failures = threading.Event(), []
+    wait = float(spread.LOCK_WAIT.removesuffix("s"))
+
+    def exclusive():
+        try:
+            with admin_engine.connect() as other:
+                other.exec_driver_sql(f"LOCK TABLE {schema}.t IN ACCESS EXCLUSIVE MODE")
+                held.set()
+                time.sleep(wait + 1.5)  # past the connections' wait: they give up, the caller's then waits it out
+                other.rollback()
+        except BaseException as error:  # re-raised below
+            failures.append(error)
+            held.set()
+
+    holder = threading.Thread(target=exclusive)
+    holder.start()
+    try:
+        assert held.wait(60) and not failures
+        started = time.monotonic()
+        with admin_engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+            assert sorted(row[0] for row in routed_rows(connection, statement, "values", groups, connections=2)) \
+                == [1, 2, 5, 7, 9]
+        assert time.monotonic() - started >= wait
+    finally:
+        holder.join(60)
+    if failures:
+        raise failures[0]

@@ -487,32 +487,43 @@ def routed_rows(connection: sa.Connection, statement: str, parameter: str, group
     pipeline is sent before any is read, and the coordinator's backends run theirs at the same time, with
     no thread here.
 
-    The other connections read in a ``REPEATABLE READ, READ ONLY`` transaction begun while ``connection``'s
-    holds its locks (a batch of lookups locks ``documents`` first, :func:`simdb.pg.reads.hold_segments`), so no
-    merge or relayout commits under them; each worker connection of theirs takes its own snapshot, as
-    ``connection``'s own do (Citus gives a transaction no snapshot of the whole cluster: each worker's is its own). A worker
-    read through several coordinator connections is read in several snapshots, the race the batch already
-    had between workers (a removal or a chunk whose two-phase commit reached one worker before another),
-    and answered the same way: a match whose ``documents`` row is not seen is left out, as if the removal
-    came first or the chunk after (:meth:`simdb.Index.query_fingerprints`, :mod:`simdb.check`).
+    Where ``connection`` is in a transaction (``simdb check``), the other connections read in a ``REPEATABLE
+    READ, READ ONLY`` transaction begun while ``connection``'s holds its locks, so no merge or relayout commits
+    under them; each worker connection of theirs takes its own snapshot, as ``connection``'s own do (Citus gives
+    a transaction no snapshot of the whole cluster: each worker's is its own). Where ``connection`` is in
+    autocommit (a batch of lookups, :meth:`simdb.Index.query_fingerprints`), so are they: each connection's
+    statements run in the one implicit transaction of its pipeline, and Citus sends each worker its shard's
+    statement alone, without the ``BEGIN``, ``assign_distributed_transaction_id`` and ``COMMIT`` a transaction
+    costs on every worker connection of every coordinator backend. A worker read through several
+    statements or coordinator connections is read in several snapshots, the race the batch already had between
+    workers (a removal or a chunk whose two-phase commit reached one worker before another), and answered the
+    same way: a match whose ``documents`` row is not seen is left out, as if the removal came first or the chunk
+    after (:meth:`simdb.Index.query_fingerprints`, :mod:`simdb.check`).
 
     A statement's error is raised (the first connection's first); every connection's pipeline is read to its
-    end and the others' transactions rolled back before it is, so each is left usable. The other connections
-    wait for no lock longer than :data:`simdb.pg.spread.LOCK_WAIT`: a relayout's ``ALTER TABLE`` queued for
-    ``documents`` behind ``connection``'s lock would queue their reads behind it while ``connection`` waits for
-    them, a cycle PostgreSQL cannot see; where one gives up so, ``connection`` reads every group alone."""
+    end and the others' transactions rolled back before it is, so each is left usable. Connections read in
+    turn wait for no lock longer than :data:`simdb.pg.spread.LOCK_WAIT`: a relayout's ``ALTER TABLE`` queued
+    behind the locks of one connection would queue another's reads behind it while this process waits for
+    that other, a cycle PostgreSQL cannot see (the other connections, where ``connection`` holds its locks
+    first; every connection, in autocommit, where none holds its locks before the others begin and one whose
+    results are not yet read may keep its locks until they are); where one gives up so, ``connection`` reads
+    every group alone."""
     if not connection.in_transaction():  # as SQLAlchemy's own execute would: the driver's transaction is the one
         connection.begin()               # the caller commits or rolls back
     if connections is None:
         connections = coordinator_connections(connection, len(groups))
     shares = [groups[start::connections] for start in range(max(1, min(connections, len(groups))))]
+    autocommit = connection.connection.driver_connection.autocommit
     quiet = _QuietPipelineExit()
     _PSYCOPG_LOG.addFilter(quiet)  # a failed statement is raised; psycopg would also log it again on leaving
     try:
         with contextlib.ExitStack() as held:
             drivers = [connection.connection.driver_connection]
             pipelines = [held.enter_context(drivers[0].pipeline())]
-            for driver, pipeline in (held.enter_context(_reader(connection.engine)) for _ in shares[1:]):
+            if autocommit and len(shares) > 1:
+                drivers[0].execute(_LOCK_WAIT_IN_PIPELINE)
+            for driver, pipeline in (held.enter_context(_reader(connection.engine, autocommit))
+                                     for _ in shares[1:]):
                 drivers.append(driver)
                 pipelines.append(pipeline)
             cursors: list[list[psycopg.Cursor]] = [[] for _ in shares]
@@ -529,12 +540,12 @@ def routed_rows(connection: sa.Connection, statement: str, parameter: str, group
                     pipeline.sync()
                 except psycopg.Error as error:
                     failed.setdefault(number, error)
-            if failed and not all(number and isinstance(error, psycopg.errors.LockNotAvailable)
+            if failed and not all((number or autocommit) and isinstance(error, psycopg.errors.LockNotAvailable)
                                   for number, error in failed.items()):
                 raise failed[min(failed)]
     finally:
         _PSYCOPG_LOG.removeFilter(quiet)
-    if failed:  # another connection would not wait for its lock: this one, holding it, reads every group
+    if failed:  # a connection would not wait for its lock: this one reads every group, alone, waiting for it
         return routed_rows(connection, statement, parameter, groups, row_factory)
     return [row for share in cursors for cursor in share for row in cursor.fetchall()]
 
@@ -563,11 +574,19 @@ def coordinator_connections(connection: sa.Connection, statements: int) -> int:
 
 
 @contextlib.contextmanager
-def _reader(engine: sa.Engine) -> Iterator[tuple[psycopg.Connection, psycopg.Pipeline]]:
+def _reader(engine: sa.Engine, autocommit: bool = False) -> Iterator[tuple[psycopg.Connection, psycopg.Pipeline]]:
     """A connection from ``engine``'s pool (its driver's, and the pipeline entered on it) in a read-only
     ``REPEATABLE READ`` transaction that waits for no lock longer than :data:`simdb.pg.spread.LOCK_WAIT` (its
     ``BEGIN`` and ``SET`` sent with the statements, in the pipeline); rolled back on leaving (it wrote nothing:
-    a commit costs the same round trips)."""
+    a commit costs the same round trips). With ``autocommit``, in none: its pipeline's statements run in one
+    implicit transaction, which the same wait for a lock holds."""
+    if autocommit:
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as other:
+            driver = other.connection.driver_connection
+            with driver.pipeline() as pipeline:
+                driver.execute(_LOCK_WAIT_IN_PIPELINE)
+                yield driver, pipeline
+        return
     with engine.connect().execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True) as other:
         other.begin()
         driver = other.connection.driver_connection
@@ -578,6 +597,10 @@ def _reader(engine: sa.Engine) -> Iterator[tuple[psycopg.Connection, psycopg.Pip
         finally:
             other.rollback()
 
+
+#: The wait for a lock of a pipeline's statements outside a transaction block: ``SET LOCAL`` there does nothing
+#: (and warns), but a setting made local by ``set_config`` lasts until the pipeline's implicit transaction ends.
+_LOCK_WAIT_IN_PIPELINE = f"SELECT set_config('lock_timeout', '{spread.LOCK_WAIT}', true)"
 
 _PSYCOPG_LOG = logging.getLogger("psycopg")
 

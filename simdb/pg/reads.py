@@ -200,7 +200,8 @@ def match_many(connection: sa.Connection, index: IndexContext, sketches: Sequenc
     create even a temporary table (:func:`probe_arrays`)."""
     method = index.method
     found: list[dict[int, int]] = [{} for _ in sketches]
-    hold_segments(connection)
+    if not index.keyed:  # the keyed layout reads keys and documents by routed statements, no segment by its keys
+        hold_segments(connection)
     if index.keyed or connection.exec_driver_sql("SHOW transaction_read_only").scalar_one() == "on":
         pairs = probe_arrays(connection, index, sketches, max_distance, connections=connections)  # without JIT too
     else:
@@ -261,10 +262,10 @@ def probe_arrays(connection: sa.Connection, index: IndexContext, sketches: Seque
     through its ``keys`` table (:func:`simdb.pg.keyed.probe`), its statements spread over ``connections``
     coordinator connections (None: :func:`simdb.pg.keyed.coordinator_connections`)."""
     method = index.method
-    without_jit(connection)
-    if index.keyed:
+    if index.keyed:  # routed statements, each planned by its worker for its one shard's few index probes
         yield from keyed_layout.probe(connection, method, sketches, max_distance, keys, connections=connections)
         return
+    without_jit(connection)
     if not len(sketches):
         return
     keys = np.asarray(method.keys(sketches) if keys is None else keys, dtype=np.int64).reshape(len(sketches), -1)
