@@ -531,7 +531,7 @@ class Index:
         column (its statements shared out over ``connections`` database connections, all reading one snapshot;
         default: this machine's cores for a batch of a few hundred or more, see
         :func:`simdb.pg.reads.probe_arrays`; on the keyed distributed layout, its routed statements over that many
-        coordinator connections, outside a transaction block, see :func:`simdb.pg.keyed.routed_rows`); with the
+        coordinator connections, outside a transaction block, see :func:`simdb.pg.reads.keyed_matches`); with the
         sketches' ``texts``, a method that decides by the texts decides by them (else by the sketches)."""
         limit = self._max_distance(max_distance)
         if (problem := connections_problem(connections)) is not None:
@@ -540,11 +540,14 @@ class Index:
             return []
         method = self.settings.method
         by_texts = texts is not None and method.needs_texts
-        # one snapshot for the lookups (over several connections) and the rows read after them; on the keyed
-        # layout none (each worker reads in its own snapshot there anyway): its routed reads run outside a
-        # transaction block, which spares every worker connection a BEGIN, a transaction id and a COMMIT
-        isolation = "AUTOCOMMIT" if self.context.keyed else "REPEATABLE READ"
-        with self.database.engine.connect().execution_options(isolation_level=isolation) as connection, \
+        if self.context.keyed and not by_texts:
+            # outside a transaction block (each worker reads its own snapshot there anyway), which spares every
+            # worker connection a BEGIN, a transaction id and a COMMIT; read again where a row went missing
+            with self.database.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+                found, rows = reads.keyed_matches(connection, self.context, sketches, limit, connections=connections)
+            return self._matches(found, rows)
+        # one snapshot for the lookups (over several connections) and the rows read after them
+        with self.database.engine.connect().execution_options(isolation_level="REPEATABLE READ") as connection, \
                 connection.begin():
             found = reads.match_many(connection, self.context, sketches,
                                      method.candidate_distance(limit) if by_texts else limit, connections=connections)
@@ -557,9 +560,13 @@ class Index:
                     found[-query - 1][d] = distance
             rows = reads.documents(connection, method, sorted({d for distances in found for d in distances}),
                                    keyed=self.context.keyed, connections=connections)
-        # on Citus each worker reads its own snapshot: a match whose documents row is not there was being removed
-        # or added meanwhile (the two-phase commit reached its keys' worker and its row's at different moments),
-        # and is left out, as if the removal came first or the chunk after
+        return self._matches(found, rows)
+
+    def _matches(self, found: list[dict[int, int]], rows: dict) -> list[list["Match"]]:
+        """Each sketch's matches, nearest first, from its {document id: distance} and the documents' rows. On
+        Citus each worker reads its own snapshot: a match whose documents row is not there was being removed or
+        added meanwhile (the two-phase commit reached its keys' worker and its row's at different moments), and
+        is left out, as if the removal came first or the chunk after."""
         return [sorted((self._match(rows[d], distance) for d, distance in distances.items() if d in rows),
                        key=lambda m: (m.distance, m.external_id)) for distances in found]
 

@@ -1445,3 +1445,71 @@ def test_outside_a_transaction_connections_that_would_wait_for_a_lock_leave_ever
         holder.join(60)
     if failures:
         raise failures[0]
+
+
+@on_citus
+@pytest.mark.parametrize("batch", [False, True], ids=["one-lookup", "batch"])
+def test_a_document_replaced_between_a_lookups_probe_and_its_read_of_rows_is_found_as_replaced(
+        database_url, schema, monkeypatch, batch):
+    """A document replaced under its external id (removed, and stored again, as ``sync`` replaces a changed one)
+    after a lookup's probe of ``keys`` and before its read of the matched rows, each its own statement outside a
+    transaction block: the old row is gone and the new document was never probed, so the lookup found neither
+    (a state the archive never had); it looks those sketches up again, and answers as brute force on the
+    archive after the replacement does."""
+    from simdb.ingest import FingerprintedBatch
+    from simdb.text import content_hash
+
+    rng = random.Random(67)
+    with Index.create(database_url, schema=schema, shards=32, **KEYED) as index:
+        method = index.settings.method
+        stored = [rng.getrandbits(64) for _ in range(100)]
+        index.add_fingerprinted(make_batch(stored, "a"), batch="a")
+        queries = [flip(fp, [1]) for fp in stored[:70]]  # a batch is read shard by shard from 64 sketches
+        replacement = flip(stored[7], [2, 3])  # 3 bits from queries[7]
+        replaced: list[bool] = []
+
+        def replace_once() -> None:
+            if not replaced:
+                replaced.append(True)
+                index.remove(ids=["a-7"])
+                new = FingerprintedBatch()
+                new.append("a-7", replacement, content_hash("a-7 again"), 10, {}, "a-7 again")
+                index.add_fingerprinted(new, batch="b")
+
+        if batch:
+            read = reads.documents
+            monkeypatch.setattr(reads, "documents", lambda *args, **kwargs: (replace_once(), read(*args, **kwargs))[1])
+            found = index.query_fingerprints(queries, connections=2)
+        else:
+            read_by_id = keyed.documents_by_id
+            monkeypatch.setattr(keyed, "documents_by_id",
+                                lambda *args: (replace_once(), read_by_id(*args))[1])
+            found = [index.query_fingerprint(queries[7])]
+            queries = [queries[7]]
+        assert replaced
+        archive = dict(enumerate(stored))
+        archive[7] = replacement
+        assert [{(m.external_id, m.distance, m.simhash) for m in matches} for matches in found] == [
+            {(f"a-{i}", (fp ^ query).bit_count(), fp) for i, fp in archive.items()
+             if (fp ^ query).bit_count() <= method.max_distance} for query in queries]
+
+
+@on_citus
+def test_check_on_the_keyed_layout_reads_without_jit(database_url, schema, monkeypatch):
+    """``check`` reads in a transaction (its routed probes, then its reads by id and of texts in it): JIT stays
+    off for that transaction, as on the other layouts, though a batch of lookups outside one sets nothing."""
+    seen: list[str] = []
+    probe = keyed.probe
+
+    def probing(connection, *args, **kwargs):
+        yield from probe(connection, *args, **kwargs)
+        seen.append(connection.exec_driver_sql("SHOW jit").scalar_one())
+
+    monkeypatch.setattr(keyed, "probe", probing)
+    rng = random.Random(5)
+    with Index.create(database_url, schema=schema, shards=32, **KEYED) as index:
+        texts = [" ".join(rng.choice("abcdefgh") * 3 for _ in range(30)) for _ in range(80)]
+        index.add_many([{"id": f"t{i}", "text": text} for i, text in enumerate(texts[:20])], batch="a")
+        verdicts = index.check_many([{"id": f"q{i}", "text": text} for i, text in enumerate(texts)])  # 64 or more:
+    assert [verdict.status for verdict in verdicts[:20]] == ["exact"] * 20  # routed shard by shard
+    assert seen and set(seen) == {"off"}, seen

@@ -212,6 +212,10 @@ class Int8Array:
     def __len__(self) -> int:
         return len(self.values)
 
+    def __repr__(self) -> str:  # as an error or a log names a statement's parameters: short, whatever the length
+        shown = ", ".join(map(str, self.values[:5].tolist()))
+        return f"int8_array([{shown}{', ...' if len(self.values) > 5 else ''}], {len(self.values)} values)"
+
 
 def int8_array(values: Sequence[int] | np.ndarray) -> Int8Array:
     """``values`` (int64, one dimension) as a ``bigint[]`` statement parameter, encoded by numpy: psycopg's own

@@ -404,7 +404,7 @@ def probe(connection: sa.Connection, method: Method, sketches: Sequence, max_dis
     one ``key = ANY(...)`` statement that Citus prunes to the shards holding the sketches' keys (one sketch:
     at most one task per key column), or for many sketches one statement per shard, spread over
     ``connections`` coordinator connections (:func:`routed_rows`). Writes nothing: it runs in a read-only
-    transaction."""
+    transaction (``check``'s) or outside one (a batch of lookups')."""
     if not len(sketches):
         return
     key_rows = method.keys(sketches) if keys is None else np.asarray(keys, dtype=np.int64)
@@ -495,10 +495,12 @@ def routed_rows(connection: sa.Connection, statement: str, parameter: str, group
     statements run in the one implicit transaction of its pipeline, and Citus sends each worker its shard's
     statement alone, without the ``BEGIN``, ``assign_distributed_transaction_id`` and ``COMMIT`` a transaction
     costs on every worker connection of every coordinator backend. A worker read through several
-    statements or coordinator connections is read in several snapshots, the race the batch already had between
-    workers (a removal or a chunk whose two-phase commit reached one worker before another), and answered the
-    same way: a match whose ``documents`` row is not seen is left out, as if the removal came first or the chunk
-    after (:meth:`simdb.Index.query_fingerprints`, :mod:`simdb.check`).
+    statements or coordinator connections is read in several snapshots, the race a transaction already had
+    between workers (a removal or a chunk whose two-phase commit reached one worker before another), and
+    answered the same way: a match whose ``documents`` row is not seen is left out, as if the removal came
+    first or the chunk after (:mod:`simdb.check`); outside a transaction, where a removal or ``sync``'s
+    replacement may commit between the probe and the read of the rows, its sketch is looked up again first
+    (:func:`simdb.pg.reads.keyed_matches`).
 
     A statement's error is raised (the first connection's first); every connection's pipeline is read to its
     end and the others' transactions rolled back before it is, so each is left usable. Connections read in
@@ -557,9 +559,9 @@ def routed_rows(connection: sa.Connection, statement: str, parameter: str, group
 #: at load 4, 82 / 78 ms on 1 / 2, and at 1 worker 113 / 131 ms: two cores hold the coordinator, the workers and
 #: the client, so that the measured gain is a floor where the coordinator has cores of its own).
 COORDINATOR_CONNECTIONS = 4
-#: The fewest routed statements a coordinator connection is given by default: another connection costs its
-#: transaction's round trips (its ``BEGIN``, and ``BEGIN`` and ``ROLLBACK`` on each worker it reads), about
-#: what a few routed statements cost.
+#: The fewest routed statements a coordinator connection is given by default: another connection costs a
+#: checkout, its pipeline's sync and, in a transaction (``check``'s), its ``BEGIN``, and ``BEGIN`` and
+#: ``ROLLBACK`` on each worker it reads: about what a few routed statements cost.
 STATEMENTS_PER_CONNECTION = 8
 
 
@@ -640,19 +642,37 @@ def _verified(rows: Sequence[tuple], method: Method, sketches: Sequence, key_row
 
 def lookup(connection: sa.Connection, method: Method, sketch, max_distance: int) -> list[tuple[tuple, int]]:
     """(document, distance) of every stored document within ``max_distance`` of one sketch: the routed probe of
-    ``keys``, then the documents it found, read by id (each from its own shard). Both statements are prepared
-    on their first run on a connection (as :func:`simdb.pg.reads.lookup` prepares its one), unless the
+    ``keys``, then the documents it found, read by id (each from its own shard), each statement outside a
+    transaction block, in its own snapshot: where a match's row is gone by the second (removed, or replaced by
+    ``sync`` under the same external id, between the two), the lookup is made again, up to :data:`READ_AGAIN`
+    times (a match still without its row is left out, as if its removal came first). Both statements are
+    prepared on their first run on a connection (as :func:`simdb.pg.reads.lookup` prepares its one), unless the
     connection is told to prepare nothing (``prepare_threshold=None``, as behind PgBouncer)."""
     driver = connection.connection.driver_connection
     prepare = True if driver.prepare_threshold is not None else None
     key_rows = method.keys([sketch])
-    rows = driver.cursor().execute(lookup_sql(method), {"keys": int8_array(np.unique(fold(key_rows)))}, prepare=prepare
-                                   ).fetchall()
-    distances = {document: distance for _, document, distance in
-                 _verified(rows, method, [sketch], key_rows, max_distance)}
-    if not distances:
-        return []
-    documents = driver.cursor(row_factory=namedtuple_row).execute(
+    keys = {"keys": int8_array(np.unique(fold(key_rows)))}
+    for attempt in range(READ_AGAIN + 1):
+        rows = driver.cursor().execute(lookup_sql(method), keys, prepare=prepare).fetchall()
+        distances = {document: distance for _, document, distance in
+                     _verified(rows, method, [sketch], key_rows, max_distance)}
+        if not distances:
+            return []
+        documents = documents_by_id(driver, method, sorted(distances), prepare)
+        if len(documents) == len(distances) or attempt == READ_AGAIN:
+            return [(row, distances[row.id]) for row in documents]
+
+
+def documents_by_id(driver: psycopg.Connection, method: Method, ids: list[int], prepare: bool | None) -> list:
+    """The rows of the stored documents ``ids`` that the statement sees: (id, external_id, sketch, metadata)."""
+    return driver.cursor(row_factory=namedtuple_row).execute(
         f"SELECT id, external_id, {sql_of(method).sketch_column[0]} AS sketch, metadata FROM documents "
-        "WHERE id = ANY(CAST(%(ids)s AS bigint[]))", {"ids": int8_array(sorted(distances))}, prepare=prepare).fetchall()
-    return [(row, distances[row.id]) for row in documents]
+        "WHERE id = ANY(CAST(%(ids)s AS bigint[]))", {"ids": int8_array(ids)}, prepare=prepare).fetchall()
+
+
+#: How many times a lookup outside a transaction block (one, :func:`lookup`, or a batch,
+#: :func:`simdb.pg.reads.keyed_matches`) is made again for the sketches whose matches' rows were gone when read:
+#: a removal, or ``sync``'s replacement of a document under its external id, committed between its probe of
+#: ``keys`` and its read of the rows (the new document, stored meanwhile, was not probed). Each time reads after
+#: the last commit it saw, so one is enough unless another such commit comes between again.
+READ_AGAIN = 3

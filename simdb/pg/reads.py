@@ -203,7 +203,7 @@ def match_many(connection: sa.Connection, index: IndexContext, sketches: Sequenc
     if not index.keyed:  # the keyed layout reads keys and documents by routed statements, no segment by its keys
         hold_segments(connection)
     if index.keyed or connection.exec_driver_sql("SHOW transaction_read_only").scalar_one() == "on":
-        pairs = probe_arrays(connection, index, sketches, max_distance, connections=connections)  # without JIT too
+        pairs = probe_arrays(connection, index, sketches, max_distance, connections=connections)  # JIT off there
     else:
         without_jit(connection)
         keys, values = method.keys(sketches).tolist(), method.stored(sketches)
@@ -221,6 +221,31 @@ def match_many(connection: sa.Connection, index: IndexContext, sketches: Sequenc
     for probe, document, distance in pairs:
         found[probe][document] = distance
     return found
+
+
+def keyed_matches(connection: sa.Connection, index: IndexContext, sketches: Sequence, max_distance: int, *,
+                  connections: int | None = None) -> tuple[list[dict[int, int]], dict[int, sa.Row]]:
+    """On the keyed layout, outside a transaction block: (for each sketch, {document id: distance} of the stored
+    documents within ``max_distance``; {id: row} of those documents, :func:`documents`). The probe of ``keys``
+    and the read of the rows are statements of their own, each in its own snapshot of each worker: a removal, or
+    ``sync``'s replacement of a document under its external id, that commits between them leaves matches whose
+    rows are gone, and the new document unprobed. The sketches with such a match are looked up again (probe and
+    rows) up to :data:`simdb.pg.keyed.READ_AGAIN` times, until every match found has its row; one still without
+    it was being removed, and the caller leaves it out (as if the removal came first)."""
+    method = index.method
+    found = match_many(connection, index, sketches, max_distance, connections=connections)
+    rows = documents(connection, method, sorted({d for distances in found for d in distances}), keyed=True,
+                     connections=connections)
+    for _ in range(keyed_layout.READ_AGAIN):
+        again = [i for i, distances in enumerate(found) if any(d not in rows for d in distances)]
+        if not again:
+            break
+        refound = match_many(connection, index, [sketches[i] for i in again], max_distance, connections=connections)
+        rows.update(documents(connection, method, sorted({d for distances in refound for d in distances} - rows.keys()),
+                              keyed=True, connections=connections))
+        for i, distances in zip(again, refound):
+            found[i] = distances
+    return found, rows
 
 
 def hold_segments(connection: sa.Connection) -> None:
@@ -262,7 +287,9 @@ def probe_arrays(connection: sa.Connection, index: IndexContext, sketches: Seque
     through its ``keys`` table (:func:`simdb.pg.keyed.probe`), its statements spread over ``connections``
     coordinator connections (None: :func:`simdb.pg.keyed.coordinator_connections`)."""
     method = index.method
-    if index.keyed:  # routed statements, each planned by its worker for its one shard's few index probes
+    if index.keyed:  # routed statements (each planned by its worker for its one shard's index probes)
+        if not connection.connection.driver_connection.autocommit:  # check's later reads, as before
+            without_jit(connection)
         yield from keyed_layout.probe(connection, method, sketches, max_distance, keys, connections=connections)
         return
     without_jit(connection)
