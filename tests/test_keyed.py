@@ -1508,6 +1508,7 @@ def test_check_on_the_keyed_layout_reads_without_jit(database_url, schema, monke
     monkeypatch.setattr(keyed, "probe", probing)
     rng = random.Random(5)
     with Index.create(database_url, schema=schema, shards=32, **KEYED) as index:
+        index.database.use_session({"jit": "on"})  # whatever the server's own setting: only check turns it off
         texts = [" ".join(rng.choice("abcdefgh") * 3 for _ in range(30)) for _ in range(80)]
         index.add_many([{"id": f"t{i}", "text": text} for i, text in enumerate(texts[:20])], batch="a")
         verdicts = index.check_many([{"id": f"q{i}", "text": text} for i, text in enumerate(texts)])  # 64 or more:
