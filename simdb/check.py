@@ -118,7 +118,10 @@ def _decided(connection: sa.Connection, index: IndexContext, matched: list[tuple
     names_read: dict[int, str] = {}  # external ids of stored matches read already (the keyed layout reads them first)
 
     def archive_pairs() -> Iterator[np.ndarray]:
-        probed = reads.probe_arrays(connection, index, sketches, wide, keys)
+        # on the keyed layout through this transaction's own connection, whose snapshot of each worker its reads
+        # of the matches' rows share: another coordinator connection would read later snapshots of its own, and a
+        # sync replacement committed in between could leave neither the old document nor the new one seen
+        probed = reads.probe_arrays(connection, index, sketches, wide, keys, connections=1 if index.keyed else None)
         found = np.array(list(probed), dtype=np.int64).reshape(-1, 3)
         found[:, 0] = ids[found[:, 0]]  # sketch index -> the record's id
         if index.keyed and len(found):  # on Citus each worker reads its own snapshot: a match found by its keys

@@ -1514,3 +1514,24 @@ def test_check_on_the_keyed_layout_reads_without_jit(database_url, schema, monke
         verdicts = index.check_many([{"id": f"q{i}", "text": text} for i, text in enumerate(texts)])  # 64 or more:
     assert [verdict.status for verdict in verdicts[:20]] == ["exact"] * 20  # routed shard by shard
     assert seen and set(seen) == {"off"}, seen
+
+
+@on_citus
+def test_check_on_the_keyed_layout_probes_and_reads_in_its_own_snapshot_of_each_worker(database_url, schema,
+                                                                                        monkeypatch):
+    """``check`` reads in one transaction, a snapshot per worker taken at its first read there (its first
+    chunk's): its probe of ``keys`` goes through that transaction's own coordinator connection, not spread over
+    others, each of which would read its own, later, snapshots (a ``sync`` replacement committed in between, the
+    new document's keys found there and its row not in the transaction's snapshot, the old one's matching keys
+    maybe only on the other connection's shards: neither seen, for as long as the check runs); and its verdicts
+    are those of brute force."""
+    rng = random.Random(29)
+    with Index.create(database_url, schema=schema, shards=32, **KEYED) as index:
+        texts = [" ".join(f"w{rng.randrange(5000)}" for _ in range(40)) for _ in range(90)]
+        index.add_many([{"id": f"t{i}", "text": text} for i, text in enumerate(texts[:30])], batch="a")
+        probes_sent_on = sent_on_backends(monkeypatch, f"FROM {keyed.table(index.settings.method)} ")
+        verdicts = index.check_many([{"id": f"q{i}", "text": text} for i, text in enumerate(texts)])
+    assert len(probes_sent_on) > 2 * keyed.STATEMENTS_PER_CONNECTION  # routed shard by shard: enough to spread
+    assert len(set(probes_sent_on)) == 1, probes_sent_on
+    assert [(v.status, v.duplicate_of) for v in verdicts] == [("exact", f"t{i}") for i in range(30)] + \
+        [("new", None)] * 60

@@ -487,10 +487,12 @@ def routed_rows(connection: sa.Connection, statement: str, parameter: str, group
     pipeline is sent before any is read, and the coordinator's backends run theirs at the same time, with
     no thread here.
 
-    Where ``connection`` is in a transaction (``simdb check``), the other connections read in a ``REPEATABLE
-    READ, READ ONLY`` transaction begun while ``connection``'s holds its locks, so no merge or relayout commits
-    under them; each worker connection of theirs takes its own snapshot, as ``connection``'s own do (Citus gives
-    a transaction no snapshot of the whole cluster: each worker's is its own). Where ``connection`` is in
+    Where ``connection`` is in a transaction, the other connections read in a ``REPEATABLE READ, READ ONLY``
+    transaction begun while ``connection``'s holds its locks, so no merge or relayout commits under them; each
+    worker connection of theirs takes its own snapshot, as ``connection``'s own do (Citus gives a transaction no
+    snapshot of the whole cluster: each worker's is its own), later than ``connection``'s where it read that
+    worker before (``simdb check`` therefore probes through its own connection alone, ``connections=1``, so that
+    its probe and its reads of the matched rows share its snapshots). Where ``connection`` is in
     autocommit (a batch of lookups, :meth:`simdb.Index.query_fingerprints`), so are they: each connection's
     statements run in the one implicit transaction of its pipeline, and Citus sends each worker its shard's
     statement alone, without the ``BEGIN``, ``assign_distributed_transaction_id`` and ``COMMIT`` a transaction
