@@ -95,14 +95,13 @@ def external_ids(connection: sa.Connection, ids: Iterable[int]) -> dict[int, str
 
 def documents(connection: sa.Connection, method: Method, ids: Sequence[int], *, keyed: bool = False,
               connections: int | None = 1) -> dict[int, sa.Row]:
-    """{id: (id, external_id, sketch, metadata)} of stored documents, ``metadata`` None where it is empty (``{}``:
-    psycopg's decoding of each row's ``{}`` was a tenth of a warm batch of lookups at 3M). On the keyed layout,
+    """{id: row} of stored documents (:func:`simdb.pg.keyed.document_columns`). On the keyed layout,
     many ids are read shard by shard (:func:`simdb.pg.keyed.by_shard`, the statements sent in a pipeline on each
     of ``connections`` coordinator connections: :func:`simdb.pg.keyed.routed_rows`): one ``= ANY`` over all of
     them makes every shard of every segment look up every id."""
     if not ids:
         return {}
-    columns = f"id, external_id, {sql_of(method).sketch_column[0]} AS sketch, NULLIF(metadata, '{{}}') AS metadata"
+    columns = keyed_layout.document_columns(method)
     if not keyed or len(ids) < keyed_layout.SHARD_BY_SHARD:
         return {row.id: row for row in connection.execute(
             sa.text(f"SELECT {columns} FROM documents WHERE id = ANY(:ids)"), {"ids": int8_array(ids)})}
